@@ -1,0 +1,48 @@
+"""Wrapping a prompt in the target's own chat template (the GGUF's ``tokenizer.chat_template``).
+
+Templates are Jinja, as on the Hub; they are rendered in a sandbox with the helpers that
+Hugging Face's tokenizers provide (``raise_exception``, ``strftime_now``).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+
+class ChatTemplateError(ValueError):
+    """The model has no chat template, or its template failed to render."""
+
+
+def _raise(message: str) -> None:
+    raise ChatTemplateError(f"the model's chat template refused the prompt: {message}")
+
+
+def render_chat(
+    template: str | None,
+    user: str,
+    system: str | None = None,
+    bos_token: str = "",
+    eos_token: str = "",
+) -> str:
+    """The text of a one-turn conversation, ending where the assistant's answer begins."""
+    if not template:
+        raise ChatTemplateError("the target model has no chat template; run without --chat "
+                                "(or with --raw) to send the prompt as it is")
+    messages = []
+    if system:
+        messages.append({"role": "system", "content": system})
+    messages.append({"role": "user", "content": user})
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        loader=jinja2.BaseLoader())
+    env.globals["raise_exception"] = _raise
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    try:
+        return env.from_string(template).render(
+            messages=messages, add_generation_prompt=True, bos_token=bos_token,
+            eos_token=eos_token,
+        )
+    except jinja2.TemplateError as err:
+        raise ChatTemplateError(f"the model's chat template failed to render: {err}") from err

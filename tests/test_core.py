@@ -1,0 +1,210 @@
+"""The math, exactly: warping, the accept/resample rule, the expected-tokens formula."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from specgen.core.sampling import Dist, SamplingParams, sample, warp
+from specgen.core.speculative import (
+    accept_probability,
+    expected_tokens,
+    residual,
+    verify,
+    verify_greedy,
+)
+
+V = 8
+
+
+def _dist(values: list[float]) -> Dist:
+    return Dist.from_dense(np.array(values, dtype=np.float64))
+
+
+CASES = {
+    "generic": (_dist([0.3, 0.2, 0.1, 0.15, 0.05, 0.1, 0.05, 0.05]),
+                _dist([0.1, 0.4, 0.1, 0.05, 0.15, 0.05, 0.1, 0.05])),
+    "q-zero-where-p-positive": (_dist([0.25, 0.25, 0.25, 0.25, 0, 0, 0, 0]),
+                                _dist([0.5, 0, 0, 0, 0.5, 0, 0, 0])),
+    "p-equals-q": (_dist([0.1, 0.2, 0.3, 0.4, 0, 0, 0, 0]),
+                   _dist([0.1, 0.2, 0.3, 0.4, 0, 0, 0, 0])),
+    "one-hot-p": (_dist([0, 0, 1, 0, 0, 0, 0, 0]),
+                  _dist([0.2, 0.2, 0.2, 0.2, 0.2, 0, 0, 0])),
+    "one-hot-q-elsewhere": (_dist([0.5, 0.5, 0, 0, 0, 0, 0, 0]),
+                            _dist([0, 0, 0, 0, 0, 0, 0, 1])),
+}
+
+
+def exact_first_token(p: Dist, q: Dist) -> np.ndarray:
+    """P(the cycle emits x first), from the rule alone: accept q's guess, else draw the residual."""
+    out = np.zeros(V)
+    reject_mass = 0.0
+    for guess, q_x in zip(q.ids, q.probs):
+        a = accept_probability(p, q, int(guess))
+        out[guess] += q_x * a
+        reject_mass += q_x * (1 - a)
+    return out + reject_mass * residual(p, q).dense(V)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_exact_rule_reproduces_p(name: str) -> None:
+    p, q = CASES[name]
+    np.testing.assert_allclose(exact_first_token(p, q), p.dense(V), atol=1e-12)
+
+
+@pytest.mark.parametrize("name", CASES)
+@pytest.mark.parametrize("lookahead", [1, 2, 3, 5, 8])
+def test_monte_carlo_every_position_follows_p(name: str, lookahead: int) -> None:
+    """Chi-square: at every position of a cycle, the emitted token is distributed as p."""
+    p, q = CASES[name]
+    rng = np.random.default_rng(1234 + lookahead)
+    counts = np.zeros((lookahead + 1, V))
+    for _ in range(4000):
+        guesses = [sample(q, rng) for _ in range(lookahead)]
+        verdict = verify(guesses, [q] * lookahead, lambda i: p, rng)
+        emitted = guesses[: verdict.n_accepted] + [verdict.next_token]
+        for pos, token in enumerate(emitted):
+            counts[pos, token] += 1
+    support = p.ids
+    assert counts[:, np.setdiff1d(np.arange(V), support)].sum() == 0, "emitted a token p forbids"
+    for pos in range(lookahead + 1):
+        n = counts[pos].sum()
+        if n < 200 or len(support) == 1:
+            continue
+        _, pvalue = stats.chisquare(counts[pos, support], n * p.probs)
+        assert pvalue > 1e-3, f"position {pos}: counts {counts[pos]} do not follow p"
+
+
+def test_monte_carlo_detects_a_wrong_rule() -> None:
+    """The chi-square check above can fail: always accepting the guess yields q, not p."""
+    p, q = CASES["generic"]
+    rng = np.random.default_rng(7)
+    counts = np.bincount([sample(q, rng) for _ in range(4000)], minlength=V)
+    _, pvalue = stats.chisquare(counts, 4000 * p.dense(V))
+    assert pvalue < 1e-6
+
+
+def test_acceptance_rate_is_overlap_of_p_and_q() -> None:
+    """alpha = sum_x min(p(x), q(x)): the expected acceptance of one guess."""
+    p, q = CASES["generic"]
+    alpha = sum(q_x * accept_probability(p, q, int(x)) for x, q_x in zip(q.ids, q.probs))
+    assert alpha == pytest.approx(np.minimum(p.dense(V), q.dense(V)).sum())
+
+
+def test_residual_is_positive_part_of_difference() -> None:
+    p, q = CASES["generic"]
+    expected = np.maximum(p.dense(V) - q.dense(V), 0)
+    np.testing.assert_allclose(residual(p, q).dense(V), expected / expected.sum())
+
+
+def test_verify_calls_p_lazily() -> None:
+    """After a rejection at position i, target rows past i are never warped."""
+    p = Dist.one_hot(0)
+    q = Dist.one_hot(1)
+    asked: list[int] = []
+
+    def p_at(i: int) -> Dist:
+        asked.append(i)
+        return p
+
+    verdict = verify([1, 1, 1], [q] * 3, p_at, np.random.default_rng(0))
+    assert verdict.n_accepted == 0 and verdict.next_token == 0
+    assert asked == [0]
+
+
+def test_verify_all_accepted_draws_bonus_from_last_row() -> None:
+    rows = [Dist.one_hot(3), Dist.one_hot(4), Dist.one_hot(5)]
+    verdict = verify([3, 4], [Dist.one_hot(3), Dist.one_hot(4)], rows.__getitem__,
+                     np.random.default_rng(0))
+    assert verdict.n_accepted == 2 and verdict.next_token == 5
+
+
+def test_verify_greedy() -> None:
+    target = [5, 6, 7, 8]
+    assert verify_greedy([5, 6, 9], target.__getitem__).n_accepted == 2
+    assert verify_greedy([5, 6, 9], target.__getitem__).next_token == 7
+    assert verify_greedy([5, 6, 7], target.__getitem__).next_token == 8
+    assert verify_greedy([], target.__getitem__).next_token == 5
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.3, 0.8, 0.99])
+@pytest.mark.parametrize("lookahead", [1, 4, 8])
+def test_expected_tokens_matches_series(alpha: float, lookahead: int) -> None:
+    series = sum(alpha**i for i in range(lookahead + 1))
+    assert expected_tokens(alpha, lookahead) == pytest.approx(series)
+    assert expected_tokens(1.0, lookahead) == lookahead + 1
+
+
+def test_expected_tokens_matches_simulation() -> None:
+    rng = np.random.default_rng(3)
+    alpha, lookahead = 0.7, 4
+    per_cycle = []
+    for _ in range(20000):
+        n = 0
+        while n < lookahead and rng.random() < alpha:
+            n += 1
+        per_cycle.append(n + 1)
+    assert np.mean(per_cycle) == pytest.approx(expected_tokens(alpha, lookahead), rel=0.02)
+
+
+# -- warping ----------------------------------------------------------------------------------
+
+def _reference_warp(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
+    """Dense, sort-everything reference for the llama.cpp chain top-k, top-p, min-p, temp."""
+    n = len(logits)
+    keep = np.ones(n, dtype=bool)
+    order = np.argsort(-logits, kind="stable")
+    if 0 < params.top_k < n:
+        keep[order[params.top_k:]] = False
+    probs = np.where(keep, np.exp(logits - logits.max()), 0)
+    probs /= probs.sum()
+    if params.top_p < 1:
+        cumulative = np.cumsum(probs[order])
+        cut = int(np.searchsorted(cumulative, params.top_p)) + 1
+        keep[order[cut:]] = False
+    if params.min_p > 0:
+        best = logits[keep].max()
+        keep &= logits >= best + np.log(params.min_p)
+    out = np.where(keep, np.exp((logits - logits.max()) / params.temperature), 0)
+    return out / out.sum()
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(1.0, 0, 1.0, 0.0),
+        SamplingParams(0.8, 40, 0.95, 0.05),
+        SamplingParams(0.7, 0, 0.9, 0.0),
+        SamplingParams(1.3, 0, 1.0, 0.1),
+        SamplingParams(0.5, 5, 1.0, 0.0),
+        SamplingParams(1.0, 0, 0.999, 0.0),
+    ],
+)
+def test_warp_matches_dense_reference(params: SamplingParams) -> None:
+    rng = np.random.default_rng(11)
+    logits = (rng.standard_normal(5000) * 3).astype(np.float32)
+    got = warp(logits, params)
+    assert np.all(np.diff(got.ids) > 0)
+    np.testing.assert_allclose(got.dense(5000), _reference_warp(logits.astype(np.float64), params),
+                               atol=1e-9)
+
+
+def test_warp_greedy_is_argmax() -> None:
+    logits = np.array([0.1, 3.0, 2.9], dtype=np.float32)
+    assert warp(logits, SamplingParams(temperature=0)).ids.tolist() == [1]
+
+
+def test_sample_follows_distribution() -> None:
+    d = _dist([0.5, 0.25, 0.125, 0.125, 0, 0, 0, 0])
+    rng = np.random.default_rng(5)
+    counts = np.bincount([sample(d, rng) for _ in range(8000)], minlength=V)
+    _, pvalue = stats.chisquare(counts[:4], 8000 * d.probs)
+    assert pvalue > 1e-3 and counts[4:].sum() == 0
+
+
+def test_sampling_params_validate() -> None:
+    with pytest.raises(ValueError):
+        SamplingParams(top_p=0)
+    with pytest.raises(ValueError):
+        SamplingParams(min_p=1.0)

@@ -1,0 +1,184 @@
+"""The speculative loop on fake models: exactness, rollback, stops, reproducibility."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy import stats as scistats
+
+from specgen.core.sampling import SamplingParams, warp
+from specgen.engine import (
+    CycleDone,
+    Finished,
+    GenerationConfig,
+    PromptTooLong,
+    SpeculativeEngine,
+    TextChunk,
+)
+from tests.fakes import FakeModel
+
+GREEDY = SamplingParams(temperature=0)
+PROMPT = [1, 2, 3]
+
+
+def run(engine: SpeculativeEngine, config: GenerationConfig, prompt: list[int] = PROMPT):
+    tokens: list[int] = []
+    text = []
+    finished = None
+    for event in engine.generate(prompt, config):
+        if isinstance(event, CycleDone):
+            tokens.extend(event.tokens)
+        elif isinstance(event, TextChunk):
+            text.append(event.text)
+        elif isinstance(event, Finished):
+            finished = event
+    return tokens, "".join(text), finished
+
+
+def pair(noise: float = 0.8, **kw) -> tuple[FakeModel, FakeModel]:
+    return FakeModel(**kw), FakeModel(noise=noise, salt=7, **kw)
+
+
+@pytest.mark.parametrize("lookahead", [1, 2, 3, 4, 6, 8])
+def test_greedy_speculative_equals_target_alone(lookahead: int) -> None:
+    target, draft = pair()
+    alone, _, _ = run(SpeculativeEngine(FakeModel()),
+                      GenerationConfig(lookahead=0, sampling=GREEDY, max_tokens=60))
+    spec, _, done = run(SpeculativeEngine(target, draft),
+                        GenerationConfig(lookahead=lookahead, sampling=GREEDY, max_tokens=60))
+    assert spec[:60] == alone[:60]
+    assert done.stats.n_generated == 60
+    assert 0 < done.stats.n_accepted < done.stats.n_drafted  # the fakes disagree sometimes
+
+
+def test_target_verifies_all_guesses_in_one_decode() -> None:
+    target, draft = pair()
+    run(SpeculativeEngine(target, draft),
+        GenerationConfig(lookahead=4, sampling=GREEDY, max_tokens=40))
+    # After the prompt, every target decode is [last, x1..xK] with logits on every row.
+    cycles = target.decode_calls[1:]
+    assert all(n == n_logits for n, n_logits in cycles)
+    assert max(n for n, _ in cycles) == 5
+
+
+def test_caches_are_rolled_back_to_the_accepted_prefix() -> None:
+    target, draft = pair()
+    engine = SpeculativeEngine(target, draft)
+    tokens = list(PROMPT)
+    config = GenerationConfig(lookahead=5, sampling=SamplingParams(temperature=1.0),
+                              max_tokens=80, seed=3)
+    for event in engine.generate(PROMPT, config):
+        if isinstance(event, CycleDone):
+            tokens.extend(event.tokens)
+            # Invariant: the target holds all tokens but the newest; the draft a prefix of that.
+            assert target.cache == tokens[:-1]
+            assert draft.cache == tokens[: draft.n_past]
+
+
+def test_sampling_reproducible_with_seed() -> None:
+    config = GenerationConfig(lookahead=4, sampling=SamplingParams(temperature=1.0),
+                              max_tokens=50, seed=42)
+    first, _, _ = run(SpeculativeEngine(*pair()), config)
+    again, _, _ = run(SpeculativeEngine(*pair()), config)
+    other, _, _ = run(SpeculativeEngine(*pair()),
+                      GenerationConfig(lookahead=4, sampling=SamplingParams(temperature=1.0),
+                                       max_tokens=50, seed=43))
+    assert first == again
+    assert first != other
+
+
+@pytest.mark.parametrize("lookahead", [0, 3])
+def test_first_two_tokens_follow_target_distribution(lookahead: int) -> None:
+    """Chi-square on (x1, x2) against the target's own p(x1) p(x2 | x1)."""
+    sampling = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
+    ref = FakeModel(sharpness=0.7)
+    p1 = warp(ref.logits_after(PROMPT), sampling).dense(16)
+    joint = np.array([p1[a] * warp(ref.logits_after([*PROMPT, a]), sampling).dense(16)
+                      for a in range(16)])
+    counts = np.zeros((16, 16))
+    target, draft = FakeModel(sharpness=0.7), FakeModel(sharpness=0.7, noise=1.0, salt=9)
+    engine = SpeculativeEngine(target, draft)
+    n = 3000
+    for seed in range(n):
+        tokens, _, _ = run(engine, GenerationConfig(lookahead=lookahead, sampling=sampling,
+                                                    max_tokens=lookahead + 2, seed=seed))
+        counts[tokens[0], tokens[1]] += 1
+    expected = joint.ravel() * n
+    big = expected >= 5
+    observed = np.append(counts.ravel()[big], counts.ravel()[~big].sum())
+    expected = np.append(expected[big], expected[~big].sum())
+    _, pvalue = scistats.chisquare(observed, expected)
+    assert pvalue > 1e-3
+
+
+def test_stop_string_spanning_tokens_is_not_printed() -> None:
+    target, draft = pair()
+    _, full, _ = run(SpeculativeEngine(FakeModel(), None),
+                     GenerationConfig(lookahead=0, sampling=GREEDY, max_tokens=40))
+    stop = full[10:13]
+    _, text, done = run(SpeculativeEngine(target, draft),
+                        GenerationConfig(lookahead=4, sampling=GREEDY, max_tokens=40,
+                                         stop=(stop,)))
+    assert done.reason == "stop"
+    assert text == full[: full.index(stop)]
+
+
+def test_max_tokens_is_exact() -> None:
+    _, _, done = run(SpeculativeEngine(*pair()),
+                     GenerationConfig(lookahead=8, sampling=GREEDY, max_tokens=13))
+    assert done.reason == "max_tokens" and done.stats.n_generated == 13
+
+
+def test_end_of_generation_token_stops_and_is_not_printed() -> None:
+    alone, _, _ = run(SpeculativeEngine(FakeModel()),
+                      GenerationConfig(lookahead=0, sampling=GREEDY, max_tokens=40))
+    eog = alone[5]
+    first = alone.index(eog)
+    target, draft = pair(eog=eog)
+    tokens, text, done = run(SpeculativeEngine(target, draft),
+                             GenerationConfig(lookahead=4, sampling=GREEDY, max_tokens=40))
+    assert done.reason == "eog"
+    assert done.stats.n_generated == first
+    assert tokens[first] == eog
+
+
+def test_full_context_stops_cleanly() -> None:
+    target, draft = pair(n_ctx=30)
+    tokens, _, done = run(SpeculativeEngine(target, draft),
+                          GenerationConfig(lookahead=4, sampling=GREEDY, max_tokens=500))
+    assert done.reason == "context_full"
+    assert len(PROMPT) + done.stats.n_generated >= 30
+
+
+def test_prompt_longer_than_context_is_refused() -> None:
+    with pytest.raises(PromptTooLong):
+        run(SpeculativeEngine(*pair(n_ctx=8)), GenerationConfig(), prompt=list(range(10)))
+
+
+def test_split_utf8_character_is_never_printed_broken() -> None:
+    class Scripted(FakeModel):
+        """Greedy output: 'a', then the two bytes of 'é' as separate tokens, then 'b'."""
+
+        script = [0, 14, 15, 1]
+
+        def logits_after(self, prefix: list[int]) -> np.ndarray:
+            i = len(prefix) - len(PROMPT)
+            out = np.zeros(self.n_vocab, dtype=np.float32)
+            out[self.script[min(i, 3)]] = 10
+            return out
+
+    chunks = [e.text for e in SpeculativeEngine(Scripted()).generate(
+        PROMPT, GenerationConfig(lookahead=0, sampling=GREEDY, max_tokens=4))
+        if isinstance(e, TextChunk)]
+    assert "".join(chunks) == "aéb"
+    assert all("\ufffd" not in c for c in chunks)
+
+
+def test_stats_count_per_position_acceptance() -> None:
+    _, _, done = run(SpeculativeEngine(*pair()),
+                     GenerationConfig(lookahead=4, sampling=GREEDY, max_tokens=100))
+    s = done.stats
+    assert sum(s.accepted_at) == s.n_accepted and sum(s.drafted_at) == s.n_drafted
+    rates = s.position_accept_rates()
+    assert len(rates) == 4 and all(0 <= r <= 1 for r in rates)
+    assert s.n_generated == 100 and s.tokens_per_cycle == pytest.approx(100 / s.n_cycles, rel=0.1)
