@@ -14,6 +14,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from specgen import __version__
 from specgen.errors import UserError, describe
@@ -181,7 +182,8 @@ def main() -> None:
                 sys.exit(getattr(err, "exit_code", 2))
             err_console.print(f"[bold red]error:[/] internal error: {type(err).__name__}: {err} "
                               f"(rerun with SPECGEN_DEBUG=1 for the traceback, and report it)",
-                              highlight=False)
+                              highlight=False, soft_wrap=True)
             sys.exit(1)
-        err_console.print(f"[bold red]error:[/] {message}", highlight=False)
+        err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False,
+                          soft_wrap=True)
         sys.exit(1)

@@ -38,7 +38,7 @@ def smollm2_draft() -> Path:
 def smollm2_target(smollm2_draft: Path) -> Path:
     from specgen.fetch import derive
 
-    return derive(smollm2_draft, "F16")
+    return derive(smollm2_draft, "F32")
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,158 @@
+"""The command line as a user meets it: which stream gets what, exit codes, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SPECGEN = [sys.executable, "-m", "specgen"]
+
+
+def specgen(*args: str, input: str | None = None, env: dict[str, str] | None = None,
+            timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*SPECGEN, *args], input=input if input is not None else "",
+                          capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+
+
+def assert_one_line_error(done: subprocess.CompletedProcess[str], *needles: str) -> None:
+    assert done.returncode == 1, done.stderr
+    assert done.stdout == ""
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:"), done.stderr
+    assert "Traceback" not in done.stderr
+    for needle in needles:
+        assert needle in lines[0]
+
+
+def test_version() -> None:
+    done = specgen("--version")
+    assert done.returncode == 0 and done.stdout.startswith("specgen ")
+
+
+def test_unknown_flag_is_a_usage_error_not_a_traceback() -> None:
+    done = specgen("run", "--no-such-flag")
+    assert done.returncode == 2
+    assert "No such option" in done.stderr and "Traceback" not in done.stderr
+    assert done.stdout == ""
+
+
+def test_missing_model_file(tmp_path: Path) -> None:
+    done = specgen("run", "hello", "--target", str(tmp_path / "nope.gguf"))
+    assert_one_line_error(done, "not found", "nope.gguf")
+
+
+def test_not_a_gguf(tmp_path: Path) -> None:
+    bogus = tmp_path / "bogus.gguf"
+    bogus.write_bytes(b"not a model at all")
+    done = specgen("run", "hello", "--target", str(bogus))
+    assert_one_line_error(done, "could not load", "bogus.gguf")
+
+
+def test_bad_sampling_value(tmp_path: Path) -> None:
+    done = specgen("run", "hello", "--target", "x.gguf", "--top-p", "0")
+    assert_one_line_error(done, "top_p")
+
+
+def test_empty_prompt_on_stdin() -> None:
+    done = specgen("run", "--target", "x.gguf", input="   \n")
+    assert_one_line_error(done, "empty")
+
+
+def test_prompt_file_missing(tmp_path: Path) -> None:
+    done = specgen("run", "-f", str(tmp_path / "missing.txt"), "--target", "x.gguf")
+    assert_one_line_error(done, "missing.txt")
+
+
+# -- on real models ---------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def pair_args(smollm2_target: Path, smollm2_draft: Path) -> list[str]:
+    return ["--target", str(smollm2_target), "--draft", str(smollm2_draft), "--threads", "2",
+            "--temperature", "0", "-n", "24"]
+
+
+@pytest.mark.slow
+def test_stdout_holds_only_the_text_and_stats_go_to_stderr(pair_args: list[str]) -> None:
+    done = specgen("run", "The capital of France is", *pair_args)
+    assert done.returncode == 0, done.stderr
+    as_json = specgen("run", "The capital of France is", *pair_args, "--json")
+    record = json.loads(as_json.stdout)
+    assert done.stdout == record["text"]
+    assert "tok/s" in done.stderr and "accept" in done.stderr
+    assert "llama" not in done.stderr.lower()  # llama.cpp's own logs stay silent
+
+
+@pytest.mark.slow
+def test_json_is_the_only_thing_on_stdout(pair_args: list[str]) -> None:
+    done = specgen("run", "Hello", *pair_args, "--json", "-k", "3")
+    assert done.returncode == 0, done.stderr
+    record = json.loads(done.stdout)  # exactly one JSON document
+    stats = record["stats"]
+    for key in ("accept_rate", "tokens_per_second", "tokens_per_cycle", "cycles", "drafted",
+                "accepted", "prompt_tokens", "prompt_seconds", "generation_seconds", "seed"):
+        assert key in stats
+    assert stats["lookahead"] == 3 and stats["generated_tokens"] == 24
+    assert record["params"]["temperature"] == 0
+    assert done.stderr == ""
+
+
+@pytest.mark.slow
+def test_prompt_from_argument_file_and_pipe_agree(pair_args: list[str], tmp_path: Path) -> None:
+    prompt = "Three facts about owls:"
+    (tmp_path / "p.txt").write_text(prompt)
+    by_arg = specgen("run", prompt, *pair_args, "--no-stats")
+    by_file = specgen("run", "-f", str(tmp_path / "p.txt"), *pair_args, "--no-stats")
+    by_pipe = specgen("run", *pair_args, "--no-stats", input=prompt)
+    by_dash = specgen("run", "-f", "-", *pair_args, "--no-stats", input=prompt)
+    assert by_arg.stdout and by_arg.stdout == by_file.stdout == by_pipe.stdout == by_dash.stdout
+    assert by_arg.stderr == ""  # --no-stats: nothing at all on stderr
+
+
+@pytest.mark.slow
+def test_target_alone_matches_speculative_greedy(pair_args: list[str]) -> None:
+    spec = specgen("run", "Once upon a time", *pair_args, "-k", "5", "--json")
+    alone = specgen("run", "Once upon a time", *pair_args, "-k", "0", "--json")
+    assert json.loads(spec.stdout)["text"] == json.loads(alone.stdout)["text"]
+    assert json.loads(alone.stdout)["stats"]["lookahead"] == 0
+
+
+@pytest.mark.slow
+def test_stop_string(pair_args: list[str]) -> None:
+    full = json.loads(specgen("run", "Count: 1, 2, 3,", *pair_args, "--json").stdout)["text"]
+    stop = full.strip().split(" ")[2]
+    done = json.loads(specgen("run", "Count: 1, 2, 3,", *pair_args, "--json",
+                              "--stop", stop).stdout)
+    assert done["stats"]["stop_reason"] == "stop"
+    assert stop not in done["text"] and full.startswith(done["text"])
+
+
+@pytest.mark.slow
+def test_chat_template(pair_args: list[str]) -> None:
+    done = specgen("run", "What is 2+2?", *pair_args, "--chat", "--system",
+                   "You are terse.", "--json")
+    record = json.loads(done.stdout)
+    assert record["params"]["chat"] is True
+    assert record["stats"]["prompt_tokens"] > 15  # the template's role markers were added
+    assert record["text"].strip()
+
+
+@pytest.mark.slow
+def test_ctrl_c_flushes_text_prints_stats_and_exits_130(pair_args: list[str]) -> None:
+    args = [a if a != "24" else "2000" for a in pair_args]
+    proc = subprocess.Popen([*SPECGEN, "run", "Write a long story about a dragon.", *args,
+                             "--chat", "--temperature", "0.7", "--seed", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    first = proc.stdout.read(20)  # generation has begun
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert len(first + out) >= 20 and not out.startswith("\n")
+    assert "tok/s" in err and "interrupted" in err and "Traceback" not in err
