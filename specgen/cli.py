@@ -17,7 +17,23 @@ from rich.console import Console
 from rich.markup import escape
 
 from specgen import __version__
+from specgen.cli_models import app as models_app
 from specgen.errors import UserError, describe
+from specgen.options import (
+    CtxOpt,
+    DraftOpt,
+    GpuLayersOpt,
+    MaxTokensOpt,
+    MinPOpt,
+    PairOpt,
+    SeedOpt,
+    TargetOpt,
+    TemperatureOpt,
+    ThreadsOpt,
+    TopKOpt,
+    TopPOpt,
+    VerboseOpt,
+)
 
 app = typer.Typer(
     name="specgen",
@@ -27,27 +43,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 err_console = Console(stderr=True)
-
-# -- options shared by several commands -------------------------------------------------------
-TargetOpt = Annotated[str | None, typer.Option("--target", "-m", help="Target model: a GGUF path.",
-                                               show_default=False)]
-DraftOpt = Annotated[str | None, typer.Option("--draft", "-md",
-                                              help="Draft model: a GGUF path.", show_default=False)]
-TemperatureOpt = Annotated[float, typer.Option("--temperature", "--temp",
-                                               help="Sampling temperature; 0 is greedy.")]
-TopKOpt = Annotated[int, typer.Option("--top-k", help="Keep the k most likely tokens (0: off).")]
-TopPOpt = Annotated[float, typer.Option("--top-p", help="Nucleus: smallest set with this mass.")]
-MinPOpt = Annotated[float, typer.Option("--min-p", help="Drop tokens below min-p x the best.")]
-SeedOpt = Annotated[int | None, typer.Option("--seed", "-s", help="Random seed (default: random; "
-                                             "printed with the stats).", show_default=False)]
-MaxTokensOpt = Annotated[int, typer.Option("--max-tokens", "-n", min=1,
-                                           help="Stop after this many new tokens.")]
-ThreadsOpt = Annotated[int, typer.Option("--threads", help="CPU threads for both models "
-                                         "(0: physical cores).")]
-CtxOpt = Annotated[int, typer.Option("--ctx-size", "-c", min=0,
-                                     help="Context window in tokens (0: min(4096, trained)).")]
-VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Show llama.cpp's own logs.")]
-
+app.add_typer(models_app, name="models")
 
 def _version(value: bool) -> None:
     if value:
@@ -87,11 +83,12 @@ def run(
                                                  show_default=False)] = None,
     file: Annotated[Path | None, typer.Option("--file", "-f", help="Read the prompt from a file "
                                               "('-' for stdin).", show_default=False)] = None,
+    pair: PairOpt = None,
     target: TargetOpt = None,
     draft: DraftOpt = None,
-    lookahead: Annotated[int, typer.Option("--lookahead", "-k", min=0, max=64,
-                                           help="Draft tokens per cycle, K (0: target alone).")
-                         ] = 4,
+    lookahead: Annotated[int | None, typer.Option(
+        "--lookahead", "-k", min=0, max=64, help="Draft tokens per cycle, K (0: target alone; "
+        "default: the pair's recommended K).", show_default=False)] = None,
     temperature: TemperatureOpt = 0.8,
     top_k: TopKOpt = 40,
     top_p: TopPOpt = 0.95,
@@ -100,8 +97,9 @@ def run(
     max_tokens: MaxTokensOpt = 256,
     stop: Annotated[list[str] | None, typer.Option("--stop", help="Stop when this text appears "
                                                    "(repeatable).", show_default=False)] = None,
-    chat: Annotated[bool, typer.Option("--chat/--raw", help="Wrap the prompt in the target's "
-                                       "chat template, or send it as it is.")] = False,
+    chat: Annotated[bool | None, typer.Option(
+        "--chat/--raw", help="Wrap the prompt in the target's chat template, or send it as it is "
+        "(default: --chat for chat pairs).", show_default=False)] = None,
     system: Annotated[str | None, typer.Option("--system", help="System message (with --chat).",
                                                show_default=False)] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object (text and "
@@ -112,46 +110,57 @@ def run(
                               "for the target (default: --threads).", show_default=False)] = None,
     draft_threads: Annotated[int | None, typer.Option("--draft-threads", help="CPU threads for "
                              "the draft (default: --threads).", show_default=False)] = None,
-    target_gpu_layers: Annotated[int, typer.Option("--target-gpu-layers", "-ngl",
-                                 help="Target layers to offload to the GPU (-1: all).")] = -1,
-    draft_gpu_layers: Annotated[int, typer.Option("--draft-gpu-layers", "-ngld",
-                                help="Draft layers to offload to the GPU (-1: all).")] = -1,
+    gpu_layers: GpuLayersOpt = -1,
+    target_gpu_layers: Annotated[int | None, typer.Option(
+        "--target-gpu-layers", help="Target layers to offload (default: --gpu-layers).",
+        show_default=False)] = None,
+    draft_gpu_layers: Annotated[int | None, typer.Option(
+        "--draft-gpu-layers", "-ngld", help="Draft layers to offload (default: --gpu-layers).",
+        show_default=False)] = None,
     ctx_size: CtxOpt = 0,
     verbose: VerboseOpt = False,
 ) -> None:
     """Generate text from a prompt, with speculative decoding."""
     from specgen.core.sampling import SamplingParams
     from specgen.engine import GenerationConfig
-    from specgen.session import PairOptions, generate_text, load_pair
+    from specgen.registry import Registry, resolve
+    from specgen.session import PairOptions, choose, generate_text, load_pair
 
     text = _read_prompt(prompt, file)
     try:
         sampling = SamplingParams(temperature, top_k, top_p, min_p)
     except ValueError as err:
         raise UserError(f"{err}; see specgen run --help") from err
-    config = GenerationConfig(lookahead=lookahead, sampling=sampling, max_tokens=max_tokens,
+    choice = choose(Registry.load(), pair, target, draft)
+    k = choice.lookahead if lookahead is None else lookahead
+    use_chat = choice.chat if chat is None else chat
+    if choice.draft is None and k > 0:
+        err_console.print("no draft model: running the target alone (-k 0)", style="yellow")
+        k = 0
+    config = GenerationConfig(lookahead=k, sampling=sampling, max_tokens=max_tokens,
                               stop=tuple(stop or ()), seed=seed)
-    if target is None:
-        raise UserError("no target model: pass --target PATH.gguf (and --draft PATH.gguf)")
+    target_path = resolve(choice.target)
+    draft_path = resolve(choice.draft) if choice.draft is not None and k > 0 else None
     options = PairOptions(
         n_ctx=ctx_size,
         target_threads=target_threads or threads,
         draft_threads=draft_threads or threads,
-        target_gpu_layers=target_gpu_layers,
-        draft_gpu_layers=draft_gpu_layers,
+        target_gpu_layers=gpu_layers if target_gpu_layers is None else target_gpu_layers,
+        draft_gpu_layers=gpu_layers if draft_gpu_layers is None else draft_gpu_layers,
         verbose=verbose,
     )
-    pair = load_pair(target, draft if lookahead > 0 else None, options)
-    result = generate_text(pair, text, config, chat=chat, system=system,
+    loaded = load_pair(target_path, draft_path, options)
+    result = generate_text(loaded, text, config, chat=use_chat, system=system,
                            show_stats=not no_stats and not json_out, stream=not json_out)
     if json_out:
         sys.stdout.write(json.dumps({
             "text": result.text,
-            "target": str(pair.target.path),
-            "draft": str(pair.draft.path) if pair.draft else None,
+            "pair": choice.pair.name if choice.pair else None,
+            "target": str(target_path),
+            "draft": str(draft_path) if draft_path else None,
             "params": {"lookahead": result.stats.lookahead, "temperature": temperature,
                        "top_k": top_k, "top_p": top_p, "min_p": min_p,
-                       "max_tokens": max_tokens, "stop": list(stop or ()), "chat": chat},
+                       "max_tokens": max_tokens, "stop": list(stop or ()), "chat": use_chat},
             "stats": result.stats.as_dict(),
         }) + "\n")
     if result.interrupted:

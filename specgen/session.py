@@ -9,11 +9,67 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from specgen.backend import LlamaModel, ModelOptions
+from specgen import compat
+from specgen.backend import LlamaModel, ModelOptions, Vocabulary
 from specgen.chat import render_chat
 from specgen.engine import Finished, GenerationConfig, SpeculativeEngine, Stats, TextChunk
 from specgen.errors import UserError
+from specgen.fetch import cache_root
+from specgen.registry import ModelSpec, PairSpec, Registry
 from specgen.view import StreamView
+
+
+@dataclass(frozen=True)
+class Choice:
+    """Which models a command runs, from --pair/--target/--draft and models.toml."""
+
+    target: ModelSpec
+    draft: ModelSpec | None
+    pair: PairSpec | None
+
+    @property
+    def lookahead(self) -> int:
+        return self.pair.lookahead if self.pair else 4
+
+    @property
+    def chat(self) -> bool:
+        return self.pair.chat if self.pair else False
+
+
+def choose(registry: Registry, pair: str | None, target: str | None, draft: str | None
+           ) -> Choice:
+    """A named pair (or the default one), with --target/--draft overriding its members.
+
+    ``--target`` alone, with no pair, runs the target by itself.
+    """
+    named = registry.pair(pair) if pair or target is None else None
+    target_spec = registry.spec(target) if target else named.target  # type: ignore[union-attr]
+    draft_spec = registry.spec(draft) if draft else (named.draft if named else None)
+    return Choice(target_spec, draft_spec, named)
+
+
+def check_fit(target: Vocabulary, draft: Vocabulary) -> None:
+    """Refuse a draft whose vocabulary does not fit the target (result cached per file pair)."""
+    stamp = cache_root() / "compat" / _pair_key(target.path, draft.path)
+    if stamp.is_file():
+        return
+    verdict = compat.check(target, draft)
+    if not verdict:
+        raise UserError(f"draft {draft.path.name} cannot serve target {target.path.name}: "
+                        f"{verdict.reason}; pick a draft from the target's model family")
+    stamp.parent.mkdir(parents=True, exist_ok=True)
+    stamp.write_text(f"{target.path}\n{draft.path}\n")
+
+
+def _pair_key(*paths: Path) -> str:
+    import hashlib
+
+    parts = []
+    for path in paths:
+        real = path.resolve()
+        stat = real.stat()
+        parts.append(f"{real}:{stat.st_size}:{stat.st_mtime_ns}")
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:24]
 
 
 @dataclass(frozen=True)
@@ -51,12 +107,7 @@ def load_pair(target: str | Path, draft: str | Path | None, options: PairOptions
         ModelOptions(target_model.n_ctx, options.draft_threads, options.draft_gpu_layers),
         verbose=options.verbose,
     )
-    if abs(draft_model.n_vocab - target_model.n_vocab) > 128:
-        raise UserError(
-            f"the draft ({draft_model.path.name}, {draft_model.n_vocab} tokens) does not share "
-            f"the target's vocabulary ({target_model.n_vocab} tokens); pick a draft from the "
-            f"target's model family"
-        )
+    check_fit(target_model, draft_model)
     return Pair(target_model, draft_model)
 
 

@@ -1,0 +1,177 @@
+"""``specgen models``: list, pull, inspect and check the named draft/target pairs."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from specgen.errors import UserError
+from specgen.options import DraftOpt, TargetOpt
+from specgen.registry import ModelSpec
+
+app = typer.Typer(help="List, download, inspect and check model pairs.", no_args_is_help=True)
+out = Console()
+err = Console(stderr=True)
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+
+
+def _size(path: Path | None) -> str:
+    if path is None:
+        return "-"
+    total = sum(p.stat().st_size for p in _parts(path))
+    return f"{total / 1e9:.2f} GB" if total >= 1e8 else f"{total / 1e6:.0f} MB"
+
+
+def _parts(path: Path) -> list[Path]:
+    from specgen.hub import split_parts
+
+    return [path.with_name(n) for n in split_parts(path.name)]
+
+
+@app.command("list")
+def list_pairs(
+    json_out: JsonOpt = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show full specs, licenses "
+                                          "and descriptions.")] = False,
+) -> None:
+    """The known pairs, and which of their files are already downloaded."""
+    from specgen.registry import Registry, cached, user_models_file
+
+    registry = Registry.load()
+    rows = []
+    for pair in registry.pairs.values():
+        files = {role: cached(pair.member(role)) for role in ("target", "draft")}
+        rows.append((pair, files))
+    if json_out:
+        sys.stdout.write(json.dumps([{
+            "name": pair.name, "default": pair.name == registry.default,
+            "description": pair.description, "license": pair.license, "chat": pair.chat,
+            "lookahead": pair.lookahead, "source": pair.source,
+            **{role: {"spec": pair.member(role).label(),
+                      "cached": str(files[role]) if files[role] else None}
+               for role in ("target", "draft")},
+        } for pair, files in rows], indent=2) + "\n")
+        return
+    table = Table(box=None, pad_edge=False)
+    for column in ("PAIR", "K", "CHAT", "TARGET", "DRAFT", "DOWNLOADED"):
+        table.add_column(column, overflow="fold")
+    for pair, files in rows:
+        both = all(files.values())
+        state = (" + ".join(_size(files[r]) for r in ("target", "draft")) if both
+                 else "partly" if any(files.values()) else "no")
+        name = pair.name + (" *" if pair.name == registry.default else "")
+        labels = [pair.member(r).label() if verbose else _short(pair.member(r))
+                  for r in ("target", "draft")]
+        table.add_row(name, str(pair.lookahead), "yes" if pair.chat else "no", *labels,
+                      f"[green]{state}[/]" if both else state)
+        if verbose:
+            table.add_row("", "", "", f"[dim]{pair.description}[/]", f"[dim]{pair.license}[/]",
+                          "")
+    out.print(table)
+    err.print(f"* default pair. Add your own pairs in {user_models_file()}", style="dim",
+              highlight=False, soft_wrap=True)
+
+
+def _short(spec: ModelSpec) -> str:
+    from specgen.fetch import pip_file_path
+
+    name = (pip_file_path(spec.pip, spec.file or "") if spec.pip
+            else Path(spec.path or spec.file or "")).name
+    return f"{name} -> {spec.quant}" if spec.quant else name
+
+
+@app.command()
+def pull(
+    pair: Annotated[str | None, typer.Argument(help="Pair name (default: the default pair).",
+                                               show_default=False)] = None,
+) -> None:
+    """Download both models of a pair (resumable; HF_TOKEN for gated repos)."""
+    from specgen.registry import Registry, resolve
+
+    spec = Registry.load().pair(pair)
+    for role in ("target", "draft"):
+        path = resolve(spec.member(role))
+        err.print(f"[green]ready[/] {role}: {path}", highlight=False, soft_wrap=True)
+
+
+@app.command()
+def info(
+    spec: Annotated[str, typer.Argument(help="A GGUF path, org/repo:file.gguf, or PAIR:target "
+                                        "/ PAIR:draft.")],
+    json_out: JsonOpt = False,
+) -> None:
+    """A GGUF's metadata: architecture, size, quantization, context, vocabulary, chat template."""
+    from specgen.backend import Vocabulary
+    from specgen.registry import Registry, resolve
+
+    facts = Vocabulary(resolve(Registry.load().spec(spec))).facts()
+    if json_out:
+        sys.stdout.write(json.dumps(facts, indent=2) + "\n")
+        return
+    table = Table(show_header=False, box=None)
+    table.add_column(style="bold")
+    table.add_column(overflow="fold")
+    for key, value in facts.items():
+        if isinstance(value, dict):
+            value = f"{value['id']} {value['text']!r}" + ("" if value["added"] else
+                                                           " (not added to prompts)")
+        elif key == "size_bytes":
+            value = _size(Path(str(facts["file"])))
+        elif isinstance(value, bool):
+            value = "yes" if value else "no"
+        table.add_row(key.replace("_", " "), "-" if value is None else str(value))
+    out.print(table)
+
+
+@app.command()
+def check(
+    pair: Annotated[str | None, typer.Argument(help="Pair name (default: the default pair).",
+                                               show_default=False)] = None,
+    target: TargetOpt = None,
+    draft: DraftOpt = None,
+) -> None:
+    """Does the draft fit the target? llama.cpp's vocabulary rule; exit 1 when it does not."""
+    from specgen import compat
+    from specgen.backend import Vocabulary
+    from specgen.registry import Registry, resolve
+    from specgen.session import choose
+
+    choice = choose(Registry.load(), pair, target, draft)
+    if choice.draft is None:
+        raise UserError("nothing to check: name a pair, or both --target and --draft")
+    target_vocab = Vocabulary(resolve(choice.target))
+    draft_vocab = Vocabulary(resolve(choice.draft))
+    verdict = compat.check(target_vocab, draft_vocab)
+    name = choice.pair.name if choice.pair else "these models"
+    if not verdict:
+        raise UserError(f"{name}: draft {draft_vocab.path.name} does not fit target "
+                        f"{target_vocab.path.name}: {verdict.reason}")
+    err.print(f"[green]ok[/] {name}: draft {draft_vocab.path.name} fits target "
+              f"{target_vocab.path.name} ({compat.VOCAB_TYPES.get(target_vocab.vocab_type)}, "
+              f"{target_vocab.n_vocab} / {draft_vocab.n_vocab} tokens)", highlight=False,
+              soft_wrap=True)
+
+
+@app.command()
+def path() -> None:
+    """Where your own models.toml and specgen's caches live."""
+    from specgen.fetch import cache_root
+    from specgen.registry import user_models_file
+
+    try:
+        from huggingface_hub import constants
+        hub_cache = constants.HF_HUB_CACHE
+    except ImportError:  # pragma: no cover
+        hub_cache = "-"
+    table = Table(show_header=False, box=None)
+    table.add_row("your models.toml", str(user_models_file()))
+    table.add_row("Hugging Face cache", str(hub_cache))
+    table.add_row("specgen cache", str(cache_root()))
+    out.print(table)

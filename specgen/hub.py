@@ -1,0 +1,182 @@
+"""Downloads from the Hugging Face Hub through ``huggingface_hub``.
+
+Files land in the standard Hugging Face cache (shared with every other tool: a model another tool
+already fetched is not fetched again). This module adds what a model runner needs on top: globs
+and split GGUFs, Rich progress bars on stderr, offline mode, and one-line messages for the Hub's
+errors. ``HF_TOKEN``, ``HF_ENDPOINT``, ``HF_HOME`` and ``HF_HUB_OFFLINE`` are honoured as
+huggingface_hub honours them.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import huggingface_hub
+from huggingface_hub import constants as hf_constants
+from huggingface_hub import errors as hf_errors
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+
+from specgen.errors import UserError
+
+_SPLIT = re.compile(r"^(?P<stem>.*)-(?P<index>\d{5})-of-(?P<count>\d{5})\.gguf$")
+_RemoteEntryNotFound = getattr(hf_errors, "RemoteEntryNotFoundError", hf_errors.EntryNotFoundError)
+
+
+def offline() -> bool:
+    return bool(hf_constants.HF_HUB_OFFLINE)
+
+
+def _is_glob(name: str) -> bool:
+    return any(c in name for c in "*?[")
+
+
+def split_parts(name: str) -> list[str]:
+    """All parts of a split GGUF named by any of its parts (a plain name: just itself)."""
+    match = _SPLIT.match(name)
+    if not match:
+        return [name]
+    count = int(match["count"])
+    return [f"{match['stem']}-{i:05d}-of-{count:05d}.gguf" for i in range(1, count + 1)]
+
+
+@contextmanager
+def hub_errors(repo: str, name: str) -> Iterator[None]:
+    """Turn the Hub's exceptions into one line that says what to do next."""
+    try:
+        yield
+    except hf_errors.GatedRepoError as err:
+        raise UserError(f"{repo} is gated: accept its license at https://huggingface.co/{repo}, "
+                        f"then set HF_TOKEN to a read token") from err
+    except hf_errors.RepositoryNotFoundError as err:
+        raise UserError(f"repository {repo} not found on the Hub (check the name; a private "
+                        f"repository needs HF_TOKEN)") from err
+    except hf_errors.RevisionNotFoundError as err:
+        raise UserError(f"revision not found in {repo}: check the 'revision' of this model")\
+            from err
+    except hf_errors.LocalEntryNotFoundError as err:
+        if offline():
+            raise UserError(f"{repo}:{name} is not in the cache and offline mode is on "
+                            f"(HF_HUB_OFFLINE=1); unset it and run `specgen models pull` "
+                            f"once with a network") from err
+        raise UserError(f"could not reach the Hub for {repo}:{name}, and it is not cached: "
+                        f"check the network (or HF_ENDPOINT)") from err
+    except _RemoteEntryNotFound as err:
+        raise UserError(f"no file {name} in {repo}: check the file name (names are "
+                        f"case-sensitive)") from err
+    except hf_errors.HfHubHTTPError as err:
+        raise UserError(f"the Hub refused {repo}:{name}: {str(err).splitlines()[0]}") from err
+    except OSError as err:  # a broken connection after retries, a full disk
+        raise UserError(f"downloading {repo}:{name} failed: {err}; run the command again to "
+                        f"resume") from err
+
+
+def resolve_names(repo: str, pattern: str, revision: str | None = None) -> list[str]:
+    """The file names a pattern stands for: one file, or all parts of a split GGUF."""
+    if _is_glob(pattern):
+        with hub_errors(repo, pattern):
+            names = _list_files(repo, revision)
+        matches = sorted(n for n in names if fnmatch.fnmatch(n, pattern))
+        firsts = sorted({split_parts(n)[0] for n in matches})
+        if not firsts:
+            raise UserError(f"no file in {repo} matches {pattern!r}")
+        if len(firsts) > 1:
+            raise UserError(f"{pattern!r} matches several models in {repo}: "
+                            f"{', '.join(firsts[:5])}; name one")
+        pattern = firsts[0]
+    return split_parts(pattern)
+
+
+def _list_files(repo: str, revision: str | None) -> list[str]:
+    if offline():
+        return _cached_names(repo, revision)
+    return huggingface_hub.list_repo_files(repo, revision=revision)
+
+
+def _cached_names(repo: str, revision: str | None) -> list[str]:
+    folder = Path(hf_constants.HF_HUB_CACHE) / f"models--{repo.replace('/', '--')}"
+    ref = folder / "refs" / (revision or "main")
+    commit = ref.read_text().strip() if ref.is_file() else (revision or "")
+    snapshot = folder / "snapshots" / commit
+    if not commit or not snapshot.is_dir():
+        raise hf_errors.LocalEntryNotFoundError(f"{repo} is not cached")
+    return [p.relative_to(snapshot).as_posix() for p in snapshot.rglob("*") if not p.is_dir()]
+
+
+def cached_file(repo: str, pattern: str, revision: str | None = None) -> Path | None:
+    """The local path if every part is in the cache, else None; never touches the network."""
+    try:
+        names = split_parts(pattern) if not _is_glob(pattern) else None
+        if names is None:
+            cached = _cached_names(repo, revision)
+            matches = sorted(n for n in cached if fnmatch.fnmatch(n, pattern))
+            if not matches:
+                return None
+            names = split_parts(matches[0])
+    except hf_errors.LocalEntryNotFoundError:
+        return None
+    paths = []
+    for name in names:
+        found = huggingface_hub.try_to_load_from_cache(repo, name, revision=revision)
+        if not isinstance(found, str):
+            return None
+        paths.append(Path(found))
+    return paths[0]
+
+
+def download(repo: str, pattern: str, revision: str | None = None, progress: bool = True,
+             console: Console | None = None) -> Path:
+    """Fetch a model file (every part of a split GGUF) into the HF cache; the first part's path."""
+    names = resolve_names(repo, pattern, revision)
+    console = console or Console(stderr=True)
+    show = progress and console.is_terminal
+    paths = []
+    with _progress(console, show) as bar_class:
+        for name in names:
+            if not show and not offline() and cached_file(repo, name, revision) is None:
+                console.print(f"downloading {repo}:{name}", highlight=False, soft_wrap=True)
+            with hub_errors(repo, name):
+                paths.append(Path(huggingface_hub.hf_hub_download(
+                    repo, name, revision=revision, tqdm_class=bar_class)))
+    return paths[0]
+
+
+@contextmanager
+def _progress(console: Console, show: bool) -> Iterator[Any]:
+    """A tqdm-shaped class for huggingface_hub, drawing on one Rich ``Progress`` (or silent)."""
+    progress = Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), DownloadColumn(),
+        TransferSpeedColumn(), TimeRemainingColumn(), console=console, disable=not show,
+    )
+
+    class Bar:
+        def __init__(self, *args: Any, total: int | None = None, initial: int = 0,
+                     desc: str = "", **kwargs: Any) -> None:
+            self.task = progress.add_task(desc or "download", total=total, completed=initial)
+
+        def update(self, n: int = 1) -> None:
+            progress.advance(self.task, n)
+
+        def close(self) -> None:
+            pass
+
+        def __enter__(self) -> Bar:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            self.close()
+
+    with progress:
+        yield Bar

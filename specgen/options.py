@@ -1,0 +1,35 @@
+"""Command-line options shared by several commands, declared once as ``Annotated`` aliases."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+PairOpt = Annotated[str | None, typer.Option(
+    "--pair", "-p", help="A named draft/target pair from models.toml (default: the default pair; "
+    "see `specgen models list`).", show_default=False)]
+TargetOpt = Annotated[str | None, typer.Option(
+    "--target", "-m", help="Target model: a GGUF path, org/repo:file.gguf, or PAIR:target.",
+    show_default=False)]
+DraftOpt = Annotated[str | None, typer.Option(
+    "--draft", "-md", help="Draft model: a GGUF path, org/repo:file.gguf, or PAIR:draft.",
+    show_default=False)]
+TemperatureOpt = Annotated[float, typer.Option(
+    "--temperature", "--temp", help="Sampling temperature; 0 is greedy.")]
+TopKOpt = Annotated[int, typer.Option("--top-k", help="Keep the k most likely tokens (0: off).")]
+TopPOpt = Annotated[float, typer.Option("--top-p", help="Nucleus: smallest set with this mass.")]
+MinPOpt = Annotated[float, typer.Option("--min-p", help="Drop tokens below min-p x the best.")]
+SeedOpt = Annotated[int | None, typer.Option(
+    "--seed", "-s", help="Random seed (default: random; printed with the stats).",
+    show_default=False)]
+MaxTokensOpt = Annotated[int, typer.Option(
+    "--max-tokens", "-n", min=1, help="Stop after this many new tokens.")]
+ThreadsOpt = Annotated[int, typer.Option(
+    "--threads", "-t", min=0, help="CPU threads for both models (0: physical cores).")]
+CtxOpt = Annotated[int, typer.Option(
+    "--ctx-size", "-c", min=0, help="Context window in tokens (0: min(4096, trained)).")]
+GpuLayersOpt = Annotated[int, typer.Option(
+    "--gpu-layers", "-ngl", help="Layers of each model to offload to the GPU (-1: all; "
+    "ignored by CPU builds).")]
+VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Show llama.cpp's own logs.")]
