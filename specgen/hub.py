@@ -148,9 +148,51 @@ def download(repo: str, pattern: str, revision: str | None = None, progress: boo
             if not show and not offline() and cached_file(repo, name, revision) is None:
                 console.print(f"downloading {repo}:{name}", highlight=False, soft_wrap=True)
             with hub_errors(repo, name):
+                if not offline():
+                    _fetch_blob(repo, name, revision, bar_class)
                 paths.append(Path(huggingface_hub.hf_hub_download(
                     repo, name, revision=revision, tqdm_class=bar_class)))
     return paths[0]
+
+
+def _fetch_blob(repo: str, name: str, revision: str | None, bar_class: Any) -> None:
+    """Download a file's blob into the HF cache, resuming a download that was cut off earlier.
+
+    huggingface_hub 2.x writes each download to a file unique to its process and throws it away
+    on failure, so a Ctrl-C or a crash restarts a multi-gigabyte download from zero. Here the
+    partial file is ``blobs/<etag>.incomplete`` (the name older huggingface_hub versions resume
+    from too) and a later run continues it with a Range request. ``hf_hub_download`` then finds
+    the blob in place and only adds the snapshot link and the ref: the cache layout stays the
+    standard one.
+    """
+    from filelock import FileLock
+    from huggingface_hub.file_download import http_get, repo_folder_name
+    from huggingface_hub.utils import build_hf_headers
+
+    headers = build_hf_headers()
+    url = huggingface_hub.hf_hub_url(repo, name, revision=revision)
+    meta = huggingface_hub.get_hf_file_metadata(url, headers=headers)
+    if not meta.etag:
+        return  # let hf_hub_download deal with an odd server
+    storage = Path(hf_constants.HF_HUB_CACHE) / repo_folder_name(repo_id=repo, repo_type="model")
+    blob = storage / "blobs" / meta.etag
+    if blob.exists():
+        return
+    blob.parent.mkdir(parents=True, exist_ok=True)
+    partial = blob.with_name(f"{meta.etag}.incomplete")
+    lock = Path(hf_constants.HF_HUB_CACHE) / ".locks" / storage.name / f"{meta.etag}.specgen.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(lock)):
+        if blob.exists():
+            return
+        done = partial.stat().st_size if partial.exists() else 0
+        if meta.size is not None and done > meta.size:
+            partial.unlink()
+            done = 0
+        with partial.open("ab") as out:
+            http_get(meta.location or url, out, resume_size=done, headers=headers,
+                     expected_size=meta.size, tqdm_class=bar_class)
+        partial.replace(blob)
 
 
 @contextmanager

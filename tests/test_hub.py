@@ -1,0 +1,262 @@
+"""Downloads with the real huggingface_hub client against a loopback Hub (tests.fake_hub)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.fake_hub import FakeHub
+
+TARGET = os.urandom(300_000)
+DRAFT = os.urandom(120_000)
+# huggingface_hub writes a download in 10 MiB chunks, so only a larger file can be cut part-way.
+BIG = os.urandom(25 * 1024 * 1024)
+CHUNK = 10 * 1024 * 1024
+BIG_PAIR = """
+[pairs.big]
+target = { repo = "org/big-GGUF", file = "big.gguf" }
+draft = { repo = "org/tiny-GGUF", file = "draft.gguf" }
+"""
+
+
+@pytest.fixture
+def hub():
+    with FakeHub() as server:
+        server.add("org/tiny-GGUF", {"target.gguf": TARGET, "draft.gguf": DRAFT,
+                                     "README.md": b"hi"})
+        yield server
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    path = tmp_path / "home"
+    path.mkdir()
+    return path
+
+
+def write_models(home: Path, text: str) -> None:
+    (home / "models.toml").write_text(text)
+
+
+TINY = """
+[pairs.tiny]
+description = "two tiny files"
+target = { repo = "org/tiny-GGUF", file = "target.gguf" }
+draft = { repo = "org/tiny-GGUF", file = "draft.gguf" }
+"""
+
+
+def specgen(args: list[str], hub: FakeHub, home: Path, offline: bool = False,
+            token: str | None = None, wait: bool = True):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    env.update({
+        "HF_ENDPOINT": hub.url, "HF_HOME": str(home.parent / "hf"),
+        "HF_HUB_DISABLE_TELEMETRY": "1", "HF_HUB_DISABLE_XET": "1", "NO_PROXY": "*",
+        "SPECGEN_HOME": str(home), "SPECGEN_CACHE": str(home.parent / "cache"),
+    })
+    if offline:
+        env["HF_HUB_OFFLINE"] = "1"
+    if token:
+        env["HF_TOKEN"] = token
+    cmd = [sys.executable, "-m", "specgen", *args]
+    if not wait:
+        return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+
+
+def repo_dir(home: Path, repo: str = "org/tiny-GGUF") -> Path:
+    return home.parent / "hf" / "hub" / f"models--{repo.replace('/', '--')}"
+
+
+def one_line_error(done, *needles: str) -> str:
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr
+    lines = done.stderr.strip().splitlines()  # progress lines may come first
+    line = lines[-1]
+    assert line.startswith("error:") and sum(x.startswith("error:") for x in lines) == 1, line
+    for needle in needles:
+        assert needle in line, line
+    return line
+
+
+def test_pull_fills_the_standard_cache(hub: FakeHub, home: Path) -> None:
+    write_models(home, TINY)
+    done = specgen(["models", "pull", "tiny"], hub, home)
+    assert done.returncode == 0, done.stderr
+    folder = repo_dir(home)
+    commit = hub.repos["org/tiny-GGUF"].commit
+    assert (folder / "refs" / "main").read_text() == commit
+    for name, data in (("target.gguf", TARGET), ("draft.gguf", DRAFT)):
+        link = folder / "snapshots" / commit / name
+        assert link.is_symlink()
+        blob = folder / "blobs" / hashlib.sha256(data).hexdigest()
+        assert link.resolve() == blob.resolve() and blob.read_bytes() == data
+    assert "downloading org/tiny-GGUF:target.gguf" in done.stderr  # not a terminal: one line
+
+
+def test_second_pull_downloads_nothing(hub: FakeHub, home: Path) -> None:
+    write_models(home, TINY)
+    assert specgen(["models", "pull", "tiny"], hub, home).returncode == 0
+    gets = len(hub.file_gets("target.gguf"))
+    done = specgen(["models", "pull", "tiny"], hub, home)
+    assert done.returncode == 0, done.stderr
+    assert len(hub.file_gets("target.gguf")) == gets == 1
+    assert "downloading" not in done.stderr
+
+
+def test_missing_repo(hub: FakeHub, home: Path) -> None:
+    broken = TINY.replace('"org/tiny-GGUF", file = "target', '"org/nope", file = "target')
+    write_models(home, broken)
+    one_line_error(specgen(["models", "pull", "tiny"], hub, home), "org/nope", "not found")
+
+
+def test_missing_file(hub: FakeHub, home: Path) -> None:
+    write_models(home, TINY.replace("target.gguf", "Target.gguf"))
+    one_line_error(specgen(["models", "pull", "tiny"], hub, home), "no file Target.gguf",
+                   "case-sensitive")
+
+
+def test_gated_repo_needs_a_token(hub: FakeHub, home: Path) -> None:
+    hub.repos["org/tiny-GGUF"].gated = True
+    write_models(home, TINY)
+    one_line_error(specgen(["models", "pull", "tiny"], hub, home), "gated", "HF_TOKEN",
+                   "huggingface.co/org/tiny-GGUF")
+    done = specgen(["models", "pull", "tiny"], hub, home, token=hub.token)
+    assert done.returncode == 0, done.stderr
+    assert hub.file_gets("target.gguf")[-1].authorization == f"Bearer {hub.token}"
+
+
+def test_dropped_connection_resumes_with_range(hub: FakeHub, home: Path) -> None:
+    hub.add("org/big-GGUF", {"big.gguf": BIG})
+    hub.cut_gets, hub.cut_after = 1, CHUNK + 1_000_000
+    write_models(home, BIG_PAIR)
+    done = specgen(["models", "pull", "big"], hub, home)
+    assert done.returncode == 0, done.stderr
+    ranges = [r.range for r in hub.file_gets("big.gguf")]
+    assert ranges == [None, f"bytes={CHUNK}-"]
+    commit = hub.repos["org/big-GGUF"].commit
+    assert (repo_dir(home, "org/big-GGUF") / "snapshots" / commit / "big.gguf").read_bytes() == BIG
+
+
+def test_killed_download_leaves_no_corrupt_file_and_resumes(hub: FakeHub, home: Path) -> None:
+    hub.add("org/big-GGUF", {"big.gguf": BIG})
+    write_models(home, BIG_PAIR)
+    hub.cut_after = CHUNK + 1_000_000
+    hub.stall.set()
+    proc = specgen(["models", "pull", "big"], hub, home, wait=False)
+    blobs = repo_dir(home, "org/big-GGUF") / "blobs"
+    deadline = time.monotonic() + 60
+    partial: list[Path] = []
+    while time.monotonic() < deadline and not partial:
+        time.sleep(0.1)
+        partial = [p for p in blobs.glob("*.incomplete") if p.stat().st_size >= CHUNK] \
+            if blobs.is_dir() else []
+    assert partial, "the download never started"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    commit = hub.repos["org/big-GGUF"].commit
+    final = repo_dir(home, "org/big-GGUF") / "snapshots" / commit / "big.gguf"
+    assert not final.exists(), "a partial download sits where the complete file belongs"
+    hub.stall.clear()
+    done = specgen(["models", "pull", "big"], hub, home)
+    assert done.returncode == 0, done.stderr
+    assert final.read_bytes() == BIG
+    assert [r.range for r in hub.file_gets("big.gguf")] == [None, f"bytes={CHUNK}-"]
+
+
+def test_offline_mode(hub: FakeHub, home: Path) -> None:
+    write_models(home, TINY + TINY.replace("tiny]", "other]").replace("tiny-GGUF", "other-GGUF"))
+    hub.add("org/other-GGUF", {"target.gguf": b"x" * 10, "draft.gguf": b"y" * 10})
+    assert specgen(["models", "pull", "tiny"], hub, home).returncode == 0
+    before = len(hub.requests)
+    done = specgen(["models", "pull", "tiny"], hub, home, offline=True)
+    assert done.returncode == 0, done.stderr
+    one_line_error(specgen(["models", "pull", "other"], hub, home, offline=True),
+                   "offline", "HF_HUB_OFFLINE")
+    assert len(hub.requests) == before, "offline mode sent requests"
+
+
+def test_globs_and_split_files(hub: FakeHub, home: Path) -> None:
+    parts = {f"big-Q8_0-0000{i}-of-00003.gguf": bytes([i]) * 1000 for i in (1, 2, 3)}
+    hub.add("org/split-GGUF", {**parts, "small-Q4_K_M.gguf": b"s" * 500, "README.md": b"r"})
+    write_models(home, """
+[pairs.split]
+target = { repo = "org/split-GGUF", file = "*Q8_0*.gguf" }
+draft = { repo = "org/split-GGUF", file = "*Q4_K_M.gguf" }
+[pairs.ambiguous]
+target = { repo = "org/split-GGUF", file = "*.gguf" }
+draft = { repo = "org/split-GGUF", file = "small-Q4_K_M.gguf" }
+""")
+    done = specgen(["models", "pull", "split"], hub, home)
+    assert done.returncode == 0, done.stderr
+    assert "big-Q8_0-00001-of-00003.gguf" in done.stderr
+    snapshot = repo_dir(home, "org/split-GGUF") / "snapshots" / hub.repos["org/split-GGUF"].commit
+    for name, data in parts.items():
+        assert (snapshot / name).read_bytes() == data
+    assert (snapshot / "small-Q4_K_M.gguf").is_file()
+    listing = json.loads(specgen(["models", "list", "--json"], hub, home).stdout)
+    split = next(p for p in listing if p["name"] == "split")
+    assert split["target"]["cached"].endswith("big-Q8_0-00001-of-00003.gguf")
+    one_line_error(specgen(["models", "pull", "ambiguous"], hub, home), "matches several")
+
+
+def test_sha256_mismatch_is_refused(hub: FakeHub, home: Path) -> None:
+    good = hashlib.sha256(TARGET).hexdigest()
+    write_models(home, TINY
+                 .replace('"target.gguf"', f'"target.gguf", sha256 = "{good}"')
+                 .replace('"draft.gguf"', f'"draft.gguf", sha256 = "{"0" * 64}"'))
+    one_line_error(specgen(["models", "pull", "tiny"], hub, home), "sha256", "draft.gguf")
+
+
+def test_user_models_toml_overrides_builtin(hub: FakeHub, home: Path) -> None:
+    write_models(home, 'default = "qwen2.5-7b"\n' + TINY.replace("tiny]", '"qwen2.5-7b"]')
+                 .replace("two tiny files", "mine"))
+    listing = json.loads(specgen(["models", "list", "--json"], hub, home).stdout)
+    mine = next(p for p in listing if p["name"] == "qwen2.5-7b")
+    assert mine["description"] == "mine" and mine["default"] is True
+    assert mine["target"]["spec"] == "org/tiny-GGUF:target.gguf"
+    assert mine["source"] == str(home / "models.toml")
+    assert any(p["name"] == "qwen3-8b" for p in listing)  # built-in pairs are still there
+
+
+def test_malformed_models_toml_names_the_line(hub: FakeHub, home: Path) -> None:
+    write_models(home, '[pairs.x]\ntarget = { repo = "a/b", file = "c.gguf" \n')
+    one_line_error(specgen(["models", "list"], hub, home), "models.toml", "line 2")
+    write_models(home, '# mine\n\n[pairs.broken]\ntarget = { path = "/x.gguf" }\n')
+    one_line_error(specgen(["models", "list"], hub, home), "line 3", "has no draft")
+    write_models(home, '[pairs.k]\nlookahead = "six"\ntarget = { path = "a" }\n'
+                       'draft = { path = "b" }\n')
+    one_line_error(specgen(["models", "list"], hub, home), "line 1", "lookahead")
+
+
+@pytest.mark.slow
+def test_run_a_pair_downloaded_from_the_hub(hub: FakeHub, home: Path,
+                                            smollm2_draft: Path) -> None:
+    """End to end: a pair that lives on the (loopback) Hub is downloaded, checked and run."""
+    data = smollm2_draft.read_bytes()
+    hub.add("HuggingFaceTB/SmolLM2-135M-Instruct-GGUF", {"smollm2-135m-instruct-q4_1.gguf": data})
+    write_models(home, """
+[pairs.hubpair]
+chat = true
+lookahead = 3
+target = { repo = "HuggingFaceTB/SmolLM2-135M-Instruct-GGUF", file = "*q4_1.gguf" }
+[pairs.hubpair.draft]
+repo = "HuggingFaceTB/SmolLM2-135M-Instruct-GGUF"
+file = "smollm2-135m-instruct-q4_1.gguf"
+""")
+    done = specgen(["run", "--pair", "hubpair", "Say hello.", "-n", "8", "--json",
+                    "--temperature", "0"], hub, home)
+    assert done.returncode == 0, done.stderr
+    record = json.loads(done.stdout)
+    assert record["pair"] == "hubpair" and record["params"]["chat"] is True
+    assert record["text"] and record["stats"]["lookahead"] == 3
+    assert len(hub.file_gets("smollm2-135m-instruct-q4_1.gguf")) == 1  # one blob, two roles

@@ -1,0 +1,165 @@
+"""models.toml, model specs, and the draft/target vocabulary check."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from specgen import compat
+from specgen.errors import UserError
+from specgen.registry import ModelSpec, Registry
+
+REQUIRED = {
+    "qwen2.5-7b": ("bartowski/Qwen2.5-7B-Instruct-GGUF", "Qwen2.5-7B-Instruct-Q4_K_M.gguf",
+                   "Qwen/Qwen2.5-0.5B-Instruct-GGUF", "qwen2.5-0.5b-instruct-q8_0.gguf"),
+    "qwen2.5-coder-7b": ("ggml-org/Qwen2.5-Coder-7B-Q8_0-GGUF", "qwen2.5-coder-7b-q8_0.gguf",
+                         "ggml-org/Qwen2.5-Coder-0.5B-Q8_0-GGUF", "qwen2.5-coder-0.5b-q8_0.gguf"),
+    "qwen3-8b": ("Qwen/Qwen3-8B-GGUF", "Qwen3-8B-Q4_K_M.gguf",
+                 "Qwen/Qwen3-0.6B-GGUF", "Qwen3-0.6B-Q8_0.gguf"),
+    "llama3.1-8b": ("bartowski/Meta-Llama-3.1-8B-Instruct-GGUF",
+                    "Meta-Llama-3.1-8B-Instruct-Q4_K_M.gguf",
+                    "bartowski/Llama-3.2-1B-Instruct-GGUF", "Llama-3.2-1B-Instruct-Q8_0.gguf"),
+    "gemma3-12b": ("unsloth/gemma-3-12b-it-GGUF", "gemma-3-12b-it-Q4_K_M.gguf",
+                   "ggml-org/gemma-3-1b-it-GGUF", "gemma-3-1b-it-Q8_0.gguf"),
+    "smollm2-1.7b": ("HuggingFaceTB/SmolLM2-1.7B-Instruct-GGUF",
+                     "smollm2-1.7b-instruct-q4_k_m.gguf",
+                     "HuggingFaceTB/SmolLM2-360M-Instruct-GGUF", "smollm2-360m-instruct-q8_0.gguf"),
+}
+
+
+@pytest.fixture
+def builtin(tmp_path: Path) -> Registry:
+    return Registry.load(tmp_path / "none.toml")
+
+
+def test_builtin_pairs_name_the_exact_hub_files(builtin: Registry) -> None:
+    for name, (t_repo, t_file, d_repo, d_file) in REQUIRED.items():
+        pair = builtin.pair(name)
+        assert (pair.target.repo, pair.target.file) == (t_repo, t_file)
+        assert (pair.draft.repo, pair.draft.file) == (d_repo, d_file)
+        assert pair.description and pair.license and pair.lookahead > 0
+
+
+def test_default_is_the_package_index_chat_pair(builtin: Registry) -> None:
+    default = builtin.pair()
+    assert default.name == "smollm2-135m-demo" and default.chat
+    assert default.target.kind == default.draft.kind == "pip"
+    assert default.target.quant == "F32" and "two precisions" in default.description
+    gemma = builtin.pair("gemma3-270m-demo")
+    assert not gemma.chat and gemma.target.quant == "F32" and len(gemma.target.pip) == 4
+
+
+def test_unknown_pair_suggests_a_name(builtin: Registry) -> None:
+    with pytest.raises(UserError, match="did you mean 'qwen3-8b'"):
+        builtin.pair("qwen3-8")
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("org/repo-GGUF:model.gguf", ModelSpec(repo="org/repo-GGUF", file="model.gguf")),
+    ("org/repo-GGUF@v1:m*.gguf", ModelSpec(repo="org/repo-GGUF", file="m*.gguf", revision="v1")),
+    ("./models/x.gguf", ModelSpec(path="./models/x.gguf")),
+    ("/abs/x.gguf", ModelSpec(path="/abs/x.gguf")),
+])
+def test_command_line_specs(builtin: Registry, text: str, expected: ModelSpec) -> None:
+    assert builtin.spec(text) == expected
+
+
+def test_pair_member_spec(builtin: Registry) -> None:
+    assert builtin.spec("qwen3-8b:draft") == builtin.pair("qwen3-8b").draft
+    assert builtin.spec("qwen3-8b:target") == builtin.pair("qwen3-8b").target
+    with pytest.raises(UserError, match="qwen3-8b:target or qwen3-8b:draft"):
+        builtin.spec("qwen3-8b")
+
+
+@pytest.mark.parametrize("table, message", [
+    ('target = { repo = "a/b" }\ndraft = { path = "x" }', "needs a 'file'"),
+    ('target = { repo = "a/b", file = "f", path = "p" }\ndraft = { path = "x" }', "exactly one"),
+    ('target = { path = "p", sha256 = "abc" }\ndraft = { path = "x" }', "64 hex"),
+    ('target = { path = "p", colour = "red" }\ndraft = { path = "x" }', "unknown key"),
+    ('chat = "yes"\ntarget = { path = "p" }\ndraft = { path = "x" }', "'chat'"),
+])
+def test_bad_specs_are_explained(tmp_path: Path, table: str, message: str) -> None:
+    user = tmp_path / "models.toml"
+    user.write_text(f"\n[pairs.bad]\n{table}\n")
+    with pytest.raises(UserError, match=message) as err:
+        Registry.load(user)
+    assert "line 2" in str(err.value)
+
+
+def test_models_toml_ships_in_the_wheel(tmp_path: Path) -> None:
+    """The built-in models.toml is package data: a built wheel carries it."""
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                    "-q", "-w", str(tmp_path), str(Path(__file__).parents[1])], check=True)
+    import zipfile
+
+    wheel = next(tmp_path.glob("specgen-*.whl"))
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "specgen/models.toml" in names
+    text = zipfile.ZipFile(wheel).read("specgen/models.toml").decode()
+    assert text == (Path(__file__).parents[1] / "models.toml").read_text()
+
+
+# -- the vocabulary check ---------------------------------------------------------------------
+
+@dataclass
+class FakeVocab:
+    n_vocab: int = 1000
+    vocab_type: int = 2
+    bos: int = 1
+    eos: int = 2
+    adds_bos: bool = True
+    adds_eos: bool = False
+    changed: dict[int, bytes] = field(default_factory=dict)
+
+    def token_text(self, token: int) -> bytes:
+        return self.changed.get(token, f"tok{token}".encode())
+
+
+@pytest.mark.parametrize("draft, reason", [
+    (FakeVocab(vocab_type=1), "vocabulary types differ (target BPE, draft SPM)"),
+    (FakeVocab(bos=7), "BOS ids differ (target 1, draft 7)"),
+    (FakeVocab(adds_bos=False), "adds BOS"),
+    (FakeVocab(n_vocab=1129), "sizes differ by 129"),
+    (FakeVocab(changed={500: b"other"}), "token 500 differs: target 'tok500', draft 'other'"),
+])
+def test_incompatible_drafts_name_the_first_difference(draft: FakeVocab, reason: str) -> None:
+    verdict = compat.check(FakeVocab(), draft)
+    assert not verdict and reason in verdict.reason
+
+
+def test_compatible_drafts() -> None:
+    assert compat.check(FakeVocab(), FakeVocab())
+    assert compat.check(FakeVocab(), FakeVocab(n_vocab=1128))  # Qwen2.5 0.5B vs 7B style
+    assert compat.check(FakeVocab(), FakeVocab(changed={3: b"x"}))  # ids below 5 not compared
+    assert compat.check(FakeVocab(adds_eos=False, eos=2), FakeVocab(eos=9))  # EOS not added
+
+
+@pytest.mark.slow
+def test_real_pairs(smollm2_target: Path, smollm2_draft: Path, gemma_target: Path,
+                    gemma_draft: Path) -> None:
+    from specgen.backend import Vocabulary
+
+    smol_t, smol_d = Vocabulary(smollm2_target), Vocabulary(smollm2_draft)
+    gem_t, gem_d = Vocabulary(gemma_target), Vocabulary(gemma_draft)
+    assert compat.check(smol_t, smol_d) and compat.check(gem_t, gem_d)
+    verdict = compat.check(gem_t, smol_d)
+    assert not verdict and "vocabulary types differ" in verdict.reason
+
+
+@pytest.mark.slow
+def test_models_check_command(smollm2_draft: Path, gemma_target: Path) -> None:
+    run = [sys.executable, "-m", "specgen", "models", "check"]
+    ok = subprocess.run([*run, "smollm2-135m-demo"], capture_output=True, text=True)
+    assert ok.returncode == 0 and "fits" in ok.stderr
+    bad = subprocess.run([*run, "--target", str(gemma_target), "--draft", str(smollm2_draft)],
+                         capture_output=True, text=True)
+    assert bad.returncode == 1
+    assert bad.stderr.count("\n") == 1 and "does not fit" in bad.stderr
+    ran = subprocess.run([sys.executable, "-m", "specgen", "run", "hi", "-n", "4", "--target",
+                          str(gemma_target), "--draft", str(smollm2_draft)],
+                         capture_output=True, text=True)
+    assert ran.returncode == 1 and "cannot serve" in ran.stderr and ran.stdout == ""
