@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from specgen import __version__
+from specgen.cli_bench import bench
 from specgen.cli_models import app as models_app
 from specgen.errors import UserError, describe
 from specgen.options import (
@@ -44,6 +45,7 @@ app = typer.Typer(
 )
 err_console = Console(stderr=True)
 app.add_typer(models_app, name="models")
+app.command("bench")(bench)
 
 def _version(value: bool) -> None:
     if value:

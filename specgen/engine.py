@@ -70,18 +70,28 @@ class Stats:
     n_cycles: int = 0
     n_drafted: int = 0
     n_accepted: int = 0
+    n_rejected: int = 0
     draft_seconds: float = 0.0
     target_seconds: float = 0.0
     gen_started: float | None = None
     gen_seconds: float = 0.0
-    drafted_at: list[int] = field(default_factory=list)
+    reached_at: list[int] = field(default_factory=list)
     accepted_at: list[int] = field(default_factory=list)
     stop_reason: str | None = None
 
     @property
     def accept_rate(self) -> float | None:
-        """alpha as observed: accepted guesses over drafted guesses."""
+        """Share of drafted tokens that were kept (llama.cpp's "accept" figure)."""
         return self.n_accepted / self.n_drafted if self.n_drafted else None
+
+    @property
+    def alpha(self) -> float | None:
+        """The seed's alpha: the chance that a guess the target looks at survives.
+
+        Guesses after a rejection are drafted but never judged, so they are left out here.
+        """
+        judged = self.n_accepted + self.n_rejected
+        return self.n_accepted / judged if judged else None
 
     @property
     def tokens_per_cycle(self) -> float | None:
@@ -109,8 +119,8 @@ class Stats:
         return self.n_prompt / self.prompt_seconds if self.prompt_seconds > 0 else None
 
     def position_accept_rates(self) -> list[float]:
-        """How often the 1st, 2nd, ... guess of a cycle survived, among cycles that drafted it."""
-        return [a / d if d else 0.0 for a, d in zip(self.accepted_at, self.drafted_at)]
+        """How often the 1st, 2nd, ... guess survived, among cycles that got that far."""
+        return [a / d if d else 0.0 for a, d in zip(self.accepted_at, self.reached_at)]
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -126,6 +136,7 @@ class Stats:
             "drafted": self.n_drafted,
             "accepted": self.n_accepted,
             "accept_rate": self.accept_rate,
+            "alpha": self.alpha,
             "tokens_per_cycle": self.tokens_per_cycle,
             "position_accept_rates": self.position_accept_rates(),
             "draft_seconds": round(self.draft_seconds, 6),
@@ -179,7 +190,7 @@ class SpeculativeEngine:
         if stats is None:
             stats = Stats(lookahead=lookahead, seed=seed)
         stats.lookahead, stats.seed = lookahead, seed
-        stats.drafted_at = [0] * lookahead
+        stats.reached_at = [0] * lookahead
         stats.accepted_at = [0] * lookahead
         rng = np.random.default_rng(seed)
         sampling = config.sampling
@@ -226,8 +237,9 @@ class SpeculativeEngine:
             stats.n_cycles += 1
             stats.n_drafted += len(guesses)
             stats.n_accepted += verdict.n_accepted
-            for i in range(len(guesses)):
-                stats.drafted_at[i] += 1
+            stats.n_rejected += verdict.n_accepted < len(guesses)
+            for i in range(min(verdict.n_accepted + 1, len(guesses))):
+                stats.reached_at[i] += 1
                 stats.accepted_at[i] += i < verdict.n_accepted
             yield CycleDone(len(guesses), verdict.n_accepted, tuple(new))
             tokens.extend(new)

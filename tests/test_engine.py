@@ -173,7 +173,11 @@ def test_stats_count_per_position_acceptance() -> None:
     _, _, done = run(SpeculativeEngine(*pair()),
                      GenerationConfig(lookahead=4, sampling=GREEDY, max_tokens=100))
     s = done.stats
-    assert sum(s.accepted_at) == s.n_accepted and sum(s.drafted_at) == s.n_drafted
+    assert sum(s.accepted_at) == s.n_accepted
+    assert sum(s.reached_at) == s.n_accepted + s.n_rejected <= s.n_drafted
+    # every cycle judges its first guess, except a last one with room for no guess
+    assert s.n_cycles - 1 <= s.reached_at[0] <= s.n_cycles
     rates = s.position_accept_rates()
     assert len(rates) == 4 and all(0 <= r <= 1 for r in rates)
+    assert s.alpha == pytest.approx(s.n_accepted / (s.n_accepted + s.n_rejected))
     assert s.n_generated == 100 and s.tokens_per_cycle == pytest.approx(100 / s.n_cycles, rel=0.1)

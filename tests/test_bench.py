@@ -1,0 +1,187 @@
+"""The bench's statistics on fakes with known costs and acceptance, and one real short bench."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from specgen.bench import load_prompts, parse_lookaheads, summarize, sweep
+from specgen.core.speculative import expected_tokens
+from specgen.engine import Stats
+from specgen.errors import UserError
+
+DRAFT, TARGET = 1.0, 4.0  # seconds per token, fake
+
+
+def verify_cost(k: int) -> float:
+    return TARGET * (1 + 0.1 * k)
+
+
+def fake_runner(alpha: float, cycles: int = 4000, overhead: float = 0.0):
+    """Runs whose guesses each survive with probability alpha, timed by a fixed cost model."""
+
+    def run_one(prompt: int, k: int, seed: int) -> Stats:
+        rng = np.random.default_rng(seed * 1000 + prompt * 10 + k)
+        stats = Stats(lookahead=k, seed=seed)
+        stats.reached_at, stats.accepted_at = [0] * k, [0] * k
+        for _ in range(cycles):
+            n = 0
+            while n < k and rng.random() < alpha:
+                n += 1
+            for i in range(min(n + 1, k)):
+                stats.reached_at[i] += 1
+                stats.accepted_at[i] += i < n
+            stats.n_cycles += 1
+            stats.n_drafted += k
+            stats.n_accepted += n
+            stats.n_rejected += n < k
+            stats.n_generated += n + 1
+        stats.draft_seconds = DRAFT * stats.n_drafted
+        stats.target_seconds = verify_cost(k) * stats.n_cycles
+        stats.gen_seconds = (stats.draft_seconds + stats.target_seconds) * (1 + overhead)
+        stats.stop_reason = "max_tokens"
+        return stats
+
+    return run_one
+
+
+def exact_speedup(alpha: float, k: int) -> float:
+    return expected_tokens(alpha, k) * TARGET / (k * DRAFT + verify_cost(k))
+
+
+def test_sweep_interleaves_and_warms_up() -> None:
+    calls: list[tuple[int, int]] = []
+
+    def run_one(prompt: int, k: int, seed: int) -> Stats:
+        calls.append((prompt, k))
+        return fake_runner(0.5, cycles=10)(prompt, k, seed)
+
+    runs = sweep(run_one, n_prompts=2, lookaheads=[2, 4], repeats=2, seed=0)
+    assert calls[0] == (0, 4)  # the warm-up, not counted
+    assert calls[1:7] == [(0, 0), (0, 2), (0, 4), (1, 0), (1, 2), (1, 4)]
+    assert len(runs) == 12 and calls[7:] == calls[1:7]
+
+
+@pytest.mark.parametrize("alpha", [0.5, 0.8, 0.95])
+def test_costs_prediction_and_measurement_on_known_fakes(alpha: float) -> None:
+    ks = [1, 2, 4, 8]
+    report = summarize(sweep(fake_runner(alpha), 3, ks, 1, seed=1))
+    assert report.target_ms_per_token == pytest.approx(TARGET * 1000)
+    for row in report.per_k:
+        assert row.cost_ratio == pytest.approx(DRAFT / TARGET)
+        assert row.verify_ratio == pytest.approx(1 + 0.1 * row.lookahead)
+        assert row.accept_rate == pytest.approx(alpha, abs=0.02)
+        assert all(r == pytest.approx(alpha, abs=0.04) for r in row.position_accept_rates[:4])
+        assert row.speedup == pytest.approx(exact_speedup(alpha, row.lookahead), rel=0.03)
+        assert row.predicted_speedup == pytest.approx(row.speedup, rel=0.03)
+        assert row.explanation == ""
+    best = max(ks, key=lambda k: exact_speedup(alpha, k))
+    assert report.recommended == best and not report.warning
+
+
+def test_no_k_beats_the_target_alone() -> None:
+    report = summarize(sweep(fake_runner(0.05), 2, [1, 2, 4], 1, seed=0))
+    assert all(row.speedup < 1 for row in report.per_k)
+    assert report.recommended is None and "not worth" in report.warning
+
+
+def test_disagreement_is_explained_by_the_right_cost() -> None:
+    report = summarize(sweep(fake_runner(0.9, overhead=0.5), 2, [4], 1, seed=0))
+    row = report.per_k[0]
+    # Overhead only in speculative runs? No: the fake adds it to every run, K=0 included, so the
+    # ratio is unchanged and the model still agrees.
+    assert row.explanation == ""
+
+    def uneven(prompt: int, k: int, seed: int) -> Stats:
+        stats = fake_runner(0.9)(prompt, k, seed)
+        if k:
+            stats.gen_seconds *= 1.6  # time spent outside the two models, speculative runs only
+        return stats
+
+    row = summarize(sweep(uneven, 2, [4], 1, seed=0)).per_k[0]
+    assert row.disagreement is not None and row.disagreement > 0.15
+    assert "overestimates" in row.explanation and "outside the two models" in row.explanation
+
+
+def test_acceptance_that_is_not_independent_is_named() -> None:
+    """Runs of sure guesses then a sure miss: the one-alpha formula undercounts tokens/cycle."""
+
+    def falling(prompt: int, k: int, seed: int) -> Stats:
+        rng = np.random.default_rng(seed + prompt)
+        stats = Stats(lookahead=k, seed=seed)
+        stats.reached_at, stats.accepted_at = [0] * k, [0] * k
+        for _ in range(3000):
+            n = 0
+            while n < k and rng.random() < (1.0 if n < 6 else 0.0):
+                n += 1
+            for i in range(min(n + 1, k)):
+                stats.reached_at[i] += 1
+                stats.accepted_at[i] += i < n
+            stats.n_cycles += 1
+            stats.n_drafted += k
+            stats.n_accepted += n
+            stats.n_rejected += n < k
+            stats.n_generated += n + 1
+        stats.draft_seconds = DRAFT * stats.n_drafted
+        stats.target_seconds = verify_cost(k) * stats.n_cycles
+        stats.gen_seconds = stats.draft_seconds + stats.target_seconds
+        return stats
+
+    row = summarize(sweep(falling, 1, [8], 1, seed=0)).per_k[0]
+    assert row.position_accept_rates[:7] == [1, 1, 1, 1, 1, 1, 0]
+    assert row.tokens_per_cycle == 7 and row.predicted_tokens_per_cycle < 5.5
+    assert "underestimates" in row.explanation
+    assert "do not survive independently" in row.explanation
+
+
+def test_lookahead_list_and_prompt_files(tmp_path: Path) -> None:
+    assert parse_lookaheads("4, 1,2,2,0") == [1, 2, 4]
+    for bad in ("a,b", "0", "-1,2", "65"):
+        with pytest.raises(UserError):
+            parse_lookaheads(bad)
+    plain = tmp_path / "p.txt"
+    plain.write_text("first prompt\n\nsecond\\nwith a newline\n")
+    assert load_prompts(plain) == ["first prompt", "second\nwith a newline"]
+    jsonl = tmp_path / "p.jsonl"
+    jsonl.write_text('{"prompt": "a"}\n{"prompt": "b", "id": 2}\n')
+    assert load_prompts(jsonl) == ["a", "b"]
+    jsonl.write_text('{"prompt": "a"}\n{"text": "b"}\n')
+    with pytest.raises(UserError, match="line 2"):
+        load_prompts(jsonl)
+
+
+@pytest.mark.slow
+def test_real_short_bench_writes_every_field(tmp_path: Path, smollm2_target: Path,
+                                             smollm2_draft: Path) -> None:
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("The capital of France is\nList three colours:\n")
+    outputs = {name: tmp_path / f"bench.{name}" for name in ("json", "csv", "png")}
+    done = subprocess.run(
+        [sys.executable, "-m", "specgen", "bench", "--pair", "smollm2-135m-demo", "-k", "2,4",
+         "-n", "12", "--prompts", str(prompts), "--threads", "2",
+         "--json", str(outputs["json"]), "--csv", str(outputs["csv"]),
+         "--plot", str(outputs["png"])],
+        capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert "recommended" in done.stdout or "warning" in done.stdout
+    record = json.loads(outputs["json"].read_text())
+    assert record["runs"] == 2 * 3 and len(record["per_k"]) == 2
+    for row in record["per_k"]:
+        for key in ("lookahead", "tokens_per_second", "speedup", "predicted_speedup",
+                    "accept_rate", "position_accept_rates", "tokens_per_cycle",
+                    "draft_ms_per_token", "verify_ms", "cost_ratio", "disagreement"):
+            assert key in row
+        assert len(row["position_accept_rates"]) == row["lookahead"]
+    meta = record["meta"]
+    assert meta["machine"]["llama_cpp_system_info"] and meta["machine"]["target_threads"] == 2
+    assert meta["target"]["file"].endswith(".gguf") and meta["params"]["max_tokens"] == 12
+    rows = list(csv.reader(outputs["csv"].open()))
+    header = next(i for i, r in enumerate(rows) if r and r[0] == "lookahead")
+    assert [r[0] for r in rows[header + 1:]] == ["2", "4"]
+    assert outputs["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
