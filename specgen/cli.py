@@ -136,8 +136,8 @@ def run(
     choice = choose(Registry.load(), pair, target, draft)
     k = choice.lookahead if lookahead is None else lookahead
     use_chat = choice.chat if chat is None else chat
-    if choice.draft is None and k > 0:
-        err_console.print("no draft model: running the target alone (-k 0)", style="yellow")
+    alone_note = choice.draft is None and k > 0 and not (no_stats or json_out)
+    if choice.draft is None:
         k = 0
     config = GenerationConfig(lookahead=k, sampling=sampling, max_tokens=max_tokens,
                               stop=tuple(stop or ()), seed=seed)
@@ -152,6 +152,8 @@ def run(
         verbose=verbose,
     )
     loaded = load_pair(target_path, draft_path, options)
+    if alone_note:
+        err_console.print("no draft model: running the target alone (-k 0)", style="yellow")
     result = generate_text(loaded, text, config, chat=use_chat, system=system,
                            show_stats=not no_stats and not json_out, stream=not json_out)
     if json_out:

@@ -162,4 +162,8 @@ def generate_text(
         except KeyboardInterrupt:
             interrupted = True
             stats.finish("interrupted")
+    if stats.stop_reason == "context_full":
+        view.console.print(f"stopped: the context window ({pair.target.n_ctx} tokens) is full; "
+                           f"raise --ctx-size for longer generations", style="yellow",
+                           highlight=False, soft_wrap=True)
     return Result("".join(pieces), stats, interrupted)

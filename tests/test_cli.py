@@ -156,3 +156,13 @@ def test_ctrl_c_flushes_text_prints_stats_and_exits_130(pair_args: list[str]) ->
     assert proc.returncode == 130
     assert len(first + out) >= 20 and not out.startswith("\n")
     assert "tok/s" in err and "interrupted" in err and "Traceback" not in err
+
+
+@pytest.mark.slow
+def test_full_context_is_reported_not_a_crash(pair_args: list[str]) -> None:
+    args = [a if a != "24" else "1000" for a in pair_args]
+    done = specgen("run", "Count from one to one thousand: one, two, three,", *args,
+                   "--ctx-size", "64")
+    assert done.returncode == 0, done.stderr
+    assert "context window" in done.stderr and "--ctx-size" in done.stderr
+    assert "stop: context_full" in done.stderr and done.stdout

@@ -159,3 +159,16 @@ def test_f16_target_differs_only_at_float_near_ties(smollm2_draft: Path) -> None
     logits = target.decode(prompt + alone[:first], 1)[0]
     best, second = np.sort(logits)[-2:][::-1]
     assert best - second < 0.05, f"diverged at {first} with a clear winner ({best - second:.3f})"
+
+
+def test_a_model_that_cannot_roll_back_fails_clearly(smollm2_draft: Path, monkeypatch) -> None:
+    """Recurrent models cannot drop part of their cache; llama.cpp says so by returning False."""
+    import llama_cpp
+
+    from specgen.errors import BackendError
+
+    model = LlamaModel(smollm2_draft, ModelOptions(n_ctx=256, n_threads=2))
+    model.decode(model.tokenize("Hello there"), 0)
+    monkeypatch.setattr(llama_cpp, "llama_memory_seq_rm", lambda *args: False)
+    with pytest.raises(BackendError, match="cannot roll back its cache"):
+        model.rollback(1)
