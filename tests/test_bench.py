@@ -6,6 +6,7 @@ import csv
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -23,8 +24,11 @@ def verify_cost(k: int) -> float:
     return TARGET * (1 + 0.1 * k)
 
 
-def fake_runner(alpha: float, cycles: int = 4000, overhead: float = 0.0):
-    """Runs whose guesses each survive with probability alpha, timed by a fixed cost model."""
+def fake_runner(alpha: float | Callable[[int], float], cycles: int = 4000,
+                overhead: float = 0.0):
+    """Runs whose guesses survive with probability alpha (or alpha(position)), timed by a
+    fixed cost model."""
+    survive = alpha if callable(alpha) else (lambda position: alpha)
 
     def run_one(prompt: int, k: int, seed: int) -> Stats:
         rng = np.random.default_rng(seed * 1000 + prompt * 10 + k)
@@ -32,7 +36,7 @@ def fake_runner(alpha: float, cycles: int = 4000, overhead: float = 0.0):
         stats.reached_at, stats.accepted_at = [0] * k, [0] * k
         for _ in range(cycles):
             n = 0
-            while n < k and rng.random() < alpha:
+            while n < k and rng.random() < survive(n):
                 n += 1
             for i in range(min(n + 1, k)):
                 stats.reached_at[i] += 1
@@ -112,27 +116,7 @@ def test_disagreement_is_explained_by_the_right_cost() -> None:
 def test_acceptance_that_is_not_independent_is_named() -> None:
     """Runs of sure guesses then a sure miss: the one-alpha formula undercounts tokens/cycle."""
 
-    def falling(prompt: int, k: int, seed: int) -> Stats:
-        rng = np.random.default_rng(seed + prompt)
-        stats = Stats(lookahead=k, seed=seed)
-        stats.reached_at, stats.accepted_at = [0] * k, [0] * k
-        for _ in range(3000):
-            n = 0
-            while n < k and rng.random() < (1.0 if n < 6 else 0.0):
-                n += 1
-            for i in range(min(n + 1, k)):
-                stats.reached_at[i] += 1
-                stats.accepted_at[i] += i < n
-            stats.n_cycles += 1
-            stats.n_drafted += k
-            stats.n_accepted += n
-            stats.n_rejected += n < k
-            stats.n_generated += n + 1
-        stats.draft_seconds = DRAFT * stats.n_drafted
-        stats.target_seconds = verify_cost(k) * stats.n_cycles
-        stats.gen_seconds = stats.draft_seconds + stats.target_seconds
-        return stats
-
+    falling = fake_runner(lambda position: 1.0 if position < 6 else 0.0, cycles=3000)
     row = summarize(sweep(falling, 1, [8], 1, seed=0)).per_k[0]
     assert row.position_accept_rates[:7] == [1, 1, 1, 1, 1, 1, 0]
     assert row.tokens_per_cycle == 7 and row.predicted_tokens_per_cycle < 5.5
