@@ -145,6 +145,7 @@ def download(repo: str, pattern: str, revision: str | None = None, progress: boo
     paths = []
     with _progress(console, show) as bar_class:
         for name in names:
+            bar_class.label = name
             if not show and not offline() and cached_file(repo, name, revision) is None:
                 console.print(f"downloading {repo}:{name}", highlight=False, soft_wrap=True)
             with hub_errors(repo, name):
@@ -204,9 +205,11 @@ def _progress(console: Console, show: bool) -> Iterator[Any]:
     )
 
     class Bar:
+        label = ""  # the file being fetched; huggingface_hub's own desc is often the URL
+
         def __init__(self, *args: Any, total: int | None = None, initial: int = 0,
                      desc: str = "", **kwargs: Any) -> None:
-            self.task = progress.add_task(desc or "download", total=total, completed=initial)
+            self.task = progress.add_task(self.label or desc, total=total, completed=initial)
 
         def update(self, n: int = 1) -> None:
             progress.advance(self.task, n)
