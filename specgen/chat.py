@@ -35,8 +35,10 @@ def render_chat(
     if system:
         messages.append({"role": "system", "content": system})
     messages.append({"role": "user", "content": user})
+    # The same environment as transformers' apply_chat_template: templates on the Hub rely on
+    # trim_blocks, lstrip_blocks and {% break %} / {% continue %}.
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        loader=jinja2.BaseLoader())
+                                        extensions=["jinja2.ext.loopcontrols"])
     env.globals["raise_exception"] = _raise
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     try:
