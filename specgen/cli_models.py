@@ -25,8 +25,13 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a t
 def _size(path: Path | None) -> str:
     if path is None:
         return "-"
-    total = sum(p.stat().st_size for p in _parts(path))
-    return f"{total / 1e9:.2f} GB" if total >= 1e8 else f"{total / 1e6:.0f} MB"
+    return _bytes(sum(p.stat().st_size for p in _parts(path)))
+
+
+def _bytes(total: int) -> str:
+    if total >= 1e8:
+        return f"{total / 1e9:.2f} GB"
+    return f"{total / 1e6:.0f} MB" if total >= 1e6 else f"{total / 1e3:.0f} kB"
 
 
 def _parts(path: Path) -> list[Path]:
@@ -42,6 +47,7 @@ def list_pairs(
                                           "and descriptions.")] = False,
 ) -> None:
     """The known pairs, and which of their files are already downloaded."""
+    from specgen.hub import remote_sizes
     from specgen.registry import Registry, cached, user_models_file
 
     registry = Registry.load()
@@ -49,13 +55,25 @@ def list_pairs(
     for pair in registry.pairs.values():
         files = {role: cached(pair.member(role)) for role in ("target", "draft")}
         rows.append((pair, files))
+    remote = remote_sizes([(spec.repo, spec.file, spec.revision)
+                           for pair, files in rows for role, spec in
+                           (("target", pair.target), ("draft", pair.draft))
+                           if spec.kind == "hub" and files[role] is None and spec.repo
+                           and spec.file])
+
+    def size_of(spec: ModelSpec, path: Path | None) -> int | None:
+        if path is not None:
+            return sum(p.stat().st_size for p in _parts(path))
+        return remote.get((spec.repo, spec.file, spec.revision)) if spec.repo else None
+
     if json_out:
         sys.stdout.write(json.dumps([{
             "name": pair.name, "default": pair.name == registry.default,
             "description": pair.description, "license": pair.license, "chat": pair.chat,
             "lookahead": pair.lookahead, "source": pair.source,
             **{role: {"spec": pair.member(role).label(),
-                      "cached": str(files[role]) if files[role] else None}
+                      "cached": str(files[role]) if files[role] else None,
+                      "size_bytes": size_of(pair.member(role), files[role])}
                for role in ("target", "draft")},
         } for pair, files in rows], indent=2) + "\n")
         return
@@ -64,8 +82,10 @@ def list_pairs(
         table.add_column(column, overflow="fold")
     for pair, files in rows:
         both = all(files.values())
+        sizes = [size_of(pair.member(r), files[r]) for r in ("target", "draft")]
+        total = f" ({_bytes(sum(sizes))})" if all(s is not None for s in sizes) else ""
         state = (" + ".join(_size(files[r]) for r in ("target", "draft")) if both
-                 else "partly" if any(files.values()) else "no")
+                 else ("partly" if any(files.values()) else "no") + total)
         name = pair.name + (" *" if pair.name == registry.default else "")
         labels = [pair.member(r).label() if verbose else _short(pair.member(r))
                   for r in ("target", "draft")]

@@ -225,3 +225,53 @@ def _progress(console: Console, show: bool) -> Iterator[Any]:
 
     with progress:
         yield Bar
+
+
+def remote_sizes(files: list[tuple[str, str, str | None]], timeout: float = 5.0
+                 ) -> dict[tuple[str, str, str | None], int]:
+    """Download sizes of Hub files (all parts of a split GGUF added up), asked in parallel.
+
+    Answers are remembered in the specgen cache, so a second listing asks nothing; files that
+    cannot be reached (offline, no network, a glob) are left out, and asked again after a day.
+    """
+    import json
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from specgen.fetch import cache_root
+
+    memo_path = cache_root() / "hub-sizes.json"
+    try:
+        memo = json.loads(memo_path.read_text())
+    except (OSError, ValueError):
+        memo = {}
+    key = {f: f"{f[0]}@{f[2] or 'main'}:{f[1]}" for f in files}
+    now = time.time()
+    memo = {k: v for k, v in memo.items() if isinstance(v, int) or
+            (isinstance(v, dict) and now - v.get("failed_at", 0) < 86400)}
+    wanted = [f for f in files if key[f] not in memo and not _is_glob(f[1])]
+
+    def ask(spec: tuple[str, str, str | None]) -> tuple[tuple[str, str, str | None], int | None]:
+        repo, name, revision = spec
+        total = 0
+        try:
+            for part in split_parts(name):
+                url = huggingface_hub.hf_hub_url(repo, part, revision=revision)
+                size = huggingface_hub.get_hf_file_metadata(url, timeout=timeout).size
+                if size is None:
+                    return spec, None
+                total += size
+        except Exception:  # unreachable, gated, missing: the listing shows no size
+            return spec, None
+        return spec, total
+
+    if wanted and not offline():
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            for spec, size in pool.map(ask, wanted):
+                memo[key[spec]] = size if size is not None else {"failed_at": now}
+        try:
+            memo_path.parent.mkdir(parents=True, exist_ok=True)
+            memo_path.write_text(json.dumps(memo, indent=1, sort_keys=True))
+        except OSError:
+            pass
+    return {f: memo[key[f]] for f in files if isinstance(memo.get(key[f]), int)}

@@ -260,3 +260,17 @@ file = "smollm2-135m-instruct-q4_1.gguf"
     assert record["pair"] == "hubpair" and record["params"]["chat"] is True
     assert record["text"] and record["stats"]["lookahead"] == 3
     assert len(hub.file_gets("smollm2-135m-instruct-q4_1.gguf")) == 1  # one blob, two roles
+
+
+def test_list_shows_download_sizes_before_download(hub: FakeHub, home: Path) -> None:
+    write_models(home, TINY)
+    listing = json.loads(specgen(["models", "list", "--json"], hub, home).stdout)
+    tiny = next(p for p in listing if p["name"] == "tiny")
+    assert tiny["target"]["cached"] is None
+    assert tiny["target"]["size_bytes"] == len(TARGET)
+    assert tiny["draft"]["size_bytes"] == len(DRAFT)
+    asked = len(hub.requests)
+    specgen(["models", "list", "--json"], hub, home)
+    assert len(hub.requests) == asked  # sizes are remembered
+    table = specgen(["models", "list"], hub, home).stdout
+    assert "no (420 kB)" in table
