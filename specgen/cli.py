@@ -21,6 +21,10 @@ from specgen.cli_bench import bench
 from specgen.cli_models import app as models_app
 from specgen.errors import UserError, describe
 from specgen.options import (
+    MODELS,
+    OUTPUT,
+    PERFORMANCE,
+    SAMPLING,
     CtxOpt,
     DraftOpt,
     GpuLayersOpt,
@@ -44,8 +48,6 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 err_console = Console(stderr=True)
-app.add_typer(models_app, name="models")
-app.command("bench")(bench)
 
 def _version(value: bool) -> None:
     if value:
@@ -83,42 +85,49 @@ def _read_prompt(prompt: str | None, file: Path | None) -> str:
 def run(
     prompt: Annotated[str | None, typer.Argument(help="The prompt (or use --file, or pipe it).",
                                                  show_default=False)] = None,
-    file: Annotated[Path | None, typer.Option("--file", "-f", help="Read the prompt from a file "
-                                              "('-' for stdin).", show_default=False)] = None,
+    file: Annotated[Path | None, typer.Option(
+        "--file", "-f", help="Read the prompt from a file ('-' for stdin).",
+        show_default=False)] = None,
     pair: PairOpt = None,
     target: TargetOpt = None,
     draft: DraftOpt = None,
     lookahead: Annotated[int | None, typer.Option(
         "--lookahead", "-k", min=0, max=64, help="Draft tokens per cycle, K (0: target alone; "
-        "default: the pair's recommended K).", show_default=False)] = None,
+        "default: the pair's recommended K).", show_default=False, rich_help_panel=MODELS)
+    ] = None,
     temperature: TemperatureOpt = 0.8,
     top_k: TopKOpt = 40,
     top_p: TopPOpt = 0.95,
     min_p: MinPOpt = 0.05,
     seed: SeedOpt = None,
     max_tokens: MaxTokensOpt = 256,
-    stop: Annotated[list[str] | None, typer.Option("--stop", help="Stop when this text appears "
-                                                   "(repeatable).", show_default=False)] = None,
+    stop: Annotated[list[str] | None, typer.Option(
+        "--stop", help="Stop when this text appears (repeatable).", show_default=False,
+        rich_help_panel=SAMPLING)] = None,
     chat: Annotated[bool | None, typer.Option(
         "--chat/--raw", help="Wrap the prompt in the target's chat template, or send it as it is "
         "(default: --chat for chat pairs).", show_default=False)] = None,
-    system: Annotated[str | None, typer.Option("--system", help="System message (with --chat).",
-                                               show_default=False)] = None,
-    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object (text and "
-                                           "stats) at the end; nothing else on stdout.")] = False,
-    no_stats: Annotated[bool, typer.Option("--no-stats", help="Print no statistics.")] = False,
+    system: Annotated[str | None, typer.Option(
+        "--system", help="System message (with --chat).", show_default=False)] = None,
+    json_out: Annotated[bool, typer.Option(
+        "--json", help="Print one JSON object (text and stats) at the end; nothing else on "
+        "stdout.", rich_help_panel=OUTPUT)] = False,
+    no_stats: Annotated[bool, typer.Option(
+        "--no-stats", help="Print no statistics.", rich_help_panel=OUTPUT)] = False,
     threads: ThreadsOpt = 0,
-    target_threads: Annotated[int | None, typer.Option("--target-threads", help="CPU threads "
-                              "for the target (default: --threads).", show_default=False)] = None,
-    draft_threads: Annotated[int | None, typer.Option("--draft-threads", help="CPU threads for "
-                             "the draft (default: --threads).", show_default=False)] = None,
+    target_threads: Annotated[int | None, typer.Option(
+        "--target-threads", help="CPU threads for the target (default: --threads).",
+        show_default=False, rich_help_panel=PERFORMANCE)] = None,
+    draft_threads: Annotated[int | None, typer.Option(
+        "--draft-threads", help="CPU threads for the draft (default: --threads).",
+        show_default=False, rich_help_panel=PERFORMANCE)] = None,
     gpu_layers: GpuLayersOpt = -1,
     target_gpu_layers: Annotated[int | None, typer.Option(
         "--target-gpu-layers", help="Target layers to offload (default: --gpu-layers).",
-        show_default=False)] = None,
+        show_default=False, rich_help_panel=PERFORMANCE)] = None,
     draft_gpu_layers: Annotated[int | None, typer.Option(
         "--draft-gpu-layers", "-ngld", help="Draft layers to offload (default: --gpu-layers).",
-        show_default=False)] = None,
+        show_default=False, rich_help_panel=PERFORMANCE)] = None,
     ctx_size: CtxOpt = 0,
     verbose: VerboseOpt = False,
 ) -> None:
@@ -169,6 +178,10 @@ def run(
         }) + "\n")
     if result.interrupted:
         raise typer.Exit(130)
+
+
+app.add_typer(models_app, name="models")
+app.command("bench")(bench)
 
 
 def main() -> None:

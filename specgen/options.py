@@ -6,30 +6,40 @@ from typing import Annotated
 
 import typer
 
+MODELS, SAMPLING, OUTPUT, PERFORMANCE = "Models", "Sampling", "Output", "Performance"
+
 PairOpt = Annotated[str | None, typer.Option(
     "--pair", "-p", help="A named draft/target pair from models.toml (default: the default pair; "
-    "see `specgen models list`).", show_default=False)]
+    "see `specgen models list`).", show_default=False, rich_help_panel=MODELS)]
 TargetOpt = Annotated[str | None, typer.Option(
     "--target", "-m", help="Target model: a GGUF path, org/repo:file.gguf, or PAIR:target.",
-    show_default=False)]
+    show_default=False, rich_help_panel=MODELS)]
 DraftOpt = Annotated[str | None, typer.Option(
     "--draft", "-md", help="Draft model: a GGUF path, org/repo:file.gguf, or PAIR:draft.",
-    show_default=False)]
+    show_default=False, rich_help_panel=MODELS)]
 TemperatureOpt = Annotated[float, typer.Option(
-    "--temperature", "--temp", help="Sampling temperature; 0 is greedy.")]
-TopKOpt = Annotated[int, typer.Option("--top-k", help="Keep the k most likely tokens (0: off).")]
-TopPOpt = Annotated[float, typer.Option("--top-p", help="Nucleus: smallest set with this mass.")]
-MinPOpt = Annotated[float, typer.Option("--min-p", help="Drop tokens below min-p x the best.")]
+    "--temperature", "--temp", help="Sampling temperature; 0 is greedy.",
+    rich_help_panel=SAMPLING)]
+TopKOpt = Annotated[int, typer.Option(
+    "--top-k", help="Keep the k most likely tokens (0: off).", rich_help_panel=SAMPLING)]
+TopPOpt = Annotated[float, typer.Option(
+    "--top-p", help="Nucleus: smallest set with this mass.", rich_help_panel=SAMPLING)]
+MinPOpt = Annotated[float, typer.Option(
+    "--min-p", help="Drop tokens below min-p x the best.", rich_help_panel=SAMPLING)]
 SeedOpt = Annotated[int | None, typer.Option(
     "--seed", "-s", help="Random seed (default: random; printed with the stats).",
-    show_default=False)]
+    show_default=False, rich_help_panel=SAMPLING)]
 MaxTokensOpt = Annotated[int, typer.Option(
-    "--max-tokens", "-n", min=1, help="Stop after this many new tokens.")]
+    "--max-tokens", "-n", min=1, help="Stop after this many new tokens.",
+    rich_help_panel=SAMPLING)]
 ThreadsOpt = Annotated[int, typer.Option(
-    "--threads", "-t", min=0, help="CPU threads for both models (0: physical cores).")]
+    "--threads", "-t", min=0, help="CPU threads for both models (0: physical cores).",
+    rich_help_panel=PERFORMANCE)]
 CtxOpt = Annotated[int, typer.Option(
-    "--ctx-size", "-c", min=0, help="Context window in tokens (0: min(4096, trained)).")]
+    "--ctx-size", "-c", min=0, help="Context window in tokens (0: min(4096, trained)).",
+    rich_help_panel=PERFORMANCE)]
 GpuLayersOpt = Annotated[int, typer.Option(
     "--gpu-layers", "-ngl", help="Layers of each model to offload to the GPU (-1: all; "
-    "ignored by CPU builds).")]
-VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Show llama.cpp's own logs.")]
+    "ignored by CPU builds).", rich_help_panel=PERFORMANCE)]
+VerboseOpt = Annotated[bool, typer.Option(
+    "--verbose", "-v", help="Show llama.cpp's own logs.", rich_help_panel=OUTPUT)]
