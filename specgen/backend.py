@@ -247,14 +247,6 @@ class LlamaModel(Vocabulary):
         llama_cpp.llama_model_desc(self._model, buf, 256)
         return buf.value.decode("utf-8", errors="replace")
 
-    @property
-    def n_params(self) -> int:
-        return int(llama_cpp.llama_model_n_params(self._model))
-
-    @property
-    def size_bytes(self) -> int:
-        return int(llama_cpp.llama_model_size(self._model))
-
     def decode(self, tokens: list[int], n_logits: int = 1) -> np.ndarray:
         """Append ``tokens`` to the cache; return logits of the last ``n_logits`` rows.
 

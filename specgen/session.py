@@ -14,7 +14,7 @@ from specgen.backend import LlamaModel, ModelOptions, Vocabulary
 from specgen.chat import render_chat
 from specgen.engine import Finished, GenerationConfig, SpeculativeEngine, Stats, TextChunk
 from specgen.errors import UserError
-from specgen.fetch import cache_root
+from specgen.fetch import cache_root, file_key
 from specgen.registry import ModelSpec, PairSpec, Registry
 from specgen.view import StreamView
 
@@ -50,7 +50,7 @@ def choose(registry: Registry, pair: str | None, target: str | None, draft: str 
 
 def check_fit(target: Vocabulary, draft: Vocabulary) -> None:
     """Refuse a draft whose vocabulary does not fit the target (result cached per file pair)."""
-    stamp = cache_root() / "compat" / _pair_key(target.path, draft.path)
+    stamp = cache_root() / "compat" / file_key(target.path, draft.path)
     if stamp.is_file():
         return
     verdict = compat.check(target, draft)
@@ -59,17 +59,6 @@ def check_fit(target: Vocabulary, draft: Vocabulary) -> None:
                         f"{verdict.reason}; pick a draft from the target's model family")
     stamp.parent.mkdir(parents=True, exist_ok=True)
     stamp.write_text(f"{target.path}\n{draft.path}\n")
-
-
-def _pair_key(*paths: Path) -> str:
-    import hashlib
-
-    parts = []
-    for path in paths:
-        real = path.resolve()
-        stat = real.stat()
-        parts.append(f"{real}:{stat.st_size}:{stat.st_mtime_ns}")
-    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:24]
 
 
 @dataclass(frozen=True)
