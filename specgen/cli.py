@@ -196,6 +196,7 @@ def main() -> None:
         err_console.print("aborted")
         sys.exit(130)
     except KeyboardInterrupt:
+        err_console.print("interrupted", style="yellow")
         sys.exit(130)
     except Exception as err:  # the error table decides what a user sees
         if os.environ.get("SPECGEN_DEBUG"):

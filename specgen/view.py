@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 import shutil
+import signal
 import sys
 import threading
 from typing import TextIO
@@ -75,11 +76,18 @@ class _BottomBar:
         self._lock = threading.Lock()
         self._done = threading.Event()
         self._rows = 0
+        self._old_term: object = None
+        self._term_installed = False
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
     def start(self) -> None:
         with self._lock:
             self._set_region()
+        # A plain SIGTERM would leave the terminal with its scroll region cut short: turn it
+        # into an exit that runs the clean-up below.
+        if threading.current_thread() is threading.main_thread():
+            self._old_term = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+            self._term_installed = True
         self._thread.start()
 
     def _set_region(self) -> None:
@@ -115,6 +123,8 @@ class _BottomBar:
         with self._lock:
             self.err.write(f"\x1b7\x1b[r\x1b[{self._rows};1H\x1b[2K\x1b8")
             self.err.flush()
+        if self._term_installed:
+            signal.signal(signal.SIGTERM, self._old_term or signal.SIG_DFL)
 
 
 class StreamView:

@@ -166,3 +166,71 @@ def test_full_context_is_reported_not_a_crash(pair_args: list[str]) -> None:
     assert done.returncode == 0, done.stderr
     assert "context window" in done.stderr and "--ctx-size" in done.stderr
     assert "stop: context_full" in done.stderr and done.stdout
+
+
+def _run_in_terminal(args: list[str], stdout_tty: bool, rows: int = 24, cols: int = 100,
+                     term_after: float | None = None) -> tuple[bytes, bytes, int]:
+    """Run specgen with stderr (and maybe stdout) on a pseudo-terminal; return what each got."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+    env = {**os.environ, "TERM": "xterm-256color", "COLUMNS": str(cols), "LINES": str(rows)}
+    proc = subprocess.Popen([*SPECGEN, *args], stdin=subprocess.DEVNULL,
+                            stdout=slave if stdout_tty else subprocess.PIPE, stderr=slave,
+                            env=env)
+    os.close(slave)
+    seen = bytearray()
+    started = False
+    while True:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:
+            break
+        if not chunk:
+            break
+        seen += chunk
+        if term_after is not None and not started and b"tok/s" in seen:
+            started = True
+            import time
+
+            time.sleep(term_after)
+            proc.send_signal(signal.SIGTERM)
+    out = proc.stdout.read() if proc.stdout else b""
+    proc.wait(timeout=60)
+    os.close(master)
+    return bytes(seen), out, proc.returncode
+
+
+@pytest.mark.slow
+def test_live_bar_in_a_terminal_is_set_up_and_torn_down(pair_args: list[str]) -> None:
+    args = [a if a != "24" else "120" for a in pair_args]
+    screen, _, code = _run_in_terminal(["run", "Tell me about the moon.", "--chat", *args],
+                                       stdout_tty=True)
+    assert code == 0
+    assert b"\x1b[1;23r" in screen  # the text scrolls above the bottom row
+    assert b"\x1b[24;1H" in screen and b"accept" in screen  # the bar is drawn on that row
+    assert screen.rfind(b"\x1b[r") > screen.rfind(b"\x1b[1;23r")  # and given back at the end
+    assert b"stop: " in screen.split(b"\x1b[r")[-1]  # final stats after the bar is gone
+
+
+@pytest.mark.slow
+def test_sigterm_during_the_bar_restores_the_terminal(pair_args: list[str]) -> None:
+    args = [a if a != "24" else "2000" for a in pair_args]
+    screen, _, code = _run_in_terminal(["run", "Write a long story about a dragon.", "--chat",
+                                        *args, "--temperature", "0.7", "--seed", "1"],
+                                       stdout_tty=True, term_after=0.5)
+    assert code == 143
+    assert screen.rfind(b"\x1b[r") > screen.rfind(b"\x1b[1;23r")
+
+
+@pytest.mark.slow
+def test_live_stats_on_stderr_when_stdout_is_a_file(pair_args: list[str]) -> None:
+    screen, out, code = _run_in_terminal(["run", "The capital of France is", *pair_args],
+                                         stdout_tty=False)
+    assert code == 0 and out.strip()
+    assert b"tok/s" in screen and b"\x1b[" in screen  # Rich drew on the terminal
+    assert b"\x1b[" not in out  # the file got only text
