@@ -27,6 +27,7 @@ from specgen.options import (
     SAMPLING,
     CtxOpt,
     DraftOpt,
+    DraftPMinOpt,
     GpuLayersOpt,
     MaxTokensOpt,
     MinPOpt,
@@ -95,6 +96,7 @@ def run(
         "--lookahead", "-k", min=0, max=64, help="Draft tokens per cycle, K (0: target alone; "
         "default: the pair's recommended K).", show_default=False, rich_help_panel=MODELS)
     ] = None,
+    draft_p_min: DraftPMinOpt = 0.0,
     temperature: TemperatureOpt = 0.8,
     top_k: TopKOpt = 40,
     top_p: TopPOpt = 0.95,
@@ -149,7 +151,7 @@ def run(
     if choice.draft is None:
         k = 0
     config = GenerationConfig(lookahead=k, sampling=sampling, max_tokens=max_tokens,
-                              stop=tuple(stop or ()), seed=seed)
+                              stop=tuple(stop or ()), seed=seed, draft_p_min=draft_p_min)
     target_path = resolve(choice.target)
     draft_path = resolve(choice.draft) if choice.draft is not None and k > 0 else None
     options = PairOptions(
@@ -171,7 +173,8 @@ def run(
             "pair": choice.pair.name if choice.pair else None,
             "target": str(target_path),
             "draft": str(draft_path) if draft_path else None,
-            "params": {"lookahead": result.stats.lookahead, "temperature": temperature,
+            "params": {"lookahead": result.stats.lookahead, "draft_p_min": draft_p_min,
+                       "temperature": temperature,
                        "top_k": top_k, "top_p": top_p, "min_p": min_p,
                        "max_tokens": max_tokens, "stop": list(stop or ()), "chat": use_chat},
             "stats": result.stats.as_dict(),

@@ -18,6 +18,7 @@ from specgen.bench import Report
 from specgen.options import (
     CtxOpt,
     DraftOpt,
+    DraftPMinOpt,
     GpuLayersOpt,
     PairOpt,
     SeedOpt,
@@ -37,6 +38,7 @@ def bench(
     lookaheads: Annotated[str, typer.Option("--lookahead", "-k", help="The K values to sweep, "
                                             "comma-separated (K=0, the target alone, always "
                                             "runs).")] = "1,2,3,4,6,8",
+    draft_p_min: DraftPMinOpt = 0.0,
     prompts_file: Annotated[Path | None, typer.Option(
         "--prompts", help="Prompts, one per line or JSON lines with a \"prompt\" field "
         "(default: a built-in set of ten).", show_default=False)] = None,
@@ -85,7 +87,7 @@ def bench(
 
     def run_one(prompt: int, k: int, run_seed: int) -> Stats:
         config = GenerationConfig(lookahead=k, sampling=sampling, max_tokens=max_tokens,
-                                  seed=run_seed)
+                                  seed=run_seed, draft_p_min=draft_p_min)
         for event in engine.generate(encoded[prompt], config):
             if isinstance(event, Finished):
                 return event.stats
@@ -117,7 +119,8 @@ def bench(
         "draft": {"spec": choice.draft.label(), "file": str(draft_path),
                   "size_bytes": draft_path.stat().st_size,
                   "description": loaded.draft.description if loaded.draft else None},
-        "params": {"lookaheads": ks, "max_tokens": max_tokens, "repeats": repeats,
+        "params": {"lookaheads": ks, "draft_p_min": draft_p_min, "max_tokens": max_tokens,
+                   "repeats": repeats,
                    "temperature": temperature, "seed": base_seed, "prompts": len(prompts),
                    "prompts_file": str(prompts_file) if prompts_file else None,
                    "chat": choice.chat, "n_ctx": loaded.target.n_ctx},

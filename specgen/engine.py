@@ -50,10 +50,16 @@ class GenerationConfig:
     max_tokens: int = 256
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    # Stop drafting when the draft's own probability for its next guess is below this: such
+    # guesses are mostly rejected, and their draft steps wasted. 0 drafts all K. The choice
+    # depends on the draft alone, so the output still follows the target exactly.
+    draft_p_min: float = 0.0
 
     def __post_init__(self) -> None:
         if self.lookahead < 0:
             raise ValueError("lookahead (K) must be >= 0")
+        if not 0.0 <= self.draft_p_min < 1.0:
+            raise ValueError("draft_p_min must be in [0, 1)")
         if self.max_tokens < 1:
             raise ValueError("max_tokens must be >= 1")
 
@@ -220,7 +226,8 @@ class SpeculativeEngine:
             if self.target.n_past + 1 > self.target.n_ctx:
                 reason = "context_full"
                 break
-            guesses, q = self._draft(tokens, max(k, 0), sampling, rng, stats)
+            guesses, q = self._draft(tokens, max(k, 0), sampling, config.draft_p_min, rng,
+                                     stats)
 
             # 3. One target pass over [last, guesses...], K+1 rows of logits.
             t0 = time.perf_counter()
@@ -266,8 +273,8 @@ class SpeculativeEngine:
         yield Finished(reason, stats)
 
     def _draft(
-        self, tokens: list[int], k: int, sampling: SamplingParams, rng: np.random.Generator,
-        stats: Stats,
+        self, tokens: list[int], k: int, sampling: SamplingParams, p_min: float,
+        rng: np.random.Generator, stats: Stats,
     ) -> tuple[list[int], list[Dist]]:
         """The draft's K guesses and the q each was drawn from (empty when K is 0)."""
         draft = self.draft
@@ -282,9 +289,16 @@ class SpeculativeEngine:
             logits = draft.decode(feed, 1)[0]
             if sampling.greedy:
                 guess = int(np.argmax(logits))
+                if p_min and _top_probability(logits) < p_min:
+                    break
             else:
-                q.append(warp(logits, sampling))
-                guess = sample(q[-1], rng)
+                dist = warp(logits, sampling)
+                # Decide from q alone, before drawing: a rule that looked at the drawn guess
+                # would keep guesses from a distribution other than q, and bias the output.
+                if p_min and float(dist.probs.max()) < p_min:
+                    break
+                guess = sample(dist, rng)
+                q.append(dist)
             guesses.append(guess)
             # A guess past the end of generation would never be printed: stop drafting there.
             if draft.is_eog(guess) or i == k - 1:
@@ -301,3 +315,9 @@ class SpeculativeEngine:
         if sampling.greedy:
             return verify_greedy(guesses, lambda i: int(np.argmax(rows[i])))
         return verify(guesses, q, lambda i: warp(rows[i], sampling), rng)
+
+
+def _top_probability(logits: np.ndarray) -> float:
+    """softmax(logits).max(), without building the softmax."""
+    shifted = logits - logits.max()
+    return float(1.0 / np.exp(shifted, dtype=np.float64).sum())

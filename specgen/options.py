@@ -17,6 +17,10 @@ TargetOpt = Annotated[str | None, typer.Option(
 DraftOpt = Annotated[str | None, typer.Option(
     "--draft", "-md", help="Draft model: a GGUF path, org/repo:file.gguf, or PAIR:draft.",
     show_default=False, rich_help_panel=MODELS)]
+DraftPMinOpt = Annotated[float, typer.Option(
+    "--draft-p-min", min=0.0, max=0.99, help="Stop drafting a cycle when the draft's top "
+    "probability falls below this (0: always draft K). Exactness is kept.",
+    rich_help_panel=MODELS)]
 TemperatureOpt = Annotated[float, typer.Option(
     "--temperature", "--temp", help="Sampling temperature; 0 is greedy.",
     rich_help_panel=SAMPLING)]

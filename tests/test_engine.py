@@ -87,8 +87,8 @@ def test_sampling_reproducible_with_seed() -> None:
     assert first != other
 
 
-@pytest.mark.parametrize("lookahead", [0, 3])
-def test_first_two_tokens_follow_target_distribution(lookahead: int) -> None:
+@pytest.mark.parametrize("lookahead, p_min", [(0, 0.0), (3, 0.0), (3, 0.2)])
+def test_first_two_tokens_follow_target_distribution(lookahead: int, p_min: float) -> None:
     """Chi-square on (x1, x2) against the target's own p(x1) p(x2 | x1)."""
     sampling = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
     ref = FakeModel(sharpness=0.7)
@@ -101,7 +101,8 @@ def test_first_two_tokens_follow_target_distribution(lookahead: int) -> None:
     n = 3000
     for seed in range(n):
         tokens, _, _ = run(engine, GenerationConfig(lookahead=lookahead, sampling=sampling,
-                                                    max_tokens=lookahead + 2, seed=seed))
+                                                    max_tokens=lookahead + 2, seed=seed,
+                                                    draft_p_min=p_min))
         counts[tokens[0], tokens[1]] += 1
     assert pooled_chisquare_pvalue(counts, joint * n) > 1e-3
 
@@ -181,3 +182,17 @@ def test_stats_count_per_position_acceptance() -> None:
     assert len(rates) == 4 and all(0 <= r <= 1 for r in rates)
     assert s.alpha == pytest.approx(s.n_accepted / (s.n_accepted + s.n_rejected))
     assert s.n_generated == 100 and s.tokens_per_cycle == pytest.approx(100 / s.n_cycles, rel=0.1)
+
+
+@pytest.mark.parametrize("lookahead", [2, 4, 8])
+def test_draft_p_min_keeps_greedy_exact_and_drafts_less(lookahead: int) -> None:
+    alone, _, _ = run(SpeculativeEngine(FakeModel()),
+                      GenerationConfig(lookahead=0, sampling=GREEDY, max_tokens=60))
+    _, _, full = run(SpeculativeEngine(*pair()),
+                     GenerationConfig(lookahead=lookahead, sampling=GREEDY, max_tokens=60))
+    spec, _, cautious = run(SpeculativeEngine(*pair()),
+                            GenerationConfig(lookahead=lookahead, sampling=GREEDY, max_tokens=60,
+                                             draft_p_min=0.6))
+    assert spec == alone[: len(spec)] and len(spec) >= 60
+    assert cautious.stats.n_drafted < full.stats.n_drafted
+    assert cautious.stats.alpha > full.stats.alpha  # the guesses it skipped were the risky ones
