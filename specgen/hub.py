@@ -146,10 +146,13 @@ def download(repo: str, pattern: str, revision: str | None = None, progress: boo
     with _progress(console, show) as bar_class:
         for name in names:
             bar_class.label = name
-            if not show and not offline() and cached_file(repo, name, revision) is None:
+            # A cached file needs no download of ours; hf_hub_download still checks for a newer
+            # revision when the Hub answers, and falls back to the cache when it does not.
+            missing = not offline() and cached_file(repo, name, revision) is None
+            if missing and not show:
                 console.print(f"downloading {repo}:{name}", highlight=False, soft_wrap=True)
             with hub_errors(repo, name):
-                if not offline():
+                if missing:
                     _fetch_blob(repo, name, revision, bar_class)
                 paths.append(Path(huggingface_hub.hf_hub_download(
                     repo, name, revision=revision, tqdm_class=bar_class)))

@@ -113,6 +113,15 @@ def test_second_pull_downloads_nothing(hub: FakeHub, home: Path) -> None:
     assert "downloading" not in done.stderr
 
 
+def test_cached_pair_works_when_the_hub_is_unreachable(hub: FakeHub, home: Path) -> None:
+    write_models(home, TINY)
+    assert specgen(["models", "pull", "tiny"], hub, home).returncode == 0
+    hub.__exit__()  # the network is gone, but HF_HUB_OFFLINE is not set
+    done = specgen(["models", "pull", "tiny"], hub, home)
+    assert done.returncode == 0, done.stderr
+    assert "ready target" in done.stderr
+
+
 def test_missing_repo(hub: FakeHub, home: Path) -> None:
     broken = TINY.replace('"org/tiny-GGUF", file = "target', '"org/nope", file = "target')
     write_models(home, broken)
