@@ -18,8 +18,9 @@ from typing import Protocol
 
 import numpy as np
 
+from specgen.compat import MAX_SIZE_DIFFERENCE
 from specgen.core.sampling import Dist, SamplingParams, sample, warp
-from specgen.core.speculative import Verdict, verify, verify_greedy
+from specgen.core.speculative import DEFAULT_LOOKAHEAD, Verdict, verify, verify_greedy
 from specgen.core.text import StopMatcher, StreamDecoder
 
 
@@ -45,7 +46,7 @@ class Model(Protocol):
 class GenerationConfig:
     """One generation's knobs. ``lookahead=0`` is the target alone, through the same loop."""
 
-    lookahead: int = 4
+    lookahead: int = DEFAULT_LOOKAHEAD
     sampling: SamplingParams = field(default_factory=SamplingParams)
     max_tokens: int = 256
     stop: tuple[str, ...] = ()
@@ -176,7 +177,7 @@ class SpeculativeEngine:
     """Generates with a target model, sped up by a draft model when one is given."""
 
     def __init__(self, target: Model, draft: Model | None = None) -> None:
-        if draft is not None and draft.n_vocab > target.n_vocab + 128:
+        if draft is not None and draft.n_vocab > target.n_vocab + MAX_SIZE_DIFFERENCE:
             raise ValueError("the draft's vocabulary is far larger than the target's")
         self.target = target
         self.draft = draft

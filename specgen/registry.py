@@ -17,6 +17,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from specgen.core.speculative import DEFAULT_LOOKAHEAD
 from specgen.errors import UserError
 
 ROLES = ("target", "draft")
@@ -100,7 +101,7 @@ class PairSpec:
     name: str
     target: ModelSpec
     draft: ModelSpec
-    lookahead: int = 4
+    lookahead: int = DEFAULT_LOOKAHEAD
     chat: bool = False
     description: str = ""
     license: str = ""
@@ -186,7 +187,7 @@ def _pair(name: str, table: Any, source: str) -> PairSpec:
     for role in ROLES:
         if role not in table:
             raise ValueError(f"{where} has no {role}")
-    lookahead = table.get("lookahead", 4)
+    lookahead = table.get("lookahead", DEFAULT_LOOKAHEAD)
     if not isinstance(lookahead, int) or isinstance(lookahead, bool) or not 0 <= lookahead <= 64:
         raise ValueError(f"{where}: 'lookahead' must be a whole number from 0 to 64")
     chat = table.get("chat", False)

@@ -12,6 +12,7 @@ from pathlib import Path
 from specgen import compat
 from specgen.backend import LlamaModel, ModelOptions, Vocabulary
 from specgen.chat import render_chat
+from specgen.core.speculative import DEFAULT_LOOKAHEAD
 from specgen.engine import Finished, GenerationConfig, SpeculativeEngine, Stats, TextChunk
 from specgen.errors import UserError
 from specgen.fetch import cache_root, file_key
@@ -29,7 +30,7 @@ class Choice:
 
     @property
     def lookahead(self) -> int:
-        return self.pair.lookahead if self.pair else 4
+        return self.pair.lookahead if self.pair else DEFAULT_LOOKAHEAD
 
     @property
     def chat(self) -> bool:

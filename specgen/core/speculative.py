@@ -20,6 +20,9 @@ import numpy as np
 
 from specgen.core.sampling import Dist, sample
 
+# K when nothing else says: a named pair's own K comes first, then this.
+DEFAULT_LOOKAHEAD = 4
+
 
 @dataclass(frozen=True)
 class Verdict:
