@@ -21,29 +21,50 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from specgen.core.speculative import expected_tokens
+from specgen.core.speculative import MAX_LOOKAHEAD, expected_tokens, predicted_speedup
 from specgen.engine import Stats
 from specgen.errors import UserError
 
 DISAGREEMENT = 0.15
 
-BUILTIN_PROMPTS = [
-    "Explain in a few sentences why the sky is blue.",
-    "What are the main differences between a list and a tuple in Python?",
-    "Write a Python function that returns the n-th Fibonacci number, with a docstring.",
-    "Write a SQL query that finds the ten customers with the highest total order value.",
-    "Summarize this passage in two sentences: The printing press, developed by Johannes "
-    "Gutenberg around 1440, made books cheaper and faster to produce. Ideas spread across "
-    "Europe within years instead of decades, literacy rose, and the Reformation and the "
-    "scientific revolution both owed much to pamphlets and journals that could be printed in "
-    "thousands of copies.",
-    "Rewrite this sentence in a formal tone: hey, the meeting got moved to friday, can u make it?",
-    "List ten countries in Europe and their capital cities.",
-    "Give a step-by-step recipe for a simple tomato soup.",
-    "Write the opening paragraph of a story about a lighthouse keeper who finds a message in a "
-    "bottle.",
-    "Translate to French: The train leaves at eight o'clock tomorrow morning.",
+# The built-in prompts, each with its kind: the kinds answer "which drafter for which task".
+# "rewrite" and "extract" prompts carry a passage the answer copies from (prompt lookup's home
+# ground); the others ask for new text. Phrased to work for base and chat models alike.
+PASSAGE = ("The printing press, developed by Johannes Gutenberg around 1440, made books cheaper "
+           "and faster to produce. Ideas spread across Europe within years instead of decades, "
+           "literacy rose, and the Reformation and the scientific revolution both owed much to "
+           "pamphlets and journals that could be printed in thousands of copies.")
+BUILTIN = [
+    ("explain", "Explain in a few sentences why the sky is blue."),
+    ("explain", "What are the main differences between a list and a tuple in Python?"),
+    ("code", "Write a Python function that returns the n-th Fibonacci number, with a docstring."),
+    ("code", "Write a SQL query that finds the ten customers with the highest total order "
+             "value."),
+    ("summarize", f"Summarize this passage in two sentences: {PASSAGE}"),
+    ("rewrite", "Rewrite this sentence in a formal tone: hey, the meeting got moved to friday, "
+                "can u make it?"),
+    ("rewrite", "Correct the spelling mistakes in this paragraph and write it out in full.\n\n"
+                "Paragraph: The printing pres, developped by Johannes Gutenberg around 1440, "
+                "made books cheeper and faster to produce. Ideas spread accross Europe within "
+                "years insted of decades, literacy rose, and the Reformation and the scientific "
+                "revolution both owed much to pamflets and journals that could be printed in "
+                "thousands of copys.\n\nCorrected paragraph:"),
+    ("rewrite", "Rename the variable `total` to `order_sum` in this code and show the whole "
+                "code.\n\n```python\ndef order_value(orders):\n    total = 0\n    for order "
+                "in orders:\n        if order.paid:\n            total += order.price * "
+                "order.quantity\n    return total\n\n\ndef report(orders):\n    total = "
+                "order_value(orders)\n    print(f\"Paid orders: {total:.2f}\")\n    return "
+                "total\n```\n\nThe code with `order_sum`:\n\n```python\n"),
+    ("extract", f"Copy out, word for word, every sentence of this passage that mentions "
+                f"Europe or Gutenberg.\n\nPassage: {PASSAGE}\n\nSentences:"),
+    ("list", "List ten countries in Europe and their capital cities."),
+    ("howto", "Give a step-by-step recipe for a simple tomato soup."),
+    ("story", "Write the opening paragraph of a story about a lighthouse keeper who finds a "
+              "message in a bottle."),
+    ("translate", "Translate to French: The train leaves at eight o'clock tomorrow morning."),
 ]
+BUILTIN_PROMPTS = [prompt for _, prompt in BUILTIN]
+BUILTIN_KINDS = [kind for kind, _ in BUILTIN]
 
 
 def load_prompts(path: Path) -> list[str]:
@@ -71,23 +92,46 @@ def load_prompts(path: Path) -> list[str]:
     return prompts
 
 
-def parse_lookaheads(text: str) -> list[int]:
-    try:
-        values = sorted({int(v) for v in text.split(",") if v.strip()})
-    except ValueError as err:
-        raise UserError(f"-k takes numbers separated by commas, like 1,2,4,8 (got {text!r})")\
-            from err
-    values = [v for v in values if v != 0]
-    if not values or min(values) < 0 or max(values) > 64:
-        raise UserError("-k needs at least one K from 1 to 64 (the target alone always runs)")
-    return values
+# What bench measures beside fixed K's: the draft model with -k auto, prompt lookup alone, and
+# both together (each with -k auto), in this order after the K's.
+ADAPTIVE_VARIANTS = ("auto", "ngram", "hybrid")
+DEFAULT_VARIANTS = "1,2,3,4,6,8,auto,ngram,hybrid"
+Variant = int | str
+
+
+def parse_lookaheads(text: str) -> list[Variant]:
+    """Fixed K's (sorted) then the adaptive variants asked for, each once; K=0 always runs."""
+    ks: set[int] = set()
+    named: set[str] = set()
+    for item in (v.strip().lower() for v in text.split(",")):
+        if not item:
+            continue
+        if item in ADAPTIVE_VARIANTS:
+            named.add(item)
+            continue
+        try:
+            ks.add(int(item))
+        except ValueError as err:
+            raise UserError(f"-k takes K's and {', '.join(ADAPTIVE_VARIANTS)} separated by "
+                            f"commas, like 1,2,4,8,auto (got {text!r})") from err
+    ks.discard(0)
+    if (ks and (min(ks) < 0 or max(ks) > MAX_LOOKAHEAD)) or not (ks or named):
+        raise UserError(f"-k needs at least one K from 1 to {MAX_LOOKAHEAD} or one of "
+                        f"{', '.join(ADAPTIVE_VARIANTS)} (the target alone always runs)")
+    return [*sorted(ks), *(v for v in ADAPTIVE_VARIANTS if v in named)]
+
+
+def variant_order(variant: Variant) -> tuple[int, int]:
+    if isinstance(variant, int):
+        return (0, variant)
+    return (1, ADAPTIVE_VARIANTS.index(variant))
 
 
 @dataclass(frozen=True)
 class Run:
     """One measured generation."""
 
-    lookahead: int
+    lookahead: Variant
     prompt: int
     repeat: int
     stats: Stats
@@ -97,16 +141,18 @@ class Run:
         return self.stats.n_generated / self.stats.gen_seconds if self.stats.gen_seconds else 0.0
 
 
-RunOne = Callable[[int, int, int], Stats]  # (prompt index, K, seed) -> finished Stats
+RunOne = Callable[[int, Variant, int], Stats]  # (prompt index, K or variant, seed) -> Stats
 
 
-def sweep(run_one: RunOne, n_prompts: int, lookaheads: Sequence[int], repeats: int, seed: int,
-          on_run: Callable[[int, int, int], None] | None = None, warmup: bool = True
-          ) -> list[Run]:
-    """Every prompt at K=0 and each K, interleaved, ``repeats`` times; a warm-up run first."""
-    ks = [0, *lookaheads]
+def sweep(run_one: RunOne, n_prompts: int, lookaheads: Sequence[Variant], repeats: int,
+          seed: int, on_run: Callable[[int, int, Variant], None] | None = None,
+          warmup: bool = True) -> list[Run]:
+    """Every prompt at K=0 and each K or variant, interleaved, ``repeats`` times; a warm-up
+    run first (the largest K, else the first variant)."""
+    ks: list[Variant] = [0, *lookaheads]
     if warmup:
-        run_one(0, max(ks), seed)
+        fixed = [k for k in lookaheads if isinstance(k, int)]
+        run_one(0, max(fixed) if fixed else lookaheads[0], seed)
     runs = []
     for repeat in range(repeats):
         for prompt in range(n_prompts):
@@ -119,9 +165,9 @@ def sweep(run_one: RunOne, n_prompts: int, lookaheads: Sequence[int], repeats: i
 
 @dataclass
 class KReport:
-    """Everything measured and predicted for one K."""
+    """Everything measured and predicted for one K (or one adaptive variant)."""
 
-    lookahead: int
+    lookahead: Variant
     tokens_per_second: float
     speedup: float
     accept_rate: float | None
@@ -134,6 +180,9 @@ class KReport:
     predicted_tokens_per_cycle: float | None
     predicted_speedup: float | None
     explanation: str = ""
+    mean_lookahead: float | None = None
+    target_alone_share: float = 0.0
+    ngram_share: float | None = None
 
     @property
     def disagreement(self) -> float | None:
@@ -147,10 +196,12 @@ class Report:
     target_ms_per_token: float
     baseline_tokens_per_second: float
     per_k: list[KReport]
-    recommended: int | None
+    recommended: Variant | None
     warning: str = ""
     runs: int = 0
     meta: dict[str, object] = field(default_factory=dict)
+    # kind of prompt -> K or variant -> median speedup over that kind's prompts
+    per_kind: dict[str, dict[Variant, float]] = field(default_factory=dict)
 
     def best(self) -> KReport | None:
         return next((r for r in self.per_k if r.lookahead == self.recommended), None)
@@ -164,43 +215,61 @@ class Report:
         return {"meta": self.meta, "target_ms_per_token": self.target_ms_per_token,
                 "baseline_tokens_per_second": self.baseline_tokens_per_second,
                 "recommended_lookahead": self.recommended, "warning": self.warning,
-                "runs": self.runs, "per_k": rows}
+                "runs": self.runs, "per_k": rows,
+                "per_kind": {kind: {str(v): x for v, x in speedups.items()}
+                             for kind, speedups in self.per_kind.items()}}
 
 
 def _pooled(runs: Iterable[Run], attr: str) -> float:
     return float(sum(getattr(r.stats, attr) for r in runs))
 
 
-def summarize(runs: Sequence[Run]) -> Report:
-    """Medians, pooled rates, the fitted costs, the prediction, and the verdict."""
+def summarize(runs: Sequence[Run], kinds: Sequence[str] | None = None) -> Report:
+    """Medians, pooled rates, the fitted costs, the prediction, and the verdict.
+
+    ``kinds`` names each prompt's kind (by prompt index) for the per-kind speedups.
+    """
     base = [r for r in runs if r.lookahead == 0]
     if not base:
         raise ValueError("a sweep needs target-alone runs (K=0)")
     base_by_key = {(r.prompt, r.repeat): r for r in base}
+
+    def ratio(run: Run) -> float | None:
+        alone = base_by_key[(run.prompt, run.repeat)].tokens_per_second
+        return run.tokens_per_second / alone if alone > 0 else None
+
     target_one = _pooled(base, "target_seconds") / max(_pooled(base, "n_cycles"), 1)
     baseline_tps = statistics.median(r.tokens_per_second for r in base)
     per_k = []
-    for k in sorted({r.lookahead for r in runs if r.lookahead}):
+    for k in sorted({r.lookahead for r in runs if r.lookahead != 0}, key=variant_order):
         mine = [r for r in runs if r.lookahead == k]
-        ratios = [r.tokens_per_second / base_by_key[(r.prompt, r.repeat)].tokens_per_second
-                  for r in mine if base_by_key[(r.prompt, r.repeat)].tokens_per_second > 0]
+        ratios = [x for x in map(ratio, mine) if x is not None]
         drafted, accepted = _pooled(mine, "n_drafted"), _pooled(mine, "n_accepted")
         judged = accepted + _pooled(mine, "n_rejected")
         alpha = accepted / judged if judged else None
         cycles = _pooled(mine, "n_cycles")
+        depth = k if isinstance(k, int) else max(len(r.stats.reached_at) for r in mine)
         positions = [sum(r.stats.accepted_at[i] for r in mine if i < len(r.stats.accepted_at)) /
                      max(1, sum(r.stats.reached_at[i] for r in mine
                                 if i < len(r.stats.reached_at)))
-                     for i in range(k)]
+                     for i in range(depth)]
         draft_per_token = _pooled(mine, "draft_seconds") / drafted if drafted else None
         verify = _pooled(mine, "target_seconds") / max(cycles, 1)
         cost_ratio = draft_per_token / target_one if draft_per_token is not None else None
         verify_ratio = verify / target_one
         # Cycles cut short by the token budget draft fewer than K guesses: use the mean drafted.
-        k_eff = drafted / cycles if cycles else k
-        predicted_tpc = expected_tokens(alpha, k) if alpha is not None else None
-        predicted = (predicted_tpc / (k_eff * cost_ratio + verify_ratio)
+        k_eff = drafted / cycles if cycles else 0
+        predicted_tpc = (expected_tokens(alpha, k)
+                         if alpha is not None and isinstance(k, int) else None)
+        predicted = (predicted_speedup(predicted_tpc, k_eff, cost_ratio, verify_ratio)
                      if predicted_tpc is not None and cost_ratio is not None else None)
+        k_counts: dict[int, int] = {}
+        for r in mine:
+            for n, c in r.stats.k_counts.items():
+                k_counts[n] = k_counts.get(n, 0) + c
+        n_k = sum(k_counts.values())
+        by_ngram = sum(r.stats.by_source["ngram"].drafted for r in mine
+                       if "ngram" in r.stats.by_source)
         row = KReport(
             lookahead=k,
             tokens_per_second=statistics.median(r.tokens_per_second for r in mine),
@@ -210,17 +279,29 @@ def summarize(runs: Sequence[Run]) -> Report:
             draft_ms_per_token=None if draft_per_token is None else draft_per_token * 1000,
             verify_ms=verify * 1000, cost_ratio=cost_ratio, verify_ratio=verify_ratio,
             predicted_tokens_per_cycle=predicted_tpc, predicted_speedup=predicted,
+            mean_lookahead=sum(n * c for n, c in k_counts.items()) / n_k if n_k else None,
+            target_alone_share=k_counts.get(0, 0) / n_k if n_k else 0.0,
+            ngram_share=by_ngram / drafted if drafted else None,
         )
         row.explanation = _explain(row, mine, base)
         per_k.append(row)
+    per_kind: dict[str, dict[Variant, float]] = {}
+    for kind in dict.fromkeys(kinds or ()):
+        prompts = {i for i, name in enumerate(kinds or ()) if name == kind}
+        per_kind[kind] = {}
+        for row in per_k:
+            ratios = [x for r in runs if r.lookahead == row.lookahead and r.prompt in prompts
+                      for x in [ratio(r)] if x is not None]
+            if ratios:
+                per_kind[kind][row.lookahead] = statistics.median(ratios)
     best = max(per_k, key=lambda r: r.speedup, default=None)
     warning = ""
     if best is None or best.speedup <= 1.0:
-        warning = ("no K beat the target alone on this machine: this pair is not worth "
+        warning = ("nothing beat the target alone on this machine: this pair is not worth "
                    "speculating on here (run with -k 0, or try a smaller draft)")
     return Report(target_ms_per_token=target_one * 1000, baseline_tokens_per_second=baseline_tps,
                   per_k=per_k, recommended=best.lookahead if best and not warning else None,
-                  warning=warning, runs=len(runs))
+                  warning=warning, runs=len(runs), per_kind=per_kind)
 
 
 def _explain(row: KReport, mine: Sequence[Run], base: Sequence[Run]) -> str:
@@ -294,11 +375,16 @@ def write_plot(report: Report, path: Path) -> None:
         import matplotlib.pyplot as plt
     except ImportError as err:
         raise UserError("--plot needs matplotlib: pip install 'specgen[plot]'") from err
-    ks = [0] + [r.lookahead for r in report.per_k]
+    fixed = [r for r in report.per_k if isinstance(r.lookahead, int)]
+    ks = [0] + [int(r.lookahead) for r in fixed]
     fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
-    ax.plot(ks, [1.0] + [r.speedup for r in report.per_k], "o-", label="measured")
-    ax.plot(ks, [1.0] + [r.predicted_speedup or float("nan") for r in report.per_k], "s--",
-            label="predicted (seed's formula)")
+    ax.plot(ks, [1.0] + [r.speedup for r in fixed], "o-", label="measured")
+    ax.plot(ks, [1.0] + [r.predicted_speedup or float("nan") for r in fixed], "s--",
+            label="predicted (Leviathan et al. 2023)")
+    for row, style in zip((r for r in report.per_k if not isinstance(r.lookahead, int)),
+                          (":", "-.", (0, (5, 1)))):
+        ax.axhline(row.speedup, ls=style, color="tab:green", lw=1,
+                   label=f"{row.lookahead} (adaptive K)")
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.set_xlabel("lookahead K (0 = target alone)")
     ax.set_ylabel("speedup over the target alone")

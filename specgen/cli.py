@@ -21,7 +21,6 @@ from specgen.cli_bench import bench
 from specgen.cli_models import app as models_app
 from specgen.errors import UserError, describe
 from specgen.options import (
-    MODELS,
     OUTPUT,
     PERFORMANCE,
     SAMPLING,
@@ -29,8 +28,10 @@ from specgen.options import (
     DraftOpt,
     DraftPMinOpt,
     GpuLayersOpt,
+    LookaheadOpt,
     MaxTokensOpt,
     MinPOpt,
+    NgramOpt,
     PairOpt,
     SeedOpt,
     TargetOpt,
@@ -92,10 +93,8 @@ def run(
     pair: PairOpt = None,
     target: TargetOpt = None,
     draft: DraftOpt = None,
-    lookahead: Annotated[int | None, typer.Option(
-        "--lookahead", "-k", min=0, max=64, help="Draft tokens per cycle, K (0: target alone; "
-        "default: the pair's recommended K).", show_default=False, rich_help_panel=MODELS)
-    ] = None,
+    lookahead: LookaheadOpt = None,
+    ngram: NgramOpt = None,
     draft_p_min: DraftPMinOpt = 0.0,
     temperature: TemperatureOpt = 0.8,
     top_k: TopKOpt = 40,
@@ -144,16 +143,16 @@ def run(
         sampling = SamplingParams(temperature, top_k, top_p, min_p)
     except ValueError as err:
         raise UserError(f"{err}; see specgen run --help") from err
-    choice = choose(Registry.load(), pair, target, draft)
+    choice = choose(Registry.load(), pair, target, draft, ngram)
     k = choice.lookahead if lookahead is None else lookahead
     use_chat = choice.chat if chat is None else chat
-    alone_note = choice.draft is None and k > 0 and not (no_stats or json_out)
-    if choice.draft is None:
+    alone_note = not choice.drafts and k != 0 and not (no_stats or json_out)
+    if not choice.drafts:
         k = 0
     config = GenerationConfig(lookahead=k, sampling=sampling, max_tokens=max_tokens,
-                              stop=tuple(stop or ()), seed=seed, draft_p_min=draft_p_min)
+                              stop=tuple(stop or ()), seed=seed)
     target_path = resolve(choice.target)
-    draft_path = resolve(choice.draft) if choice.draft is not None and k > 0 else None
+    draft_path = resolve(choice.draft) if choice.draft is not None and k != 0 else None
     options = PairOptions(
         n_ctx=ctx_size,
         target_threads=target_threads or threads,
@@ -162,17 +161,20 @@ def run(
         draft_gpu_layers=gpu_layers if draft_gpu_layers is None else draft_gpu_layers,
         verbose=verbose,
     )
-    loaded = load_pair(target_path, draft_path, options)
+    loaded = load_pair(target_path, draft_path, options, ngram=choice.ngram and k != 0)
     if alone_note:
-        err_console.print("no draft model: running the target alone (-k 0)", style="yellow")
+        err_console.print("no draft model: running the target alone (-k 0; --draft ngram "
+                          "drafts without one)", style="yellow")
     result = generate_text(loaded, text, config, chat=use_chat, system=system,
-                           show_stats=not no_stats and not json_out, stream=not json_out)
+                           show_stats=not no_stats and not json_out, stream=not json_out,
+                           draft_p_min=draft_p_min)
     if json_out:
         sys.stdout.write(json.dumps({
             "text": result.text,
             "pair": choice.pair.name if choice.pair else None,
             "target": str(target_path),
             "draft": str(draft_path) if draft_path else None,
+            "ngram": loaded.ngram,
             "params": {"lookahead": result.stats.lookahead, "draft_p_min": draft_p_min,
                        "temperature": temperature,
                        "top_k": top_k, "top_p": top_p, "min_p": min_p,

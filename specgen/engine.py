@@ -1,76 +1,80 @@
-"""The speculative loop: draft K guesses, verify them in one target pass, keep what survives.
+"""The speculative loop: ask a drafter for guesses, verify them in one target pass, keep the rest.
 
 The engine yields events (text pieces, cycle results, the end) and does no I/O: the CLI prints,
-the benchmark measures. It drives any object with the ``Model`` shape, so tests can run it on
-fakes as well as on llama.cpp models from ``specgen.backend``.
+the benchmark measures. It knows nothing of where guesses come from (``specgen.drafters``) or
+how many to ask for (``specgen.lookahead``); it drives any object with the ``Model`` shape, so
+tests run it on fakes as well as on llama.cpp models from ``specgen.backend``.
 
 Cache invariant, at the start of every cycle: the target's KV cache holds every token except the
-last one (``last``); the draft's holds a prefix of that. The target decodes ``[last, x_1..x_K]``
-in ONE batch with logits on all K+1 rows; both caches are then cut back to the accepted prefix.
+last one (``last``). The target decodes ``[last, x_1..x_K]`` in ONE batch with logits on all K+1
+rows, keeps the guesses that survive the accept rule, and is cut back to the accepted prefix;
+the drafter is told how many survived and rolls its own state back.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
-from typing import Protocol
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from specgen.compat import MAX_SIZE_DIFFERENCE
-from specgen.core.sampling import Dist, SamplingParams, sample, warp
-from specgen.core.speculative import DEFAULT_LOOKAHEAD, Verdict, verify, verify_greedy
+from specgen.core.sampling import SamplingParams, warp
+from specgen.core.speculative import (
+    DEFAULT_LOOKAHEAD,
+    MAX_LOOKAHEAD,
+    Lookahead,
+    Verdict,
+    verify,
+    verify_greedy,
+)
 from specgen.core.text import StopMatcher, StreamDecoder
+from specgen.drafters import Drafter, Model, Proposal
+from specgen.lookahead import AdaptiveLookahead, Costs, FixedLookahead, LookaheadPolicy
 
 
 class PromptTooLong(ValueError):
     """The prompt alone fills the context window."""
 
 
-class Model(Protocol):
-    """What the engine needs of a model (``specgen.backend.LlamaModel`` has it)."""
-
-    n_vocab: int
-    n_ctx: int
-    n_past: int
-
-    def decode(self, tokens: list[int], n_logits: int = 1) -> np.ndarray: ...
-    def rollback(self, n_past: int) -> None: ...
-    def reset(self) -> None: ...
-    def piece(self, token: int) -> bytes: ...
-    def is_eog(self, token: int) -> bool: ...
-
-
 @dataclass(frozen=True)
 class GenerationConfig:
-    """One generation's knobs. ``lookahead=0`` is the target alone, through the same loop."""
+    """One generation's knobs. ``lookahead=0`` is the target alone; ``"auto"`` adapts K."""
 
-    lookahead: int = DEFAULT_LOOKAHEAD
+    lookahead: Lookahead = DEFAULT_LOOKAHEAD
     sampling: SamplingParams = field(default_factory=SamplingParams)
     max_tokens: int = 256
     stop: tuple[str, ...] = ()
     seed: int | None = None
-    # Stop drafting when the draft's own probability for its next guess is below this: such
-    # guesses are mostly rejected, and their draft steps wasted. 0 drafts all K. The choice
-    # depends on the draft alone, so the output still follows the target exactly.
-    draft_p_min: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.lookahead < 0:
-            raise ValueError("lookahead (K) must be >= 0")
-        if not 0.0 <= self.draft_p_min < 1.0:
-            raise ValueError("draft_p_min must be in [0, 1)")
+        if self.lookahead != "auto" and not (
+                isinstance(self.lookahead, int) and 0 <= self.lookahead <= MAX_LOOKAHEAD):
+            raise ValueError(f"lookahead (K) must be 'auto' or from 0 to {MAX_LOOKAHEAD}")
         if self.max_tokens < 1:
             raise ValueError("max_tokens must be >= 1")
 
 
 @dataclass
-class Stats:
-    """Counters and clocks of one generation, updated live while it runs."""
+class SourceStats:
+    """What one source of guesses (``model``, ``ngram``) did in a generation."""
 
-    lookahead: int
+    cycles: int = 0
+    drafted: int = 0
+    accepted: int = 0
+
+
+@dataclass
+class Stats:
+    """Counters and clocks of one generation, updated live while it runs.
+
+    ``lookahead`` is what was asked for (a K, or ``"auto"``); ``current_lookahead`` the K of the
+    latest cycle, and ``k_counts`` how many cycles ran at each K (0: the target alone).
+    """
+
+    lookahead: Lookahead
     seed: int
+    speculative: bool = True
     n_prompt: int = 0
     prompt_seconds: float = 0.0
     n_generated: int = 0
@@ -78,13 +82,40 @@ class Stats:
     n_drafted: int = 0
     n_accepted: int = 0
     n_rejected: int = 0
+    n_probes: int = 0
     draft_seconds: float = 0.0
     target_seconds: float = 0.0
     gen_started: float | None = None
     gen_seconds: float = 0.0
+    current_lookahead: int = 0
     reached_at: list[int] = field(default_factory=list)
     accepted_at: list[int] = field(default_factory=list)
+    by_source: dict[str, SourceStats] = field(default_factory=dict)
+    k_counts: dict[int, int] = field(default_factory=dict)
     stop_reason: str | None = None
+
+    def record_cycle(self, source: str | None, lookahead: int, drafted: int, accepted: int,
+                     probe: bool) -> None:
+        """Count one verified cycle: ``drafted`` guesses, the first ``accepted`` kept."""
+        self.n_cycles += 1
+        self.current_lookahead = lookahead
+        self.k_counts[lookahead] = self.k_counts.get(lookahead, 0) + 1
+        self.n_probes += probe
+        self.n_drafted += drafted
+        self.n_accepted += accepted
+        self.n_rejected += accepted < drafted
+        if source is not None:
+            mine = self.by_source.setdefault(source, SourceStats())
+            mine.cycles += 1
+            mine.drafted += drafted
+            mine.accepted += accepted
+        judged = min(accepted + 1, drafted)
+        while len(self.reached_at) < judged:
+            self.reached_at.append(0)
+            self.accepted_at.append(0)
+        for i in range(judged):
+            self.reached_at[i] += 1
+            self.accepted_at[i] += i < accepted
 
     @property
     def accept_rate(self) -> float | None:
@@ -149,6 +180,20 @@ class Stats:
             "draft_seconds": round(self.draft_seconds, 6),
             "target_seconds": round(self.target_seconds, 6),
             "stop_reason": self.stop_reason,
+            "drafters": {name: asdict(src) for name, src in self.by_source.items()},
+            "lookahead_history": self.lookahead_summary(),
+        }
+
+    def lookahead_summary(self) -> dict[str, object]:
+        """The K's the cycles ran at: mean, range, cycles with the target alone, probes."""
+        cycles = sum(self.k_counts.values())
+        return {
+            "mean": (sum(k * n for k, n in self.k_counts.items()) / cycles) if cycles else None,
+            "min": min(self.k_counts, default=None),
+            "max": max(self.k_counts, default=None),
+            "target_alone_cycles": self.k_counts.get(0, 0),
+            "probes": self.n_probes,
+            "cycles_by_k": {str(k): n for k, n in sorted(self.k_counts.items())},
         }
 
 
@@ -174,13 +219,21 @@ Event = TextChunk | CycleDone | Finished
 
 
 class SpeculativeEngine:
-    """Generates with a target model, sped up by a draft model when one is given."""
+    """Generates with a target model, sped up by a drafter's guesses when one is given.
 
-    def __init__(self, target: Model, draft: Model | None = None) -> None:
-        if draft is not None and draft.n_vocab > target.n_vocab + MAX_SIZE_DIFFERENCE:
-            raise ValueError("the draft's vocabulary is far larger than the target's")
+    The costs ``-k auto`` measures (seconds per guess, the verify pass by length) belong to the
+    machine and the models, so the engine keeps them from one generation to the next.
+    """
+
+    def __init__(self, target: Model, drafter: Drafter | None = None) -> None:
         self.target = target
-        self.draft = draft
+        self.drafter = drafter
+        self.costs = Costs()
+
+    def policy(self, lookahead: Lookahead) -> LookaheadPolicy:
+        if self.drafter is None:
+            return FixedLookahead(0)
+        return AdaptiveLookahead(self.costs) if lookahead == "auto" else FixedLookahead(lookahead)
 
     def generate(
         self, prompt: Sequence[int], config: GenerationConfig, stats: Stats | None = None
@@ -191,134 +244,104 @@ class SpeculativeEngine:
         caches, so results never depend on an earlier run.
         """
         assert len(prompt) > 0, "the prompt must hold at least one token"
-        lookahead = config.lookahead if self.draft is not None else 0
+        target, drafter, sampling = self.target, self.drafter, config.sampling
+        policy = self.policy(config.lookahead)
+        lookahead = config.lookahead if drafter is not None else 0
         seed = config.seed if config.seed is not None else int(np.random.SeedSequence().entropy
                                                                 % 2**32)
         if stats is None:
             stats = Stats(lookahead=lookahead, seed=seed)
-        stats.lookahead, stats.seed = lookahead, seed
-        stats.reached_at = [0] * lookahead
-        stats.accepted_at = [0] * lookahead
+        stats.lookahead, stats.seed, stats.speculative = lookahead, seed, drafter is not None
         rng = np.random.default_rng(seed)
-        sampling = config.sampling
-        decoder, stopper = StreamDecoder(), StopMatcher(config.stop)
+        emit = _Emitter(target, config)
         tokens = list(prompt)
 
-        # 1. Prompt: both caches take every prompt token but the last, which opens cycle one.
+        # 1. Prompt: the target and the drafter take every token but the last, which opens
+        #    cycle one.
         started = time.perf_counter()
-        self.target.reset()
-        n_ctx = min(m.n_ctx for m in (self.target, self.draft) if m is not None)
-        if len(tokens) > n_ctx:
+        if len(tokens) > target.n_ctx:
             raise PromptTooLong(f"the prompt ({len(tokens)} tokens) does not fit the context "
-                                f"({n_ctx} tokens); raise --ctx-size")
-        self.target.decode(tokens[:-1], 0)
-        if self.draft is not None:
-            self.draft.reset()
-            self.draft.decode(tokens[:-1], 0)
+                                f"({target.n_ctx} tokens); raise --ctx-size")
+        target.reset()
+        target.decode(tokens[:-1], 0)
+        if drafter is not None:
+            drafter.begin(tokens)
+        policy.begin()
         stats.n_prompt = len(tokens)
         stats.prompt_seconds = time.perf_counter() - started
         stats.gen_started = time.perf_counter()
 
-        reason = None
-        while reason is None:
-            # 2. How many guesses fit: the context, the token budget, the draft's own context.
-            k = min(lookahead, config.max_tokens - stats.n_generated - 1,
-                    self.target.n_ctx - self.target.n_past - 1)
-            if self.target.n_past + 1 > self.target.n_ctx:
-                reason = "context_full"
+        while emit.reason is None:
+            if target.n_past + 1 > target.n_ctx:
+                emit.reason = "context_full"
                 break
-            guesses, q = self._draft(tokens, max(k, 0), sampling, config.draft_p_min, rng,
-                                     stats)
+            # 2. Guesses: the policy picks an offer and K within the token budget and context.
+            t0 = time.perf_counter()
+            room = min(config.max_tokens - stats.n_generated - 1, target.n_ctx - target.n_past - 1)
+            plan = policy.plan(drafter.offers(tokens), room) if drafter and room > 0 else None
+            proposal = (drafter.propose(tokens, plan.offer, plan.lookahead, sampling, rng)
+                        if drafter and plan and plan.offer and plan.lookahead else Proposal())
+            guesses = proposal.tokens
+            t1 = time.perf_counter()
 
             # 3. One target pass over [last, guesses...], K+1 rows of logits.
-            t0 = time.perf_counter()
-            base = self.target.n_past
-            rows = self.target.decode([tokens[-1], *guesses], len(guesses) + 1)
-            verdict = self._verify(guesses, q, rows, sampling, rng)
-            self.target.rollback(base + 1 + verdict.n_accepted)
-            if self.draft is not None:
-                self.draft.rollback(min(self.draft.n_past, base + 1 + verdict.n_accepted))
-            stats.target_seconds += time.perf_counter() - t0
+            base = target.n_past
+            rows = target.decode([tokens[-1], *guesses], len(guesses) + 1)
+            verdict = self._verify(proposal, rows, sampling, rng)
+            target.rollback(base + 1 + verdict.n_accepted)
+            if drafter is not None and guesses:
+                drafter.settle(verdict.n_accepted)
+            t2 = time.perf_counter()
 
-            # 4. Book-keeping, then emit the new tokens up to a stop condition.
+            # 4. Book-keeping, then the new tokens up to a stop condition.
+            stats.draft_seconds += t1 - t0
+            stats.target_seconds += t2 - t1
+            if plan is not None:
+                policy.observe(plan, len(guesses), verdict.n_accepted, t1 - t0, t2 - t1)
+            stats.record_cycle(plan.offer.source if plan and plan.offer and guesses else None,
+                               plan.lookahead if plan else 0, len(guesses), verdict.n_accepted,
+                               bool(plan and plan.probe))
             new = [*guesses[: verdict.n_accepted], verdict.next_token]
-            stats.n_cycles += 1
-            stats.n_drafted += len(guesses)
-            stats.n_accepted += verdict.n_accepted
-            stats.n_rejected += verdict.n_accepted < len(guesses)
-            for i in range(min(verdict.n_accepted + 1, len(guesses))):
-                stats.reached_at[i] += 1
-                stats.accepted_at[i] += i < verdict.n_accepted
             yield CycleDone(len(guesses), verdict.n_accepted, tuple(new))
             tokens.extend(new)
-            text: list[str] = []
-            for token in new:
-                if self.target.is_eog(token):
-                    reason = "eog"
-                    break
-                stats.n_generated += 1
-                piece, stopped = stopper.feed(decoder.feed(self.target.piece(token)))
-                text.append(piece)
-                if stopped:
-                    reason = "stop"
-                    break
-                if stats.n_generated >= config.max_tokens:
-                    reason = "max_tokens"
-                    break
-            if reason != "stop" and reason is not None:
-                text.append(stopper.feed(decoder.flush())[0] + stopper.flush())
-            if "".join(text):
-                yield TextChunk("".join(text))
+            text = emit.tokens(new, stats)
+            if text:
+                yield TextChunk(text)
 
-        stats.finish(reason)
-        yield Finished(reason, stats)
-
-    def _draft(
-        self, tokens: list[int], k: int, sampling: SamplingParams, p_min: float,
-        rng: np.random.Generator, stats: Stats,
-    ) -> tuple[list[int], list[Dist]]:
-        """The draft's K guesses and the q each was drawn from (empty when K is 0)."""
-        draft = self.draft
-        if draft is None or k <= 0:
-            return [], []
-        t0 = time.perf_counter()
-        k = min(k, draft.n_ctx - len(tokens) + 1)
-        guesses: list[int] = []
-        q: list[Dist] = []
-        feed = tokens[draft.n_past :]
-        for i in range(k):
-            logits = draft.decode(feed, 1)[0]
-            if sampling.greedy:
-                guess = int(np.argmax(logits))
-                if p_min and _top_probability(logits) < p_min:
-                    break
-            else:
-                dist = warp(logits, sampling)
-                # Decide from q alone, before drawing: a rule that looked at the drawn guess
-                # would keep guesses from a distribution other than q, and bias the output.
-                if p_min and float(dist.probs.max()) < p_min:
-                    break
-                guess = sample(dist, rng)
-                q.append(dist)
-            guesses.append(guess)
-            # A guess past the end of generation would never be printed: stop drafting there.
-            if draft.is_eog(guess) or i == k - 1:
-                break
-            feed = [guess]
-        stats.draft_seconds += time.perf_counter() - t0
-        return guesses, q
+        stats.finish(emit.reason)
+        yield Finished(emit.reason, stats)
 
     @staticmethod
-    def _verify(
-        guesses: list[int], q: list[Dist], rows: np.ndarray, sampling: SamplingParams,
-        rng: np.random.Generator,
-    ) -> Verdict:
+    def _verify(proposal: Proposal, rows: np.ndarray, sampling: SamplingParams,
+                rng: np.random.Generator) -> Verdict:
         if sampling.greedy:
-            return verify_greedy(guesses, lambda i: int(np.argmax(rows[i])))
-        return verify(guesses, q, lambda i: warp(rows[i], sampling), rng)
+            return verify_greedy(proposal.tokens, lambda i: int(np.argmax(rows[i])))
+        return verify(proposal.tokens, proposal.q, lambda i: warp(rows[i], sampling), rng)
 
 
-def _top_probability(logits: np.ndarray) -> float:
-    """softmax(logits).max(), without building the softmax."""
-    shifted = logits - logits.max()
-    return float(1.0 / np.exp(shifted, dtype=np.float64).sum())
+class _Emitter:
+    """Accepted tokens to printable text: UTF-8 held whole, stop strings and limits enforced."""
+
+    def __init__(self, target: Model, config: GenerationConfig) -> None:
+        self.target, self.max_tokens = target, config.max_tokens
+        self.decoder, self.stopper = StreamDecoder(), StopMatcher(config.stop)
+        self.reason: str | None = None
+
+    def tokens(self, new: list[int], stats: Stats) -> str:
+        text: list[str] = []
+        for token in new:
+            if self.target.is_eog(token):
+                self.reason = "eog"
+                break
+            stats.n_generated += 1
+            piece, stopped = self.stopper.feed(self.decoder.feed(self.target.piece(token)))
+            text.append(piece)
+            if stopped:
+                self.reason = "stop"
+                break
+            if stats.n_generated >= self.max_tokens:
+                self.reason = "max_tokens"
+                break
+        if self.reason is not None and self.reason != "stop":
+            text.append(self.stopper.feed(self.decoder.flush())[0] + self.stopper.flush())
+        return "".join(text)

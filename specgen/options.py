@@ -6,7 +6,18 @@ from typing import Annotated
 
 import typer
 
+from specgen.core.speculative import MAX_LOOKAHEAD, Lookahead, parse_lookahead
+
 MODELS, SAMPLING, OUTPUT, PERFORMANCE = "Models", "Sampling", "Output", "Performance"
+
+
+def _lookahead(text: str) -> Lookahead:
+    try:
+        return parse_lookahead(text)
+    except ValueError as err:
+        raise typer.BadParameter(f"{text!r} is not 'auto' or a K from 0 to {MAX_LOOKAHEAD}")\
+            from err
+
 
 PairOpt = Annotated[str | None, typer.Option(
     "--pair", "-p", help="A named draft/target pair from models.toml (default: the default pair; "
@@ -15,7 +26,18 @@ TargetOpt = Annotated[str | None, typer.Option(
     "--target", "-m", help="Target model: a GGUF path, org/repo:file.gguf, or PAIR:target.",
     show_default=False, rich_help_panel=MODELS)]
 DraftOpt = Annotated[str | None, typer.Option(
-    "--draft", "-md", help="Draft model: a GGUF path, org/repo:file.gguf, or PAIR:draft.",
+    "--draft", "-md", help="Draft model: a GGUF path, org/repo:file.gguf, or PAIR:draft; or "
+    "'ngram' to draft by prompt lookup with no draft model (a file named so: ./ngram).",
+    show_default=False, rich_help_panel=MODELS)]
+# Typer has no Union types: the parser turns the text into a Lookahead (an int, or "auto").
+LookaheadOpt = Annotated[str | None, typer.Option(
+    "--lookahead", "-k", parser=_lookahead, metavar="K|auto",
+    help="Guesses per cycle, K: a number (0: the target alone), or 'auto' to choose K before "
+    "each cycle from the acceptance and costs measured so far, turning speculation off when it "
+    "cannot pay (default: the pair's own).", show_default=False, rich_help_panel=MODELS)]
+NgramOpt = Annotated[bool | None, typer.Option(
+    "--ngram/--no-ngram", help="Also draft by prompt lookup beside the draft model (hybrid): "
+    "free guesses where the text repeats its input (default: the pair's own setting).",
     show_default=False, rich_help_panel=MODELS)]
 DraftPMinOpt = Annotated[float, typer.Option(
     "--draft-p-min", min=0.0, max=0.99, help="Stop drafting a cycle when the draft's top "

@@ -17,10 +17,12 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from specgen.core.speculative import DEFAULT_LOOKAHEAD
+from specgen.core.speculative import DEFAULT_LOOKAHEAD, MAX_LOOKAHEAD, Lookahead
 from specgen.errors import UserError
 
 ROLES = ("target", "draft")
+# Pairs draft by n-grams beside their draft model (hybrid) unless models.toml says ngram = false.
+HYBRID_BY_DEFAULT = True
 
 
 def user_config_dir() -> Path:
@@ -94,21 +96,36 @@ class ModelSpec:
                    path=data.get("path"), pip=tuple(pip), quant=data.get("quant"), sha256=sha)
 
 
+# The word that names prompt-lookup drafting where a draft model would go (``--draft ngram``,
+# ``draft = "ngram"``); a file really named so is reachable as ``./ngram``.
+NGRAM = "ngram"
+
+
 @dataclass(frozen=True)
 class PairSpec:
-    """A known-good draft/target pair."""
+    """A known-good draft/target pair. ``draft`` is None where the pair drafts by n-grams alone;
+    ``ngram`` adds prompt lookup beside a draft model (hybrid drafting)."""
 
     name: str
     target: ModelSpec
-    draft: ModelSpec
-    lookahead: int = DEFAULT_LOOKAHEAD
+    draft: ModelSpec | None
+    lookahead: Lookahead = DEFAULT_LOOKAHEAD
     chat: bool = False
     description: str = ""
     license: str = ""
     source: str = "built-in"
+    ngram: bool = False
 
     def member(self, role: str) -> ModelSpec:
-        return self.target if role == "target" else self.draft
+        spec = self.target if role == "target" else self.draft
+        if spec is None:
+            raise UserError(f"pair {self.name!r} has no draft model (it drafts by n-grams)")
+        return spec
+
+    def members(self) -> list[tuple[str, ModelSpec]]:
+        """(role, spec) for each model file the pair needs."""
+        return [(role, spec) for role, spec in (("target", self.target), ("draft", self.draft))
+                if spec is not None]
 
 
 @dataclass
@@ -168,6 +185,8 @@ class Registry:
             head, tail = text.rsplit(":", 1)
             if tail in ROLES and head in self.pairs:
                 return self.pairs[head].member(tail)
+            if head in self.pairs:
+                raise UserError(f"{text!r}: a pair member is {head}:target or {head}:draft")
             if "/" in head and not Path(text).exists() and not head.startswith((".", "/", "~")):
                 repo, _, revision = head.partition("@")
                 return ModelSpec(repo=repo, file=tail, revision=revision or None)
@@ -180,7 +199,7 @@ def _pair(name: str, table: Any, source: str) -> PairSpec:
     where = f"pair {name!r}"
     if not isinstance(table, dict):
         raise ValueError(f"{where} must be a table")
-    known = {"target", "draft", "lookahead", "chat", "description", "license"}
+    known = {"target", "draft", "lookahead", "chat", "description", "license", "ngram"}
     unknown = set(table) - known
     if unknown:
         raise ValueError(f"{where} has unknown key(s) {', '.join(sorted(unknown))}")
@@ -188,17 +207,22 @@ def _pair(name: str, table: Any, source: str) -> PairSpec:
         if role not in table:
             raise ValueError(f"{where} has no {role}")
     lookahead = table.get("lookahead", DEFAULT_LOOKAHEAD)
-    if not isinstance(lookahead, int) or isinstance(lookahead, bool) or not 0 <= lookahead <= 64:
-        raise ValueError(f"{where}: 'lookahead' must be a whole number from 0 to 64")
-    chat = table.get("chat", False)
-    if not isinstance(chat, bool):
-        raise ValueError(f"{where}: 'chat' must be true or false")
+    if lookahead != "auto" and (not isinstance(lookahead, int) or isinstance(lookahead, bool)
+                                or not 0 <= lookahead <= MAX_LOOKAHEAD):
+        raise ValueError(f"{where}: 'lookahead' must be \"auto\" or a whole number from 0 to "
+                         f"{MAX_LOOKAHEAD}")
+    for key in ("chat", "ngram"):
+        if not isinstance(table.get(key, False), bool):
+            raise ValueError(f"{where}: '{key}' must be true or false")
+    by_ngram = table["draft"] == NGRAM
     return PairSpec(
         name=name,
         target=ModelSpec.from_mapping(table["target"], f"{where} target"),
-        draft=ModelSpec.from_mapping(table["draft"], f"{where} draft"),
-        lookahead=lookahead, chat=chat, description=str(table.get("description", "")),
+        draft=None if by_ngram else ModelSpec.from_mapping(table["draft"], f"{where} draft"),
+        lookahead=lookahead, chat=table.get("chat", False),
+        description=str(table.get("description", "")),
         license=str(table.get("license", "")), source=source,
+        ngram=by_ngram or table.get("ngram", HYBRID_BY_DEFAULT),
     )
 
 

@@ -12,41 +12,55 @@ from pathlib import Path
 from specgen import compat
 from specgen.backend import LlamaModel, ModelOptions, Vocabulary
 from specgen.chat import render_chat
-from specgen.core.speculative import DEFAULT_LOOKAHEAD
+from specgen.core.speculative import DEFAULT_LOOKAHEAD, Lookahead
+from specgen.drafters import Drafter, HybridDrafter, ModelDrafter, NgramDrafter
 from specgen.engine import Finished, GenerationConfig, SpeculativeEngine, Stats, TextChunk
 from specgen.errors import UserError
 from specgen.fetch import cache_root, file_key
-from specgen.registry import ModelSpec, PairSpec, Registry
+from specgen.registry import NGRAM, ModelSpec, PairSpec, Registry
 from specgen.view import StreamView
 
 
 @dataclass(frozen=True)
 class Choice:
-    """Which models a command runs, from --pair/--target/--draft and models.toml."""
+    """Which models a command runs, from --pair/--target/--draft and models.toml.
+
+    ``ngram`` drafts by prompt lookup: alone where ``draft`` is None, else beside the draft model.
+    """
 
     target: ModelSpec
     draft: ModelSpec | None
     pair: PairSpec | None
+    ngram: bool = False
 
     @property
-    def lookahead(self) -> int:
+    def lookahead(self) -> Lookahead:
         return self.pair.lookahead if self.pair else DEFAULT_LOOKAHEAD
 
     @property
     def chat(self) -> bool:
         return self.pair.chat if self.pair else False
 
+    @property
+    def drafts(self) -> bool:
+        return self.draft is not None or self.ngram
 
-def choose(registry: Registry, pair: str | None, target: str | None, draft: str | None
-           ) -> Choice:
+
+def choose(registry: Registry, pair: str | None, target: str | None, draft: str | None,
+           ngram: bool | None = None) -> Choice:
     """A named pair (or the default one), with --target/--draft overriding its members.
 
-    ``--target`` alone, with no pair, runs the target by itself.
+    ``--target`` alone, with no pair, runs the target by itself; ``--draft ngram`` drafts by
+    prompt lookup; ``ngram`` (``--ngram/--no-ngram``) adds or removes prompt lookup beside a
+    draft model, where None keeps the pair's own setting.
     """
     named = registry.pair(pair) if pair or target is None else None
     target_spec = registry.spec(target) if target else named.target  # type: ignore[union-attr]
+    if draft == NGRAM:
+        return Choice(target_spec, None, named, ngram=True)
     draft_spec = registry.spec(draft) if draft else (named.draft if named else None)
-    return Choice(target_spec, draft_spec, named)
+    by_pair = named.ngram if named else False
+    return Choice(target_spec, draft_spec, named, by_pair if ngram is None else ngram)
 
 
 def check_fit(target: Vocabulary, draft: Vocabulary) -> None:
@@ -76,14 +90,36 @@ class PairOptions:
 
 @dataclass
 class Pair:
+    """Loaded models; ``ngram`` drafts by prompt lookup (alone, or beside the draft model)."""
+
     target: LlamaModel
     draft: LlamaModel | None
+    ngram: bool = False
 
-    def engine(self) -> SpeculativeEngine:
-        return SpeculativeEngine(self.target, self.draft)
+    def drafter(self, draft_p_min: float = 0.0) -> Drafter | None:
+        if self.draft is None:
+            return NgramDrafter() if self.ngram else None
+        model = ModelDrafter(self.draft, draft_p_min)
+        return HybridDrafter(model) if self.ngram else model
+
+    def engine(self, draft_p_min: float = 0.0) -> SpeculativeEngine:
+        return SpeculativeEngine(self.target, self.drafter(draft_p_min))
 
 
-def load_pair(target: str | Path, draft: str | Path | None, options: PairOptions) -> Pair:
+def bench_engines(pair: Pair, draft_p_min: float = 0.0) -> dict[str, SpeculativeEngine]:
+    """One engine per way of drafting that bench compares, all over the same loaded models:
+    ``alone`` (no drafter), ``model`` (fixed K's), ``auto``, ``ngram`` and ``hybrid``."""
+    engines = {"alone": SpeculativeEngine(pair.target),
+               "ngram": SpeculativeEngine(pair.target, NgramDrafter())}
+    if pair.draft is not None:
+        model = ModelDrafter(pair.draft, draft_p_min)
+        engines["model"] = engines["auto"] = SpeculativeEngine(pair.target, model)
+        engines["hybrid"] = SpeculativeEngine(pair.target, HybridDrafter(model))
+    return engines
+
+
+def load_pair(target: str | Path, draft: str | Path | None, options: PairOptions,
+              ngram: bool = False) -> Pair:
     """Load both models with the same context size, each with its own threads and GPU layers."""
     target_model = LlamaModel(
         _existing(target, "target"),
@@ -91,14 +127,14 @@ def load_pair(target: str | Path, draft: str | Path | None, options: PairOptions
         verbose=options.verbose,
     )
     if draft is None:
-        return Pair(target_model, None)
+        return Pair(target_model, None, ngram)
     draft_model = LlamaModel(
         _existing(draft, "draft"),
         ModelOptions(target_model.n_ctx, options.draft_threads, options.draft_gpu_layers),
         verbose=options.verbose,
     )
     check_fit(target_model, draft_model)
-    return Pair(target_model, draft_model)
+    return Pair(target_model, draft_model, ngram)
 
 
 def _existing(path: str | Path, role: str) -> Path:
@@ -134,15 +170,18 @@ class Result:
 def generate_text(
     pair: Pair, prompt: str, config: GenerationConfig, chat: bool = False,
     system: str | None = None, show_stats: bool = True, stream: bool = True,
+    draft_p_min: float = 0.0,
 ) -> Result:
     """Generate, streaming text to stdout (when ``stream``) and live stats to stderr."""
     tokens = prompt_tokens(pair.target, prompt, chat, system)
-    stats = Stats(lookahead=config.lookahead if pair.draft else 0, seed=config.seed or 0)
+    engine = pair.engine(draft_p_min)
+    stats = Stats(lookahead=config.lookahead if engine.drafter else 0, seed=config.seed or 0,
+                  speculative=engine.drafter is not None)
     pieces: list[str] = []
     interrupted = False
     with StreamView(stats, show_stats=show_stats) as view:
         try:
-            for event in pair.engine().generate(tokens, config, stats):
+            for event in engine.generate(tokens, config, stats):
                 if isinstance(event, TextChunk):
                     pieces.append(event.text)
                     if stream:

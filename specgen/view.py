@@ -36,8 +36,9 @@ def _fmt(value: float | None, spec: str, missing: str = "-") -> str:
 def stats_text(stats: Stats, final: bool = False) -> Text:
     """One line: K, acceptance, tokens per cycle, speed, counts."""
     line = Text()
-    if stats.lookahead:
-        line.append(f"K={stats.lookahead}", style="bold cyan")
+    speculating = stats.speculative and stats.lookahead != 0
+    if speculating:
+        line.append(lookahead_label(stats), style="bold cyan")
         line.append("  accept ")
         rate = stats.accept_rate
         line.append(_fmt(None if rate is None else rate * 100, ".0f") + "%", style="bold green")
@@ -47,8 +48,8 @@ def stats_text(stats: Stats, final: bool = False) -> Text:
     line.append("  ")
     line.append(f"{_fmt(stats.tokens_per_second, '.1f')} tok/s", style="bold magenta")
     line.append(f"  {stats.n_generated} tokens  {stats.n_cycles} cycles")
-    if stats.lookahead:
-        line.append(f"  {stats.n_accepted}/{stats.n_drafted} drafted accepted")
+    if speculating:
+        line.append("  " + sources_label(stats))
     if final:
         line.append(f"  | prompt {stats.n_prompt} tok in {stats.prompt_seconds:.2f}s"
                     f" ({_fmt(stats.prompt_tokens_per_second, '.0f')} tok/s)", style="dim")
@@ -56,6 +57,25 @@ def stats_text(stats: Stats, final: bool = False) -> Text:
         if stats.stop_reason:
             line.append(f"  stop: {stats.stop_reason}", style="dim")
     return line
+
+
+def lookahead_label(stats: Stats) -> str:
+    """``K=8``, or ``K=auto (now 5)`` while ``auto`` chooses; ``off`` when it chose none."""
+    if stats.lookahead != "auto":
+        return f"K={stats.lookahead}"
+    now = stats.current_lookahead
+    return f"K=auto (now {now if now else 'off'})" if stats.n_cycles else "K=auto"
+
+
+def sources_label(stats: Stats) -> str:
+    """Accepted/drafted guesses by source: ``model 40/52 ngram 31/33``."""
+    if not stats.by_source:
+        return "0/0 drafted accepted"
+    if len(stats.by_source) == 1:
+        (name, only), = stats.by_source.items()
+        return f"{only.accepted}/{only.drafted} {name} guesses accepted"
+    return "accepted " + " ".join(f"{name} {src.accepted}/{src.drafted}"
+                                  for name, src in sorted(stats.by_source.items()))
 
 
 class _LiveStats:

@@ -6,6 +6,7 @@ every later distribution, so the engine tests catch cache bugs without loading a
 
 from __future__ import annotations
 
+import time
 import zlib
 
 import numpy as np
@@ -15,8 +16,12 @@ PIECES = [bytes([ord("a") + i]) for i in range(12)] + [b" ", b"\n", b"\xc3", b"\
 
 class FakeModel:
     def __init__(self, n_vocab: int = 16, n_ctx: int = 512, salt: int = 0, noise: float = 0.0,
-                 sharpness: float = 2.0, eog: int | None = None) -> None:
+                 sharpness: float = 2.0, eog: int | None = None, call_seconds: float = 0.0,
+                 token_seconds: float = 0.0) -> None:
         self.n_vocab, self.n_ctx = n_vocab, n_ctx
+        # A real decode costs a fixed amount per call plus a little per token (a batch is cheap
+        # per token): sleeping so makes the adaptive lookahead's measurements meaningful.
+        self.call_seconds, self.token_seconds = call_seconds, token_seconds
         self.salt, self.noise, self.sharpness, self.eog = salt, noise, sharpness, eog
         self.cache: list[int] = []
         self.decode_calls: list[tuple[int, int]] = []
@@ -39,6 +44,8 @@ class FakeModel:
     def decode(self, tokens: list[int], n_logits: int = 1) -> np.ndarray:
         assert self.n_past + len(tokens) <= self.n_ctx, "decode past the context"
         self.decode_calls.append((len(tokens), n_logits))
+        if self.call_seconds or self.token_seconds:
+            time.sleep(self.call_seconds + self.token_seconds * len(tokens))
         rows = []
         for token in tokens:
             self.cache.append(token)

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from specgen.core.sampling import SamplingParams, warp
+from specgen.drafters import ModelDrafter
 from specgen.engine import (
     CycleDone,
     Finished,
@@ -39,21 +40,26 @@ def pair(noise: float = 0.8, **kw) -> tuple[FakeModel, FakeModel]:
     return FakeModel(**kw), FakeModel(noise=noise, salt=7, **kw)
 
 
+def spec(target: FakeModel, draft: FakeModel, p_min: float = 0.0) -> SpeculativeEngine:
+    """The engine with a draft model as its drafter."""
+    return SpeculativeEngine(target, ModelDrafter(draft, p_min))
+
+
 @pytest.mark.parametrize("lookahead", [1, 2, 3, 4, 6, 8])
 def test_greedy_speculative_equals_target_alone(lookahead: int) -> None:
     target, draft = pair()
     alone, _, _ = run(SpeculativeEngine(FakeModel()),
                       GenerationConfig(lookahead=0, sampling=GREEDY, max_tokens=60))
-    spec, _, done = run(SpeculativeEngine(target, draft),
+    tokens, _, done = run(spec(target, draft),
                         GenerationConfig(lookahead=lookahead, sampling=GREEDY, max_tokens=60))
-    assert spec[:60] == alone[:60]
+    assert tokens[:60] == alone[:60]
     assert done.stats.n_generated == 60
     assert 0 < done.stats.n_accepted < done.stats.n_drafted  # the fakes disagree sometimes
 
 
 def test_target_verifies_all_guesses_in_one_decode() -> None:
     target, draft = pair()
-    run(SpeculativeEngine(target, draft),
+    run(spec(target, draft),
         GenerationConfig(lookahead=4, sampling=GREEDY, max_tokens=40))
     # After the prompt, every target decode is [last, x1..xK] with logits on every row.
     cycles = target.decode_calls[1:]
@@ -63,7 +69,7 @@ def test_target_verifies_all_guesses_in_one_decode() -> None:
 
 def test_caches_are_rolled_back_to_the_accepted_prefix() -> None:
     target, draft = pair()
-    engine = SpeculativeEngine(target, draft)
+    engine = spec(target, draft)
     tokens = list(PROMPT)
     config = GenerationConfig(lookahead=5, sampling=SamplingParams(temperature=1.0),
                               max_tokens=80, seed=3)
@@ -78,9 +84,9 @@ def test_caches_are_rolled_back_to_the_accepted_prefix() -> None:
 def test_sampling_reproducible_with_seed() -> None:
     config = GenerationConfig(lookahead=4, sampling=SamplingParams(temperature=1.0),
                               max_tokens=50, seed=42)
-    first, _, _ = run(SpeculativeEngine(*pair()), config)
-    again, _, _ = run(SpeculativeEngine(*pair()), config)
-    other, _, _ = run(SpeculativeEngine(*pair()),
+    first, _, _ = run(spec(*pair()), config)
+    again, _, _ = run(spec(*pair()), config)
+    other, _, _ = run(spec(*pair()),
                       GenerationConfig(lookahead=4, sampling=SamplingParams(temperature=1.0),
                                        max_tokens=50, seed=43))
     assert first == again
@@ -97,12 +103,11 @@ def test_first_two_tokens_follow_target_distribution(lookahead: int, p_min: floa
                       for a in range(16)])
     counts = np.zeros((16, 16))
     target, draft = FakeModel(sharpness=0.7), FakeModel(sharpness=0.7, noise=1.0, salt=9)
-    engine = SpeculativeEngine(target, draft)
+    engine = spec(target, draft, p_min)
     n = 3000
     for seed in range(n):
         tokens, _, _ = run(engine, GenerationConfig(lookahead=lookahead, sampling=sampling,
-                                                    max_tokens=lookahead + 2, seed=seed,
-                                                    draft_p_min=p_min))
+                                                    max_tokens=lookahead + 2, seed=seed))
         counts[tokens[0], tokens[1]] += 1
     assert pooled_chisquare_pvalue(counts, joint * n) > 1e-3
 
@@ -112,7 +117,7 @@ def test_stop_string_spanning_tokens_is_not_printed() -> None:
     _, full, _ = run(SpeculativeEngine(FakeModel(), None),
                      GenerationConfig(lookahead=0, sampling=GREEDY, max_tokens=40))
     stop = full[10:13]
-    _, text, done = run(SpeculativeEngine(target, draft),
+    _, text, done = run(spec(target, draft),
                         GenerationConfig(lookahead=4, sampling=GREEDY, max_tokens=40,
                                          stop=(stop,)))
     assert done.reason == "stop"
@@ -120,7 +125,7 @@ def test_stop_string_spanning_tokens_is_not_printed() -> None:
 
 
 def test_max_tokens_is_exact() -> None:
-    _, _, done = run(SpeculativeEngine(*pair()),
+    _, _, done = run(spec(*pair()),
                      GenerationConfig(lookahead=8, sampling=GREEDY, max_tokens=13))
     assert done.reason == "max_tokens" and done.stats.n_generated == 13
 
@@ -131,7 +136,7 @@ def test_end_of_generation_token_stops_and_is_not_printed() -> None:
     eog = alone[5]
     first = alone.index(eog)
     target, draft = pair(eog=eog)
-    tokens, text, done = run(SpeculativeEngine(target, draft),
+    tokens, text, done = run(spec(target, draft),
                              GenerationConfig(lookahead=4, sampling=GREEDY, max_tokens=40))
     assert done.reason == "eog"
     assert done.stats.n_generated == first
@@ -140,7 +145,7 @@ def test_end_of_generation_token_stops_and_is_not_printed() -> None:
 
 def test_full_context_stops_cleanly() -> None:
     target, draft = pair(n_ctx=30)
-    tokens, _, done = run(SpeculativeEngine(target, draft),
+    tokens, _, done = run(spec(target, draft),
                           GenerationConfig(lookahead=4, sampling=GREEDY, max_tokens=500))
     assert done.reason == "context_full"
     assert len(PROMPT) + done.stats.n_generated >= 30
@@ -148,7 +153,7 @@ def test_full_context_stops_cleanly() -> None:
 
 def test_prompt_longer_than_context_is_refused() -> None:
     with pytest.raises(PromptTooLong):
-        run(SpeculativeEngine(*pair(n_ctx=8)), GenerationConfig(), prompt=list(range(10)))
+        run(spec(*pair(n_ctx=8)), GenerationConfig(), prompt=list(range(10)))
 
 
 def test_split_utf8_character_is_never_printed_broken() -> None:
@@ -171,7 +176,7 @@ def test_split_utf8_character_is_never_printed_broken() -> None:
 
 
 def test_stats_count_per_position_acceptance() -> None:
-    _, _, done = run(SpeculativeEngine(*pair()),
+    _, _, done = run(spec(*pair()),
                      GenerationConfig(lookahead=4, sampling=GREEDY, max_tokens=100))
     s = done.stats
     assert sum(s.accepted_at) == s.n_accepted
@@ -188,11 +193,11 @@ def test_stats_count_per_position_acceptance() -> None:
 def test_draft_p_min_keeps_greedy_exact_and_drafts_less(lookahead: int) -> None:
     alone, _, _ = run(SpeculativeEngine(FakeModel()),
                       GenerationConfig(lookahead=0, sampling=GREEDY, max_tokens=60))
-    _, _, full = run(SpeculativeEngine(*pair()),
+    _, _, full = run(spec(*pair()),
                      GenerationConfig(lookahead=lookahead, sampling=GREEDY, max_tokens=60))
-    spec, _, cautious = run(SpeculativeEngine(*pair()),
-                            GenerationConfig(lookahead=lookahead, sampling=GREEDY, max_tokens=60,
-                                             draft_p_min=0.6))
-    assert spec == alone[: len(spec)] and len(spec) >= 60
+    tokens, _, cautious = run(spec(*pair(), p_min=0.6),
+                              GenerationConfig(lookahead=lookahead, sampling=GREEDY,
+                                               max_tokens=60))
+    assert tokens == alone[: len(tokens)] and len(tokens) >= 60
     assert cautious.stats.n_drafted < full.stats.n_drafted
     assert cautious.stats.alpha > full.stats.alpha  # the guesses it skipped were the risky ones

@@ -9,6 +9,7 @@ import pytest
 
 from specgen.backend import LlamaModel, ModelOptions
 from specgen.core.sampling import SamplingParams, warp
+from specgen.drafters import ModelDrafter
 from specgen.engine import CycleDone, Finished, GenerationConfig, SpeculativeEngine
 from tests.stats_helpers import pooled_chisquare_pvalue
 
@@ -46,7 +47,7 @@ def test_greedy_speculative_is_token_for_token_the_target(smol, prompt: str) -> 
     alone, _ = generated(SpeculativeEngine(target), tokens,
                          GenerationConfig(lookahead=0, sampling=GREEDY, max_tokens=48))
     for lookahead in (1, 3, 5, 8):
-        spec, done = generated(SpeculativeEngine(target, draft), tokens,
+        spec, done = generated(SpeculativeEngine(target, ModelDrafter(draft)), tokens,
                                GenerationConfig(lookahead=lookahead, sampling=GREEDY,
                                                 max_tokens=48))
         assert spec == alone, f"K={lookahead} diverged from the target alone"
@@ -59,7 +60,7 @@ def test_greedy_exact_on_gemma_pair(gemma_target: Path, gemma_draft: Path) -> No
     tokens = target.tokenize("Once upon a time, in a small village,")
     alone, _ = generated(SpeculativeEngine(target), tokens,
                          GenerationConfig(lookahead=0, sampling=GREEDY, max_tokens=40))
-    spec, done = generated(SpeculativeEngine(target, draft), tokens,
+    spec, done = generated(SpeculativeEngine(target, ModelDrafter(draft)), tokens,
                            GenerationConfig(lookahead=4, sampling=GREEDY, max_tokens=40))
     assert spec == alone
     assert done.stats.accept_rate > 0.5  # one network at two precisions agrees mostly
@@ -72,7 +73,7 @@ def test_first_token_follows_target_distribution(smol) -> None:
     prompt = target.tokenize("My favourite colour is")
     target.reset()
     p = warp(target.decode(prompt, 1)[0].copy(), sampling)
-    engine = SpeculativeEngine(target, draft)
+    engine = SpeculativeEngine(target, ModelDrafter(draft))
     n = 300
     counts: dict[int, int] = {}
     for seed in range(n):
@@ -90,9 +91,9 @@ def test_same_seed_same_text(smol) -> None:
     prompt = target.tokenize("Write a short poem about the sea.")
     config = GenerationConfig(lookahead=4, sampling=SamplingParams(temperature=0.8),
                               max_tokens=40, seed=1234)
-    first, _ = generated(SpeculativeEngine(target, draft), prompt, config)
-    again, _ = generated(SpeculativeEngine(target, draft), prompt, config)
-    other, _ = generated(SpeculativeEngine(target, draft), prompt,
+    first, _ = generated(SpeculativeEngine(target, ModelDrafter(draft)), prompt, config)
+    again, _ = generated(SpeculativeEngine(target, ModelDrafter(draft)), prompt, config)
+    other, _ = generated(SpeculativeEngine(target, ModelDrafter(draft)), prompt,
                          GenerationConfig(lookahead=4, sampling=SamplingParams(temperature=0.8),
                                           max_tokens=40, seed=99))
     assert first == again
@@ -106,7 +107,7 @@ def test_rollback_leaves_both_caches_at_the_accepted_prefix(smol) -> None:
     config = GenerationConfig(lookahead=6, sampling=SamplingParams(temperature=1.0),
                               max_tokens=60, seed=5)
     saw_rejection = False
-    for event in SpeculativeEngine(target, draft).generate(prompt, config):
+    for event in SpeculativeEngine(target, ModelDrafter(draft)).generate(prompt, config):
         if isinstance(event, CycleDone):
             history.extend(event.tokens)
             saw_rejection |= event.accepted < event.drafted
@@ -119,7 +120,7 @@ def test_rollback_leaves_both_caches_at_the_accepted_prefix(smol) -> None:
 def test_full_context_stops_cleanly(smollm2_target: Path, smollm2_draft: Path) -> None:
     options = ModelOptions(n_ctx=48, n_threads=2)
     engine = SpeculativeEngine(LlamaModel(smollm2_target, options),
-                               LlamaModel(smollm2_draft, options))
+                               ModelDrafter(LlamaModel(smollm2_draft, options)))
     prompt = engine.target.tokenize("Count: 1, 2, 3,")
     tokens, done = generated(engine, prompt, GenerationConfig(lookahead=4, sampling=GREEDY,
                                                               max_tokens=500))
@@ -150,7 +151,7 @@ def test_f16_target_differs_only_at_float_near_ties(smollm2_draft: Path) -> None
     prompt = target.tokenize(PROMPTS[0])
     alone, _ = generated(SpeculativeEngine(target), prompt,
                          GenerationConfig(lookahead=0, sampling=GREEDY, max_tokens=60))
-    spec, _ = generated(SpeculativeEngine(target, draft), prompt,
+    spec, _ = generated(SpeculativeEngine(target, ModelDrafter(draft)), prompt,
                         GenerationConfig(lookahead=4, sampling=GREEDY, max_tokens=60))
     if spec == alone:
         return

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
@@ -22,6 +23,20 @@ from specgen.core.sampling import Dist, sample
 
 # K when nothing else says: a named pair's own K comes first, then this.
 DEFAULT_LOOKAHEAD = 4
+# The largest K anyone may ask for (the CLI, models.toml and the adaptive policy share it).
+MAX_LOOKAHEAD = 64
+# A lookahead as asked for: a fixed K, or "auto" (chosen before each cycle from past cycles).
+Lookahead = int | Literal["auto"]
+
+
+def parse_lookahead(text: str) -> Lookahead:
+    """``"auto"`` or a whole number from 0 to MAX_LOOKAHEAD; ValueError otherwise."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    value = int(text)
+    if not 0 <= value <= MAX_LOOKAHEAD:
+        raise ValueError(f"K must be from 0 to {MAX_LOOKAHEAD}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -96,3 +111,27 @@ def expected_tokens(alpha: float, lookahead: int) -> float:
     if alpha == 1.0:
         return float(lookahead + 1)
     return (1.0 - alpha ** (lookahead + 1)) / (1.0 - alpha)
+
+
+def expected_tokens_by_position(rates: Sequence[float]) -> float:
+    """E[tokens per cycle] when guess i survives with probability ``rates[i]`` once reached.
+
+    The closed form above assumes one alpha at every position; measured acceptance falls along
+    the cycle, so the adaptive lookahead uses this sum instead: 1 + sum_j prod_{i<=j} a_i
+    (the kept guesses, plus the one token every cycle draws).
+    """
+    total, survive = 1.0, 1.0
+    for rate in rates:
+        survive *= rate
+        total += survive
+    return total
+
+
+def predicted_speedup(tokens_per_cycle: float, drafted: float, cost_ratio: float,
+                      verify_ratio: float) -> float:
+    """Speedup over the target alone: tokens per cycle / cycle cost in target steps.
+
+    A cycle costs ``drafted * c`` (c = draft time per guess / target time per token) plus the
+    verify pass (``verify_ratio`` = its time / target time per token).
+    """
+    return tokens_per_cycle / (drafted * cost_ratio + verify_ratio)

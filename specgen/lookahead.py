@@ -1,0 +1,291 @@
+"""How many guesses to ask for, and from which source, before each cycle: fixed K or ``auto``.
+
+A drafter offers sources of guesses each cycle (a draft model; an n-gram match of some length);
+a policy picks one and a lookahead K for it, or K = 0 (the target alone). The policy sees only
+what past cycles measured, never the cycle it decides, so the output stays exact: the choice is
+a function of the text so far, like the guesses themselves.
+
+``AdaptiveLookahead`` (``-k auto``) measures, as it goes:
+- acceptance by position for each source, a_1, a_2, ... (a_i: the chance that guess i survives
+  once guesses 1..i-1 did; it falls along the cycle, so one alpha misfits), with older cycles
+  forgotten geometrically so the estimate follows the text;
+- the costs: seconds per guess for each source, and the target's verify pass over n tokens as a
+  function of n (a line fitted through the n's seen, exact where an n was seen);
+and picks the K that maximizes expected tokens per second,
+
+    E[tokens](K) / (K * draft cost + verify(K + 1)),   E[tokens](K) = 1 + sum_j prod_{i<=j} a_i
+
+(Leviathan et al. 2023, Chen et al. 2023, with per-position rates). K = 0 wins when nothing
+pays; then it probes a source now and then (ever more rarely while probes keep failing), and
+stops probing a source whose costs alone rule it out even if every guess survived.
+
+Costs are facts of the machine and the models, so they outlive a generation (an engine keeps
+them); acceptance is a fact of the text, so it starts afresh with every generation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from specgen.core.speculative import MAX_LOOKAHEAD, expected_tokens_by_position
+
+# The longest cycle ``auto`` plans: past this the verify pass's cost is extrapolated too far.
+AUTO_MAX_LOOKAHEAD = 32
+# Forgetting per cycle: an observation ten cycles old weighs a third of a new one.
+ACCEPT_MEMORY = 0.9
+COST_MEMORY = 0.8
+# Each position's rate is shrunk toward the key's pooled rate by this many observations; the
+# pooled rate starts from FIRST_PRIOR, worth one observation.
+PRIOR_WEIGHT = 2.0
+FIRST_PRIOR = 0.5
+# A probe's K, and the gaps (in cycles) before an offer left alone is probed again.
+PROBE_LOOKAHEAD = 4
+PROBE_GAP_FIRST, PROBE_GAP_MAX = 8, 128
+
+
+@dataclass(frozen=True)
+class Offer:
+    """One source of guesses a drafter can use this cycle.
+
+    ``source`` is what the stats count (``model``, ``ngram``); ``key`` what acceptance is
+    learned under (an n-gram match of 4 tokens predicts better than one of 1); ``limit`` the most
+    guesses it can give.
+    """
+
+    source: str
+    key: str
+    limit: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The policy's decision for one cycle: ask ``offer`` for ``lookahead`` guesses (0: none)."""
+
+    offer: Offer | None
+    lookahead: int
+    probe: bool = False
+
+
+TARGET_ALONE = Plan(None, 0)
+
+
+class FixedLookahead:
+    """``-k N``: the drafter's first offer, N guesses (fewer where the offer has fewer)."""
+
+    adaptive = False
+
+    def __init__(self, lookahead: int) -> None:
+        if not 0 <= lookahead <= MAX_LOOKAHEAD:
+            raise ValueError(f"lookahead (K) must be from 0 to {MAX_LOOKAHEAD}")
+        self.lookahead = lookahead
+
+    def begin(self) -> None:
+        """A new generation: nothing to forget."""
+
+    def plan(self, offers: Sequence[Offer], room: int) -> Plan:
+        if not offers or self.lookahead == 0 or room <= 0:
+            return TARGET_ALONE
+        offer = offers[0]
+        return Plan(offer, min(self.lookahead, offer.limit, room))
+
+    def observe(self, plan: Plan, drafted: int, accepted: int, draft_seconds: float,
+                verify_seconds: float) -> None:
+        """Fixed K learns nothing."""
+
+
+@dataclass
+class _Ema:
+    """An exponentially weighted mean."""
+
+    memory: float
+    weight: float = 0.0
+    total: float = 0.0
+
+    def add(self, value: float) -> None:
+        self.weight = self.memory * self.weight + 1.0
+        self.total = self.memory * self.total + value
+
+    @property
+    def mean(self) -> float | None:
+        return self.total / self.weight if self.weight else None
+
+
+@dataclass
+class Costs:
+    """Seconds per draft guess for each source, and the verify pass's seconds by tokens."""
+
+    per_guess: dict[str, _Ema] = field(default_factory=dict)
+    verify_by_n: dict[int, _Ema] = field(default_factory=dict)
+    guess_samples: dict[str, int] = field(default_factory=dict)
+
+    def observe(self, source: str | None, drafted: int, draft_seconds: float,
+                verify_seconds: float) -> None:
+        self.verify_by_n.setdefault(drafted + 1, _Ema(COST_MEMORY)).add(verify_seconds)
+        if source is not None and drafted:
+            self.per_guess.setdefault(source, _Ema(COST_MEMORY)).add(draft_seconds / drafted)
+            self.guess_samples[source] = self.guess_samples.get(source, 0) + 1
+
+    def guess(self, source: str) -> float | None:
+        ema = self.per_guess.get(source)
+        return None if ema is None else ema.mean
+
+    def verify(self, n: int) -> float | None:
+        """Seconds to verify n tokens: as measured at n, else from a line through the n's seen.
+
+        With one n seen, the line is flat (a GPU's verify pass is nearly so; on a CPU the next
+        measurement fixes the slope). None until anything was seen.
+        """
+        ema = self.verify_by_n.get(n)
+        if ema is not None:
+            return ema.mean
+        points = [(m, e.mean) for m, e in self.verify_by_n.items() if e.mean is not None]
+        if not points:
+            return None
+        if len(points) == 1:
+            return points[0][1]
+        mean_n = sum(m for m, _ in points) / len(points)
+        mean_t = sum(t for _, t in points) / len(points)
+        spread = sum((m - mean_n) ** 2 for m, _ in points)
+        slope = max(0.0, sum((m - mean_n) * (t - mean_t) for m, t in points) / spread)
+        return max(mean_t + slope * (n - mean_n), min(t for _, t in points))
+
+
+class _Acceptance:
+    """Acceptance by position for one key, older cycles forgotten geometrically.
+
+    A position with little evidence leans on the key's pooled rate (all positions together),
+    so a position never reached is assumed as good as the key's average, and one unlucky
+    rejection does not condemn a position for long.
+    """
+
+    def __init__(self) -> None:
+        self.reached: list[float] = []
+        self.kept: list[float] = []
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        judged = min(drafted, accepted + 1)
+        while len(self.reached) < judged:
+            self.reached.append(0.0)
+            self.kept.append(0.0)
+        for i in range(len(self.reached)):
+            self.reached[i] *= ACCEPT_MEMORY
+            self.kept[i] *= ACCEPT_MEMORY
+        for i in range(judged):
+            self.reached[i] += 1.0
+            self.kept[i] += i < accepted
+
+    def pooled(self) -> tuple[float, float]:
+        """(kept, reached) over all positions."""
+        return sum(self.kept), sum(self.reached)
+
+    def rates(self, n: int, prior: float) -> list[float]:
+        """a_1..a_n: each position shrunk toward this key's pooled rate, which is shrunk toward
+        ``prior`` (the source's pooled rate) by one observation."""
+        kept, reached = self.pooled()
+        pooled = (kept + prior) / (reached + 1.0)
+        out = []
+        for i in range(n):
+            reached_i = self.reached[i] if i < len(self.reached) else 0.0
+            kept_i = self.kept[i] if i < len(self.kept) else 0.0
+            out.append((kept_i + PRIOR_WEIGHT * pooled) / (reached_i + PRIOR_WEIGHT))
+        return out
+
+
+class AdaptiveLookahead:
+    """``-k auto``: the source and K with the most expected tokens per second, from past cycles."""
+
+    adaptive = True
+
+    def __init__(self, costs: Costs | None = None, max_lookahead: int = AUTO_MAX_LOOKAHEAD
+                 ) -> None:
+        self.costs = costs if costs is not None else Costs()
+        self.max_lookahead = max_lookahead
+        self.begin()
+
+    def begin(self) -> None:
+        """A new generation: acceptance is a fact of the text, so start it afresh."""
+        self.acceptance: dict[str, _Acceptance] = {}
+        self._source_of: dict[str, str] = {}
+        self._cycle = 0
+        self._tried: dict[str, int] = {}  # key -> the last cycle it drafted
+        self._gap: dict[str, int] = {}  # key -> cycles to wait before probing it again
+
+    def plan(self, offers: Sequence[Offer], room: int) -> Plan:
+        self._cycle += 1
+        if not offers or room <= 0:
+            return TARGET_ALONE
+        target_step = self.costs.verify(1)
+        if target_step is None:
+            return TARGET_ALONE  # the first cycle times the target alone
+        for offer in offers:  # a source never timed is timed next, once
+            if offer.source not in self.costs.per_guess:
+                return self._probe(offer, room)
+        best, best_rate = TARGET_ALONE, 1.0 / target_step
+        for offer in offers:
+            k, rate = self._best_lookahead(offer, room, optimistic=False)
+            if rate > best_rate:
+                best, best_rate = Plan(offer, k), rate
+        # Explore: an offer left alone for a while that would win if its guesses survived
+        # (an n-gram match; the draft model while speculation is off). Each probe that does
+        # not win doubles the wait before the next one.
+        chosen = best.offer.key if best.offer else None
+        for offer in offers:
+            idle = self._cycle - self._tried.get(offer.key, -PROBE_GAP_MAX)
+            if offer.key == chosen or idle < self._gap.get(offer.key, PROBE_GAP_FIRST):
+                continue
+            _, hope = self._best_lookahead(offer, room, optimistic=True)
+            # Costs alone rule a source out only once timed a few times (the first timing
+            # can include a cold start).
+            if hope > best_rate or self.costs.guess_samples.get(offer.source, 0) < 3:
+                self._gap[offer.key] = min(2 * self._gap.get(offer.key, PROBE_GAP_FIRST),
+                                           PROBE_GAP_MAX)
+                return self._probe(offer, room)
+        if best.offer is not None:
+            self._gap[best.offer.key] = PROBE_GAP_FIRST
+        return best
+
+    def _probe(self, offer: Offer, room: int) -> Plan:
+        # What was learned about this offer before is stale: the probe starts it afresh.
+        self.acceptance.pop(offer.key, None)
+        self._tried[offer.key] = self._cycle
+        return Plan(offer, min(PROBE_LOOKAHEAD, offer.limit, room), probe=True)
+
+    def _best_lookahead(self, offer: Offer, room: int, optimistic: bool) -> tuple[int, float]:
+        """The K in 1..limit with the most expected tokens per second, and that rate."""
+        guess = self.costs.guess(offer.source) or 0.0
+        limit = min(offer.limit, room, self.max_lookahead)
+        if optimistic:
+            rates = [1.0] * limit
+        else:
+            rates = self.acceptance.get(offer.key, _Acceptance()).rates(
+                limit, self._source_prior(offer.source))
+        best_k, best_rate = 0, 0.0
+        for k in range(1, limit + 1):
+            verify = self.costs.verify(k + 1)
+            assert verify is not None, "verify(1) was measured, so every n has an estimate"
+            rate = expected_tokens_by_position(rates[:k]) / (k * guess + verify)
+            if rate > best_rate:
+                best_k, best_rate = k, rate
+        return best_k, best_rate
+
+    def _source_prior(self, source: str) -> float:
+        """The source's pooled rate over all its keys (n-gram matches of every length)."""
+        kept = reached = 0.0
+        for key, acceptance in self.acceptance.items():
+            if self._source_of.get(key) == source:
+                k, r = acceptance.pooled()
+                kept, reached = kept + k, reached + r
+        return (kept + FIRST_PRIOR) / (reached + 1.0)
+
+    def observe(self, plan: Plan, drafted: int, accepted: int, draft_seconds: float,
+                verify_seconds: float) -> None:
+        source = plan.offer.source if plan.offer else None
+        self.costs.observe(source, drafted, draft_seconds, verify_seconds)
+        if plan.offer is not None and drafted:
+            self._tried[plan.offer.key] = self._cycle
+            self._source_of[plan.offer.key] = plan.offer.source
+            self.acceptance.setdefault(plan.offer.key, _Acceptance()).observe(drafted, accepted)
+
+
+LookaheadPolicy = FixedLookahead | AdaptiveLookahead

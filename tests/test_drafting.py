@@ -1,0 +1,303 @@
+"""Drafters and the lookahead policy on fakes: the seam, n-gram lookup, hybrid, ``-k auto``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+
+from specgen.core.sampling import SamplingParams, warp
+from specgen.core.speculative import expected_tokens_by_position
+from specgen.drafters import HybridDrafter, ModelDrafter, NgramDrafter, Proposal
+from specgen.engine import CycleDone, Finished, GenerationConfig, SpeculativeEngine
+from specgen.lookahead import (
+    TARGET_ALONE,
+    AdaptiveLookahead,
+    Costs,
+    FixedLookahead,
+    Offer,
+    Plan,
+)
+from tests.fakes import FakeModel
+from tests.stats_helpers import pooled_chisquare_pvalue
+
+GREEDY = SamplingParams(temperature=0)
+SAMPLING = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
+
+
+def run(engine: SpeculativeEngine, config: GenerationConfig, prompt: Sequence[int]):
+    tokens: list[int] = []
+    for event in engine.generate(prompt, config):
+        if isinstance(event, CycleDone):
+            tokens.extend(event.tokens)
+    assert isinstance(event, Finished)
+    return tokens[: event.stats.n_generated], event.stats
+
+
+# -- the seam ----------------------------------------------------------------------------------
+
+class ScriptedDrafter:
+    """Proposes a fixed script of guesses and records every call the engine makes."""
+
+    def __init__(self, script: list[int]) -> None:
+        self.script, self.calls = script, []
+
+    def begin(self, prompt: Sequence[int]) -> None:
+        self.calls.append(("begin", len(prompt)))
+
+    def offers(self, context: Sequence[int]) -> list[Offer]:
+        return [Offer("script", "script", len(self.script))]
+
+    def propose(self, context, offer, k, sampling, rng) -> Proposal:
+        self.calls.append(("propose", len(context), k))
+        return Proposal(self.script[:k], [])
+
+    def settle(self, n_accepted: int) -> None:
+        self.calls.append(("settle", n_accepted))
+
+
+def test_engine_drives_any_drafter_through_the_protocol() -> None:
+    target = FakeModel()
+    alone, _ = run(SpeculativeEngine(FakeModel()), GenerationConfig(0, GREEDY, 20), [1, 2, 3])
+    drafter = ScriptedDrafter(alone[:3])  # right for the first cycle, then wrong
+    tokens, stats = run(SpeculativeEngine(target, drafter), GenerationConfig(3, GREEDY, 20),
+                        [1, 2, 3])
+    assert tokens == alone
+    assert drafter.calls[0] == ("begin", 3)
+    assert drafter.calls[1:3] == [("propose", 3, 3), ("settle", 3)]
+    assert stats.by_source["script"].accepted >= 3
+    proposals = [c for c in drafter.calls if c[0] == "propose"]
+    settles = [c for c in drafter.calls if c[0] == "settle"]
+    assert len(proposals) == len(settles) == stats.by_source["script"].cycles
+    assert stats.n_cycles == len(proposals) + stats.k_counts.get(0, 0)
+
+
+# -- n-gram lookup -----------------------------------------------------------------------------
+
+def test_ngram_lookup_prefers_the_longest_then_the_latest_match() -> None:
+    drafter = NgramDrafter()
+    context = [5, 6, 7, 8, 1, 6, 7, 9, 2, 5, 6, 7]
+    # "5 6 7" occurred at the start (followed by 8); "6 7" later too (followed by 9): the longer
+    # match wins.
+    (offer,) = drafter.offers(context)
+    assert offer.key == "ngram3"
+    assert drafter.propose(context, offer, 4, GREEDY, np.random.default_rng()).tokens == \
+        [8, 1, 6, 7]
+    # Only "7" matches now: its latest earlier occurrence was followed by 9.
+    drafter.begin([])
+    assert drafter.lookup([3, 7, 9, 4, 7, 1, 7]) == (1, 4)
+    assert NgramDrafter().offers([1, 2, 3, 4]) == []
+
+
+def test_ngram_index_grows_with_the_context() -> None:
+    drafter = NgramDrafter()
+    context = [1, 2, 3, 4]
+    assert drafter.offers(context) == []
+    context += [9, 1, 2]
+    (offer,) = drafter.offers(context)
+    assert offer.key == "ngram2" and offer.limit == 5
+    assert drafter.propose(context, offer, 8, GREEDY, np.random.default_rng()).tokens == \
+        [3, 4, 9, 1, 2]
+
+
+def repeating_target() -> FakeModel:
+    """A fake target whose greedy text keeps repeating a phrase of the prompt."""
+
+    class Repeating(FakeModel):
+        def logits_after(self, prefix: list[int]) -> np.ndarray:
+            out = super().logits_after(prefix)
+            out[(prefix[-1] + 1) % 6] += 6.0  # mostly counts 0..5 round and round
+            return out
+
+    return Repeating(sharpness=1.0, call_seconds=0.002, token_seconds=0.0002)
+
+
+def test_greedy_ngram_is_the_target_alone_and_needs_few_cycles() -> None:
+    prompt = [0, 1, 2, 3, 4, 5, 0, 1]
+    alone, base = run(SpeculativeEngine(repeating_target()), GenerationConfig(0, GREEDY, 60),
+                      prompt)
+    for lookahead in (4, "auto"):
+        tokens, stats = run(SpeculativeEngine(repeating_target(), NgramDrafter()),
+                            GenerationConfig(lookahead, GREEDY, 60), prompt)
+        assert tokens == alone
+        assert stats.by_source["ngram"].accepted > 20
+        assert stats.n_cycles < base.n_cycles / 2
+
+
+@pytest.mark.parametrize("make", ["ngram", "hybrid"])
+def test_ngram_and_hybrid_guesses_keep_the_target_distribution(make: str) -> None:
+    """Chi-square on (x1, x2) against the target's p(x1) p(x2 | x1), the prompt full of repeats so
+    that n-gram guesses (point masses) are made at both positions."""
+    prompt = [1, 2, 3, 1, 2, 3, 1, 2]
+    ref = FakeModel(sharpness=0.7)
+    p1 = warp(ref.logits_after(prompt), SAMPLING).dense(16)
+    joint = np.array([p1[a] * warp(ref.logits_after([*prompt, a]), SAMPLING).dense(16)
+                      for a in range(16)])
+    target = FakeModel(sharpness=0.7)
+    if make == "ngram":
+        drafter, lookahead = NgramDrafter(), 3
+    else:
+        drafter = HybridDrafter(ModelDrafter(FakeModel(sharpness=0.7, noise=1.0, salt=9)))
+        lookahead = "auto"
+    engine = SpeculativeEngine(target, drafter)
+    counts = np.zeros((16, 16))
+    n, sources = 3000, set()
+    for seed in range(n):
+        tokens, stats = run(engine, GenerationConfig(lookahead, SAMPLING, 2, seed=seed), prompt)
+        counts[tokens[0], tokens[1]] += 1
+        sources |= set(stats.by_source)
+    assert "ngram" in sources
+    assert pooled_chisquare_pvalue(counts, joint * n) > 1e-3
+
+
+def test_a_biased_ngram_rule_is_caught() -> None:
+    """The chi-square above can fail: keep every n-gram guess (no accept coin) and it does."""
+    prompt = [1, 2, 3, 1, 2, 3, 1, 2]
+    ref = FakeModel(sharpness=0.7)
+    p1 = warp(ref.logits_after(prompt), SAMPLING).dense(16)
+    guess = NgramDrafter()
+    (offer,) = guess.offers(prompt)
+    first = guess.propose(prompt, offer, 1, SAMPLING, np.random.default_rng()).tokens[0]
+    counts = np.zeros(16)
+    counts[first] = 3000  # what "always keep the guess" would emit
+    assert pooled_chisquare_pvalue(counts, p1 * 3000) < 1e-6
+
+
+def test_hybrid_takes_ngram_guesses_where_the_text_repeats_and_the_model_elsewhere() -> None:
+    prompt = [0, 1, 2, 3, 4, 5, 0, 1]
+    alone, _ = run(SpeculativeEngine(repeating_target()), GenerationConfig(0, GREEDY, 80), prompt)
+    draft = FakeModel(noise=0.8, salt=7)
+    hybrid = HybridDrafter(ModelDrafter(draft))
+    tokens, stats = run(SpeculativeEngine(repeating_target(), hybrid),
+                        GenerationConfig(6, GREEDY, 80), prompt)
+    assert tokens == alone
+    assert stats.by_source["ngram"].drafted > 0
+    # The draft model's cache is a prefix of the text after every switch of source.
+    assert draft.cache == (prompt + alone)[: draft.n_past]
+
+
+# -- the lookahead policy ----------------------------------------------------------------------
+
+MODEL = Offer("model", "model", 10_000)
+
+
+def simulate(policy, accept: Sequence[float], draft: float, verify, cycles: int = 3000,
+             seed: int = 0) -> tuple[float, dict[int, int]]:
+    """Drive a policy against a world with known per-position acceptance and costs; return
+    tokens per second and how often each K was chosen."""
+    rng = np.random.default_rng(seed)
+    tokens = seconds = 0.0
+    chosen: dict[int, int] = {}
+    for _ in range(cycles):
+        plan = policy.plan([MODEL], 10_000)
+        k = plan.lookahead
+        n = 0
+        while n < k and rng.random() < accept[min(n, len(accept) - 1)]:
+            n += 1
+        draft_s, verify_s = k * draft, verify(k + 1)
+        policy.observe(plan, k, n, draft_s, verify_s)
+        tokens += n + 1
+        seconds += draft_s + verify_s
+        chosen[k] = chosen.get(k, 0) + 1
+    return tokens / seconds, chosen
+
+
+def exact_rate(accept: Sequence[float], k: int, draft: float, verify) -> float:
+    rates = [accept[min(i, len(accept) - 1)] for i in range(k)]
+    return expected_tokens_by_position(rates) / (k * draft + verify(k + 1))
+
+
+def cpu_verify(n: int) -> float:
+    return 1.0 + 0.15 * (n - 1)
+
+
+@pytest.mark.parametrize("accept, draft", [
+    ([0.9, 0.85, 0.8, 0.75, 0.7, 0.6, 0.5], 0.2),   # falling along the cycle, cheap draft
+    ([0.98], 0.42),                                  # one network at two precisions
+    ([0.7, 0.5, 0.3], 0.3),                          # a draft that disagrees often
+])
+def test_auto_lookahead_finds_the_k_that_maximizes_tokens_per_second(accept, draft) -> None:
+    best_k = max(range(1, 33), key=lambda k: exact_rate(accept, k, draft, cpu_verify))
+    best = exact_rate(accept, best_k, draft, cpu_verify)
+    rate, chosen = simulate(AdaptiveLookahead(), accept, draft, cpu_verify)
+    modal = max(chosen, key=chosen.get)
+    # The optimum is flat near its top: the K chosen most often must be within 5% of it.
+    assert exact_rate(accept, modal, draft, cpu_verify) >= 0.95 * best, (modal, best_k, chosen)
+    assert rate >= 0.95 * best
+
+
+def test_auto_lookahead_turns_speculation_off_when_nothing_pays() -> None:
+    # A draft that costs more than the target: even if every guess survived, K=0 is faster.
+    rate, chosen = simulate(AdaptiveLookahead(), [1.0], draft=1.3, verify=cpu_verify)
+    assert chosen.get(0, 0) / sum(chosen.values()) > 0.99
+    assert rate >= 0.99 * 1.0  # the target alone makes one token per second here
+    # A cheap draft the target never agrees with: off too, apart from rare probes.
+    rate, chosen = simulate(AdaptiveLookahead(), [0.0], draft=0.1, verify=cpu_verify)
+    assert chosen.get(0, 0) / sum(chosen.values()) > 0.97
+    assert rate >= 0.97
+
+
+def test_auto_lookahead_comes_back_when_the_text_gets_easy() -> None:
+    policy = AdaptiveLookahead()
+    simulate(policy, [0.0], draft=0.1, verify=cpu_verify, cycles=300)
+    assert policy.plan([MODEL], 10_000).lookahead == 0
+    rate, chosen = simulate(policy, [0.95], draft=0.1, verify=cpu_verify, cycles=600, seed=1)
+    assert max(chosen, key=chosen.get) >= 4
+    assert rate >= 0.8 * exact_rate([0.95], 8, 0.1, cpu_verify)
+
+
+def test_auto_lookahead_starts_by_timing_the_target_then_the_source() -> None:
+    policy = AdaptiveLookahead()
+    assert policy.plan([MODEL], 100) == TARGET_ALONE
+    policy.observe(TARGET_ALONE, 0, 0, 0.0, 1.0)
+    probe = policy.plan([MODEL], 100)
+    assert probe.offer == MODEL and probe.probe and probe.lookahead == 4
+    # The budget and the offer's own limit cap K.
+    assert policy.plan([Offer("ngram", "ngram2", 2)], 100).lookahead == 2
+    assert policy.plan([MODEL], 1).lookahead == 1
+
+
+def test_auto_lookahead_picks_the_better_source_per_cycle() -> None:
+    policy = AdaptiveLookahead(Costs())
+    ngram = Offer("ngram", "ngram4", 16)
+    policy.observe(TARGET_ALONE, 0, 0, 0.0, 1.0)
+    for _ in range(30):
+        policy.observe(Plan(MODEL, 4), 4, 2, 4 * 0.4, cpu_verify(5))
+        policy.observe(Plan(ngram, 8), 8, 8, 1e-5, cpu_verify(9))
+    assert policy.plan([ngram, MODEL], 100).offer == ngram
+    weak = Offer("ngram", "ngram1", 16)
+    for _ in range(30):
+        policy.observe(Plan(weak, 2), 2, 0, 1e-5, cpu_verify(3))
+    assert policy.plan([weak, MODEL], 100).offer == MODEL
+
+
+def test_fixed_lookahead_takes_the_first_offer() -> None:
+    policy = FixedLookahead(6)
+    assert policy.plan([Offer("ngram", "ngram3", 2), MODEL], 100) == \
+        Plan(Offer("ngram", "ngram3", 2), 2)
+    assert policy.plan([], 100) == TARGET_ALONE
+    assert FixedLookahead(0).plan([MODEL], 100) == TARGET_ALONE
+
+
+def test_verify_cost_is_measured_where_seen_and_fitted_elsewhere() -> None:
+    costs = Costs()
+    assert costs.verify(3) is None
+    costs.observe(None, 0, 0.0, 1.0)
+    assert costs.verify(5) == 1.0  # one point: flat
+    costs.observe("model", 4, 1.6, 1.6)
+    assert costs.verify(1) == pytest.approx(1.0) and costs.verify(5) == pytest.approx(1.6)
+    assert costs.verify(9) == pytest.approx(2.2)
+    assert costs.guess("model") == pytest.approx(0.4)
+
+
+def test_auto_on_the_engine_is_exact_in_greedy_and_reports_its_choices() -> None:
+    target, draft = FakeModel(), FakeModel(noise=0.3, salt=7)
+    alone, _ = run(SpeculativeEngine(FakeModel()), GenerationConfig(0, GREEDY, 120), [1, 2, 3])
+    tokens, stats = run(SpeculativeEngine(target, ModelDrafter(draft)),
+                        GenerationConfig("auto", GREEDY, 120), [1, 2, 3])
+    assert tokens == alone
+    summary = stats.lookahead_summary()
+    assert summary["target_alone_cycles"] >= 1 and summary["probes"] >= 1
+    assert sum(stats.k_counts.values()) == stats.n_cycles
+    assert stats.as_dict()["drafters"]["model"]["drafted"] == stats.n_drafted
