@@ -191,8 +191,7 @@ def render(report: Report, pair: str | None, target: Path | None = None,
     """
     table = Table(title=f"specgen bench: {report.meta.get('title', '')}", title_justify="left",
                   box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
-    for name in ("K", "tok/s", "speedup", "pred.", "alpha", "tok/cyc", "draft ms", "verify ms",
-                 "c"):
+    for name in ("K", "tok/s", "speedup", "pred.", "alpha", "tok/cyc", "draft", "verify", "c"):
         table.add_column(name, justify="right", no_wrap=True)
     table.add_row("0", f"{report.baseline_tokens_per_second:.1f}", "1.00x", "1.00x", "-", "1.00",
                   "-", f"{report.target_ms_per_token:.1f}", "-")
@@ -226,9 +225,10 @@ def render(report: Report, pair: str | None, target: Path | None = None,
             f"\n  specgen run {recommended_options(best.lookahead, pair, target, draft)} "
             f"\"...\""))
     parts.append(Text("speedup: median of per-run ratios to the target alone on the same prompt; "
-                      "pred.: E[tokens/cycle] / (K*c + verify/target), c = draft/target "
-                      "time per token (Leviathan et al. 2023); auto, ngram, hybrid: K chosen "
-                      "before each cycle", style="dim"))
+                      "draft: ms per guess; verify: ms per target pass; c: draft/target time "
+                      "per token; pred.: E[tokens/cycle] / (K*c + verify/target) "
+                      "(Leviathan et al. 2023); auto, ngram, hybrid choose K before each cycle",
+                      style="dim"))
     return Group(*parts)  # type: ignore[arg-type]
 
 

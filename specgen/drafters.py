@@ -140,7 +140,6 @@ class NgramDrafter:
     def begin(self, prompt: Sequence[int]) -> None:
         self._index: dict[tuple[int, ...], int] = {}
         self._indexed = 0
-        self._match: tuple[int, int] = (0, 0)  # (context length, end of the earlier match)
 
     def _extend_index(self, context: Sequence[int]) -> None:
         # Every n-gram that ends before the context's last token, mapped to its latest end.
@@ -163,15 +162,12 @@ class NgramDrafter:
         n, end = self.lookup(context)
         if not n:
             return []
-        self._match = (len(context), end)
-        span = min(NGRAM_SPAN, len(context) - end - 1)
-        return [Offer("ngram", f"ngram{n}", span)]
+        preview = tuple(context[end + 1 : end + 1 + NGRAM_SPAN])
+        return [Offer("ngram", f"ngram{n}", len(preview), preview)]
 
     def propose(self, context: Sequence[int], offer: Offer, k: int, sampling: SamplingParams,
                 rng: np.random.Generator) -> Proposal:
-        at, end = self._match
-        assert at == len(context), "propose follows offers for the same context"
-        tokens = list(context[end + 1 : end + 1 + k])
+        tokens = list(offer.preview[:k])
         q = [] if sampling.greedy else [Dist.one_hot(t) for t in tokens]
         return Proposal(tokens, q)
 

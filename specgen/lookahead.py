@@ -56,6 +56,10 @@ class Offer:
     source: str
     key: str
     limit: int
+    # The guesses this offer would make, where they cost nothing to know (an n-gram match's
+    # continuation): scored in hindsight against the tokens a cycle produced, an offer not
+    # taken is still learned about.
+    preview: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -90,7 +94,8 @@ class FixedLookahead:
         return Plan(offer, min(self.lookahead, offer.limit, room))
 
     def observe(self, plan: Plan, drafted: int, accepted: int, draft_seconds: float,
-                verify_seconds: float) -> None:
+                verify_seconds: float, offers: Sequence[Offer] = (),
+                produced: Sequence[int] = ()) -> None:
         """Fixed K learns nothing."""
 
 
@@ -279,13 +284,28 @@ class AdaptiveLookahead:
         return (kept + FIRST_PRIOR) / (reached + 1.0)
 
     def observe(self, plan: Plan, drafted: int, accepted: int, draft_seconds: float,
-                verify_seconds: float) -> None:
+                verify_seconds: float, offers: Sequence[Offer] = (),
+                produced: Sequence[int] = ()) -> None:
+        """Learn from one cycle: its costs, its acceptance, and in hindsight the acceptance of
+        the free offers not taken (the cycle's ``produced`` tokens are the target's own)."""
         source = plan.offer.source if plan.offer else None
         self.costs.observe(source, drafted, draft_seconds, verify_seconds)
         if plan.offer is not None and drafted:
-            self._tried[plan.offer.key] = self._cycle
-            self._source_of[plan.offer.key] = plan.offer.source
-            self.acceptance.setdefault(plan.offer.key, _Acceptance()).observe(drafted, accepted)
+            self._learn(plan.offer, drafted, accepted)
+        for offer in offers:
+            if offer == plan.offer or not offer.preview or not produced:
+                continue
+            # A point-mass guess g is kept with probability p(g), the same chance that the
+            # target's own token there is g: matching what was produced is a fair coin.
+            judged = min(len(offer.preview), len(produced))
+            matched = 0
+            while matched < judged and offer.preview[matched] == produced[matched]:
+                matched += 1
+            self._learn(offer, judged, matched)
 
+    def _learn(self, offer: Offer, drafted: int, accepted: int) -> None:
+        self._tried[offer.key] = self._cycle
+        self._source_of[offer.key] = offer.source
+        self.acceptance.setdefault(offer.key, _Acceptance()).observe(drafted, accepted)
 
 LookaheadPolicy = FixedLookahead | AdaptiveLookahead

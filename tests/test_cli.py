@@ -234,3 +234,44 @@ def test_live_stats_on_stderr_when_stdout_is_a_file(pair_args: list[str]) -> Non
     assert code == 0 and out.strip()
     assert b"tok/s" in screen and b"\x1b[" in screen  # Rich drew on the terminal
     assert b"\x1b[" not in out  # the file got only text
+
+
+def test_lookahead_must_be_a_number_or_auto() -> None:
+    done = specgen("run", "hello", "--target", "x.gguf", "-k", "banana")
+    assert done.returncode == 2 and "'auto'" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_file_named_ngram_is_reachable_as_a_path(tmp_path: Path) -> None:
+    (tmp_path / "ngram").write_bytes(b"not a model")
+    target = tmp_path / "t.gguf"
+    target.write_bytes(b"not a model either")
+    done = subprocess.run([*SPECGEN, "run", "hi", "--target", str(target), "--draft", "./ngram"],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert "t.gguf" in done.stderr  # the target is loaded first; ./ngram was taken as a file
+
+
+@pytest.mark.slow
+def test_ngram_drafting_needs_no_draft_model(pair_args: list[str], smollm2_target: Path) -> None:
+    prompt = "Repeat the list exactly: red, green, blue, yellow. List: red, green,"
+    alone = specgen("run", prompt, *pair_args, "-k", "0", "--json")
+    by_ngram = specgen("run", prompt, "--target", str(smollm2_target), "--draft", "ngram",
+                       "--threads", "2", "--temperature", "0", "-n", "24", "--json")
+    assert by_ngram.returncode == 0, by_ngram.stderr
+    record = json.loads(by_ngram.stdout)
+    assert record["text"] == json.loads(alone.stdout)["text"]
+    assert record["draft"] is None and record["ngram"] is True
+    assert record["stats"]["drafters"]["ngram"]["accepted"] > 0
+
+
+@pytest.mark.slow
+def test_auto_lookahead_reports_its_choices(pair_args: list[str]) -> None:
+    done = specgen("run", "Once upon a time", *pair_args, "-k", "auto", "--ngram", "--json")
+    assert done.returncode == 0, done.stderr
+    stats = json.loads(done.stdout)["stats"]
+    assert stats["lookahead"] == "auto"
+    history = stats["lookahead_history"]
+    assert sum(history["cycles_by_k"].values()) == stats["cycles"]
+    assert history["target_alone_cycles"] >= 1  # the first cycle times the target alone
+    shown = specgen("run", "Once upon a time", *pair_args, "-k", "auto")
+    assert "K=auto" in shown.stderr and "accepted" in shown.stderr

@@ -9,7 +9,7 @@ import pytest
 
 from specgen.backend import LlamaModel, ModelOptions
 from specgen.core.sampling import SamplingParams, warp
-from specgen.drafters import ModelDrafter
+from specgen.drafters import HybridDrafter, ModelDrafter, NgramDrafter
 from specgen.engine import CycleDone, Finished, GenerationConfig, SpeculativeEngine
 from tests.stats_helpers import pooled_chisquare_pvalue
 
@@ -173,3 +173,48 @@ def test_a_model_that_cannot_roll_back_fails_clearly(smollm2_draft: Path, monkey
     monkeypatch.setattr(llama_cpp, "llama_memory_seq_rm", lambda *args: False)
     with pytest.raises(BackendError, match="cannot roll back its cache"):
         model.rollback(1)
+
+
+REPEATING = "Repeat the list exactly: red, green, blue, yellow, purple, orange. List: red, green,"
+
+
+@pytest.mark.parametrize("prompt", [REPEATING, PROMPTS[0], PROMPTS[1]])
+def test_greedy_ngram_hybrid_and_auto_are_the_target_alone(smol, prompt: str) -> None:
+    target, draft = smol
+    tokens = target.tokenize(prompt)
+    alone, _ = generated(SpeculativeEngine(target), tokens,
+                         GenerationConfig(lookahead=0, sampling=GREEDY, max_tokens=48))
+    drafters = [("ngram", NgramDrafter(), 6), ("ngram", NgramDrafter(), "auto"),
+                ("model", ModelDrafter(draft), "auto"),
+                ("hybrid", HybridDrafter(ModelDrafter(draft)), 5),
+                ("hybrid", HybridDrafter(ModelDrafter(draft)), "auto")]
+    for name, drafter, lookahead in drafters:
+        spec, done = generated(SpeculativeEngine(target, drafter), tokens,
+                               GenerationConfig(lookahead=lookahead, sampling=GREEDY,
+                                                max_tokens=48))
+        assert spec == alone, f"{name} at K={lookahead} diverged from the target alone"
+        if prompt == REPEATING and name != "model":
+            assert done.stats.by_source["ngram"].accepted > 0, name
+
+
+@pytest.mark.parametrize("hybrid", [False, True])
+def test_first_token_of_ngram_guesses_follows_target_distribution(smol, hybrid: bool) -> None:
+    """Chi-square over fixed seeds with the first token drafted by prompt lookup (a point-mass
+    q): kept with probability p(guess), else drawn from p without the guess."""
+    target, draft = smol
+    sampling = SamplingParams(temperature=1.0, top_k=12, top_p=1.0, min_p=0.0)
+    prompt = target.tokenize(REPEATING)
+    target.reset()
+    p = warp(target.decode(prompt, 1)[0].copy(), sampling)
+    drafter = HybridDrafter(ModelDrafter(draft)) if hybrid else NgramDrafter()
+    engine = SpeculativeEngine(target, drafter)
+    n, counts, by_ngram = 300, {}, 0
+    for seed in range(n):
+        tokens, done = generated(engine, prompt, GenerationConfig(
+            lookahead=3, sampling=sampling, max_tokens=2, seed=seed))
+        counts[tokens[0]] = counts.get(tokens[0], 0) + 1
+        by_ngram += "ngram" in done.stats.by_source
+    assert by_ngram == n, "the first cycle should draft by prompt lookup"
+    assert set(counts) <= set(p.ids.tolist())
+    observed = np.array([counts.get(int(t), 0) for t in p.ids])
+    assert pooled_chisquare_pvalue(observed, n * p.probs) > 1e-3

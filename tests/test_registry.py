@@ -163,3 +163,27 @@ def test_models_check_command(smollm2_draft: Path, gemma_target: Path) -> None:
                           str(gemma_target), "--draft", str(smollm2_draft)],
                          capture_output=True, text=True)
     assert ran.returncode == 1 and "cannot serve" in ran.stderr and ran.stdout == ""
+
+
+def test_a_pair_may_draft_by_ngrams_or_turn_hybrid_drafting_off(tmp_path: Path) -> None:
+    from specgen.session import choose
+
+    user = tmp_path / "models.toml"
+    user.write_text(
+        '[pairs.lookup]\ntarget = { path = "/m/t.gguf" }\ndraft = "ngram"\nlookahead = "auto"\n'
+        '[pairs.plain]\ntarget = { path = "/m/t.gguf" }\ndraft = { path = "/m/d.gguf" }\n'
+        'ngram = false\n')
+    registry = Registry.load(user)
+    lookup = registry.pair("lookup")
+    assert lookup.draft is None and lookup.ngram and lookup.lookahead == "auto"
+    assert [role for role, _ in lookup.members()] == ["target"]
+    assert not registry.pair("plain").ngram
+    assert choose(registry, "plain", None, None).ngram is False
+    assert choose(registry, "plain", None, None, ngram=True).ngram is True
+    by_flag = choose(registry, "plain", None, "ngram")
+    assert by_flag.draft is None and by_flag.ngram
+    assert choose(registry, "plain", None, "./ngram").draft.path == "./ngram"
+    user.write_text('[pairs.bad]\ntarget = { path = "/m/t.gguf" }\ndraft = "ngram"\n'
+                    'lookahead = "fast"\n')
+    with pytest.raises(UserError, match="line 1.*auto"):
+        Registry.load(user)
