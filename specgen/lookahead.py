@@ -223,26 +223,32 @@ class AdaptiveLookahead:
         target_step = self.costs.verify(1)
         if target_step is None:
             return TARGET_ALONE  # the first cycle times the target alone
-        for offer in offers:  # a source never timed is timed next, once
-            if offer.source not in self.costs.per_guess:
-                return self._probe(offer, room)
+        # Free guesses (an n-gram's continuation) need no timing: they cost a lookup.
+        timed = [offer for offer in offers
+                 if offer.preview or offer.source in self.costs.per_guess]
         best, best_rate = TARGET_ALONE, 1.0 / target_step
-        for offer in offers:
+        for offer in timed:
             k, rate = self._best_lookahead(offer, room, optimistic=False)
             if rate > best_rate:
                 best, best_rate = Plan(offer, k), rate
+        # A source never timed (a draft model) is timed once nothing timed pays, so it is not
+        # run while prompt lookup does well.
+        untimed = [offer for offer in offers if offer not in timed]
+        if untimed and not best.lookahead:
+            return self._probe(untimed[0], room)
         # Explore: an offer left alone for a while that would win if its guesses survived
         # (an n-gram match; the draft model while speculation is off). Each probe that does
         # not win doubles the wait before the next one.
         chosen = best.offer.key if best.offer else None
-        for offer in offers:
+        for offer in timed:
             idle = self._cycle - self._tried.get(offer.key, -PROBE_GAP_MAX)
             if offer.key == chosen or idle < self._gap.get(offer.key, PROBE_GAP_FIRST):
                 continue
             _, hope = self._best_lookahead(offer, room, optimistic=True)
-            # Costs alone rule a source out only once timed a few times (the first timing
-            # can include a cold start).
-            if hope > best_rate or self.costs.guess_samples.get(offer.source, 0) < 3:
+            # While speculation is off, costs alone rule a source out only once timed a few
+            # times (the first timing can include a cold start).
+            if hope > best_rate or (not best.lookahead
+                                    and self.costs.guess_samples.get(offer.source, 0) < 3):
                 self._gap[offer.key] = min(2 * self._gap.get(offer.key, PROBE_GAP_FIRST),
                                            PROBE_GAP_MAX)
                 return self._probe(offer, room)
