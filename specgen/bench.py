@@ -202,6 +202,8 @@ class Report:
     meta: dict[str, object] = field(default_factory=dict)
     # kind of prompt -> K or variant -> median speedup over that kind's prompts
     per_kind: dict[str, dict[Variant, float]] = field(default_factory=dict)
+    # prompt index -> K or variant -> median speedup over the repeats
+    per_prompt: list[dict[Variant, float]] = field(default_factory=list)
 
     def best(self) -> KReport | None:
         return next((r for r in self.per_k if r.lookahead == self.recommended), None)
@@ -217,7 +219,9 @@ class Report:
                 "recommended_lookahead": self.recommended, "warning": self.warning,
                 "runs": self.runs, "per_k": rows,
                 "per_kind": {kind: {str(v): x for v, x in speedups.items()}
-                             for kind, speedups in self.per_kind.items()}}
+                             for kind, speedups in self.per_kind.items()},
+                "per_prompt": [{str(v): x for v, x in speedups.items()}
+                               for speedups in self.per_prompt]}
 
 
 def _pooled(runs: Iterable[Run], attr: str) -> float:
@@ -285,15 +289,18 @@ def summarize(runs: Sequence[Run], kinds: Sequence[str] | None = None) -> Report
         )
         row.explanation = _explain(row, mine, base)
         per_k.append(row)
-    per_kind: dict[str, dict[Variant, float]] = {}
-    for kind in dict.fromkeys(kinds or ()):
-        prompts = {i for i, name in enumerate(kinds or ()) if name == kind}
-        per_kind[kind] = {}
+    def speedups(prompts: set[int]) -> dict[Variant, float]:
+        out = {}
         for row in per_k:
             ratios = [x for r in runs if r.lookahead == row.lookahead and r.prompt in prompts
                       for x in [ratio(r)] if x is not None]
             if ratios:
-                per_kind[kind][row.lookahead] = statistics.median(ratios)
+                out[row.lookahead] = statistics.median(ratios)
+        return out
+
+    per_kind = {kind: speedups({i for i, name in enumerate(kinds or ()) if name == kind})
+                for kind in dict.fromkeys(kinds or ())}
+    per_prompt = [speedups({p}) for p in sorted({r.prompt for r in runs})]
     best = max(per_k, key=lambda r: r.speedup, default=None)
     warning = ""
     if best is None or best.speedup <= 1.0:
@@ -301,7 +308,7 @@ def summarize(runs: Sequence[Run], kinds: Sequence[str] | None = None) -> Report
                    "speculating on here (run with -k 0, or try a smaller draft)")
     return Report(target_ms_per_token=target_one * 1000, baseline_tokens_per_second=baseline_tps,
                   per_k=per_k, recommended=best.lookahead if best and not warning else None,
-                  warning=warning, runs=len(runs), per_kind=per_kind)
+                  warning=warning, runs=len(runs), per_kind=per_kind, per_prompt=per_prompt)
 
 
 def _explain(row: KReport, mine: Sequence[Run], base: Sequence[Run]) -> str:
