@@ -278,10 +278,10 @@ class SpeculativeEngine:
             # 2. Guesses: the policy picks an offer and K within the token budget and context.
             t0 = time.perf_counter()
             room = min(config.max_tokens - stats.n_generated - 1, target.n_ctx - target.n_past - 1)
-            offers = drafter.offers(tokens) if drafter and room > 0 else []
-            plan = policy.plan(offers, room) if drafter and room > 0 else None
+            offers = drafter.offers(tokens) if drafter is not None and room > 0 else []
+            plan = policy.plan(offers, room)
             proposal = (drafter.propose(tokens, plan.offer, plan.lookahead, sampling, rng)
-                        if drafter and plan and plan.offer and plan.lookahead else Proposal())
+                        if drafter is not None and plan.offer and plan.lookahead else Proposal())
             guesses = proposal.tokens
             t1 = time.perf_counter()
 
@@ -298,12 +298,9 @@ class SpeculativeEngine:
             stats.draft_seconds += t1 - t0
             stats.target_seconds += t2 - t1
             new = [*guesses[: verdict.n_accepted], verdict.next_token]
-            if plan is not None:
-                policy.observe(plan, len(guesses), verdict.n_accepted, t1 - t0, t2 - t1, offers,
-                               new)
-            stats.record_cycle(plan.offer.source if plan and plan.offer and guesses else None,
-                               plan.lookahead if plan else 0, len(guesses), verdict.n_accepted,
-                               bool(plan and plan.probe))
+            policy.observe(plan, len(guesses), verdict.n_accepted, t1 - t0, t2 - t1, offers, new)
+            stats.record_cycle(plan.offer.source if plan.offer and guesses else None,
+                               plan.lookahead, len(guesses), verdict.n_accepted, plan.probe)
             yield CycleDone(len(guesses), verdict.n_accepted, tuple(new))
             tokens.extend(new)
             text = emit.tokens(new, stats)

@@ -39,8 +39,11 @@ COST_MEMORY = 0.8
 # pooled rate starts from FIRST_PRIOR, worth one observation.
 PRIOR_WEIGHT = 2.0
 FIRST_PRIOR = 0.5
-# A probe's K, and the gaps (in cycles) before an offer left alone is probed again.
-PROBE_LOOKAHEAD = 4
+# A source is first timed with one guess (a draft slower than the target costs little to find
+# out); a probe of an offer left alone takes a few, and the gaps (in cycles) before an offer
+# left alone is probed again double while probes fail.
+TIMING_LOOKAHEAD = 1
+PROBE_LOOKAHEAD = 3
 PROBE_GAP_FIRST, PROBE_GAP_MAX = 8, 128
 
 
@@ -122,14 +125,12 @@ class Costs:
 
     per_guess: dict[str, _Ema] = field(default_factory=dict)
     verify_by_n: dict[int, _Ema] = field(default_factory=dict)
-    guess_samples: dict[str, int] = field(default_factory=dict)
 
     def observe(self, source: str | None, drafted: int, draft_seconds: float,
                 verify_seconds: float) -> None:
         self.verify_by_n.setdefault(drafted + 1, _Ema(COST_MEMORY)).add(verify_seconds)
         if source is not None and drafted:
             self.per_guess.setdefault(source, _Ema(COST_MEMORY)).add(draft_seconds / drafted)
-            self.guess_samples[source] = self.guess_samples.get(source, 0) + 1
 
     def guess(self, source: str) -> float | None:
         ema = self.per_guess.get(source)
@@ -235,7 +236,7 @@ class AdaptiveLookahead:
         # run while prompt lookup does well.
         untimed = [offer for offer in offers if offer not in timed]
         if untimed and not best.lookahead:
-            return self._probe(untimed[0], room)
+            return self._probe(untimed[0], room, TIMING_LOOKAHEAD)
         # Explore: an offer left alone for a while that would win if its guesses survived
         # (an n-gram match; the draft model while speculation is off). Each probe that does
         # not win doubles the wait before the next one.
@@ -245,10 +246,7 @@ class AdaptiveLookahead:
             if offer.key == chosen or idle < self._gap.get(offer.key, PROBE_GAP_FIRST):
                 continue
             _, hope = self._best_lookahead(offer, room, optimistic=True)
-            # While speculation is off, costs alone rule a source out only once timed a few
-            # times (the first timing can include a cold start).
-            if hope > best_rate or (not best.lookahead
-                                    and self.costs.guess_samples.get(offer.source, 0) < 3):
+            if hope > best_rate:
                 self._gap[offer.key] = min(2 * self._gap.get(offer.key, PROBE_GAP_FIRST),
                                            PROBE_GAP_MAX)
                 return self._probe(offer, room)
@@ -256,11 +254,11 @@ class AdaptiveLookahead:
             self._gap[best.offer.key] = PROBE_GAP_FIRST
         return best
 
-    def _probe(self, offer: Offer, room: int) -> Plan:
+    def _probe(self, offer: Offer, room: int, lookahead: int = PROBE_LOOKAHEAD) -> Plan:
         # What was learned about this offer before is stale: the probe starts it afresh.
         self.acceptance.pop(offer.key, None)
         self._tried[offer.key] = self._cycle
-        return Plan(offer, min(PROBE_LOOKAHEAD, offer.limit, room), probe=True)
+        return Plan(offer, min(lookahead, offer.limit, room), probe=True)
 
     def _best_lookahead(self, offer: Offer, room: int, optimistic: bool) -> tuple[int, float]:
         """The K in 1..limit with the most expected tokens per second, and that rate."""

@@ -14,7 +14,7 @@ import pytest
 
 from specgen.bench import load_prompts, parse_lookaheads, summarize, sweep
 from specgen.core.speculative import expected_tokens
-from specgen.engine import Stats
+from specgen.engine import SourceStats, Stats
 from specgen.errors import UserError
 
 DRAFT, TARGET = 1.0, 4.0  # seconds per token, fake
@@ -126,7 +126,9 @@ def test_acceptance_that_is_not_independent_is_named() -> None:
 
 def test_lookahead_list_and_prompt_files(tmp_path: Path) -> None:
     assert parse_lookaheads("4, 1,2,2,0") == [1, 2, 4]
-    for bad in ("a,b", "0", "-1,2", "65"):
+    assert parse_lookaheads("hybrid,8,auto,NGRAM,2") == [2, 8, "auto", "ngram", "hybrid"]
+    assert parse_lookaheads("ngram") == ["ngram"]
+    for bad in ("a,b", "0", "-1,2", "65", "fast,2"):
         with pytest.raises(UserError):
             parse_lookaheads(bad)
     plain = tmp_path / "p.txt"
@@ -169,3 +171,57 @@ def test_real_short_bench_writes_every_field(tmp_path: Path, smollm2_target: Pat
     header = next(i for i, r in enumerate(rows) if r and r[0] == "lookahead")
     assert [r[0] for r in rows[header + 1:]] == ["2", "4"]
     assert outputs["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def adaptive_runner(prompt: int, k, seed: int) -> Stats:
+    """Fixed K's as fake_runner; the adaptive rows as runs that chose K's and sources."""
+    if isinstance(k, int):
+        return fake_runner(0.8, cycles=200)(prompt, k, seed)
+    stats = fake_runner(0.8, cycles=200)(prompt, 6, seed)
+    stats.lookahead = "auto"
+    stats.k_counts = {0: 20, 6: 180}
+    stats.by_source = {"ngram": SourceStats(100, 600, 450), "model": SourceStats(100, 600, 450)}
+    if k == "ngram" and prompt == 1:
+        stats.gen_seconds /= 3  # prompt lookup shines on the second prompt only
+    return stats
+
+
+def test_adaptive_rows_per_kind_and_per_prompt() -> None:
+    runs = sweep(adaptive_runner, 2, [2, 6, "auto", "ngram", "hybrid"], 1, seed=0)
+    report = summarize(runs, kinds=["story", "rewrite"])
+    rows = {row.lookahead: row for row in report.per_k}
+    assert list(rows) == [2, 6, "auto", "ngram", "hybrid"]
+    assert rows["auto"].predicted_speedup is None and rows[6].predicted_speedup is not None
+    assert rows["auto"].mean_lookahead == pytest.approx(5.4)
+    assert rows["auto"].target_alone_share == pytest.approx(0.1)
+    assert rows["hybrid"].ngram_share == pytest.approx(0.5)
+    assert report.per_prompt[1]["ngram"] == pytest.approx(3 * report.per_prompt[1]["auto"])
+    assert report.per_prompt[0]["ngram"] == pytest.approx(report.per_prompt[0]["auto"])
+    assert report.per_kind["rewrite"]["ngram"] == report.per_prompt[1]["ngram"]
+    assert report.recommended == "ngram"
+    record = report.as_dict()
+    assert record["per_kind"]["story"]["auto"] == report.per_kind["story"]["auto"]
+    assert len(record["per_prompt"]) == 2
+
+
+def test_the_table_fits_80_columns_without_cutting_a_header() -> None:
+    import io
+
+    from rich.console import Console
+
+    from specgen.cli_bench import recommended_options, render
+
+    runs = sweep(adaptive_runner, 2, [1, 2, 3, 4, 6, 8, "auto", "ngram", "hybrid"], 1, seed=0)
+    report = summarize(runs, kinds=["story", "rewrite"])
+    report.meta = {"title": "gemma3-270m-demo, 2 threads, T=0.0"}
+    buf = io.StringIO()
+    Console(file=buf, width=80, force_terminal=False).print(render(report, "demo"))
+    text = buf.getvalue()
+    assert max(len(line) for line in text.splitlines()) <= 80
+    assert "\u2026" not in text  # no header or cell cut short
+    for header in ("speedup", "tok/cyc", "verify", "hybrid"):
+        assert header in text
+    assert "specgen run --pair demo --draft ngram -k auto" in text
+    assert recommended_options(4, None, Path("/m/big model.gguf"), Path("/m/d.gguf")) == \
+        "--target '/m/big model.gguf' --draft /m/d.gguf --no-ngram -k 4"
+    assert recommended_options("hybrid", "p", None, None) == "--pair p --ngram -k auto"

@@ -13,6 +13,7 @@ from specgen.drafters import HybridDrafter, ModelDrafter, NgramDrafter, Proposal
 from specgen.engine import CycleDone, Finished, GenerationConfig, SpeculativeEngine
 from specgen.lookahead import (
     TARGET_ALONE,
+    TIMING_LOOKAHEAD,
     AdaptiveLookahead,
     Costs,
     FixedLookahead,
@@ -252,9 +253,9 @@ def test_auto_lookahead_starts_by_timing_the_target_then_the_source() -> None:
     assert policy.plan([MODEL], 100) == TARGET_ALONE
     policy.observe(TARGET_ALONE, 0, 0, 0.0, 1.0)
     probe = policy.plan([MODEL], 100)
-    assert probe.offer == MODEL and probe.probe and probe.lookahead == 4
-    # The budget and the offer's own limit cap K.
-    assert policy.plan([Offer("ngram", "ngram2", 2)], 100).lookahead == 2
+    assert probe.offer == MODEL and probe.probe and probe.lookahead == TIMING_LOOKAHEAD
+    # Free guesses need no timing; the budget and the offer's own limit cap K.
+    assert policy.plan([Offer("ngram", "ngram2", 2, (5, 6))], 100).lookahead == 2
     assert policy.plan([MODEL], 1).lookahead == 1
 
 

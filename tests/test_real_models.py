@@ -153,13 +153,21 @@ def test_f16_target_differs_only_at_float_near_ties(smollm2_draft: Path) -> None
                          GenerationConfig(lookahead=0, sampling=GREEDY, max_tokens=60))
     spec, _ = generated(SpeculativeEngine(target, ModelDrafter(draft)), prompt,
                         GenerationConfig(lookahead=4, sampling=GREEDY, max_tokens=60))
+    assert_same_up_to_near_ties(target, prompt, alone, spec, 0.05)
+
+
+def assert_same_up_to_near_ties(target: LlamaModel, prompt: list[int], alone: list[int],
+                                spec: list[int], tie: float, what: str = "") -> None:
+    """The speculative tokens are the target's own, or part only where the target's two best
+    logits are within ``tie`` of each other (batched and one-token kernels round differently)."""
     if spec == alone:
         return
     first = next(i for i, (a, b) in enumerate(zip(spec, alone)) if a != b)
     target.reset()
     logits = target.decode(prompt + alone[:first], 1)[0]
     best, second = np.sort(logits)[-2:][::-1]
-    assert best - second < 0.05, f"diverged at {first} with a clear winner ({best - second:.3f})"
+    assert best - second < tie, \
+        f"{what} diverged at {first} with a clear winner ({best - second:.4f})"
 
 
 def test_a_model_that_cannot_roll_back_fails_clearly(smollm2_draft: Path, monkeypatch) -> None:
@@ -192,7 +200,10 @@ def test_greedy_ngram_hybrid_and_auto_are_the_target_alone(smol, prompt: str) ->
         spec, done = generated(SpeculativeEngine(target, drafter), tokens,
                                GenerationConfig(lookahead=lookahead, sampling=GREEDY,
                                                 max_tokens=48))
-        assert spec == alone, f"{name} at K={lookahead} diverged from the target alone"
+        # F32 weights: the batched verify pass rounds like the one-token pass but for rare
+        # float near-ties (seen: a top-2 gap of 0.0024 at one token in 48).
+        assert_same_up_to_near_ties(target, tokens, alone, spec, 0.01,
+                                    f"{name} at K={lookahead}")
         if prompt == REPEATING and name != "model":
             assert done.stats.by_source["ngram"].accepted > 0, name
 
