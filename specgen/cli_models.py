@@ -53,11 +53,10 @@ def list_pairs(
     registry = Registry.load()
     rows = []
     for pair in registry.pairs.values():
-        files = {role: cached(pair.member(role)) for role in ("target", "draft")}
+        files = {role: cached(spec) for role, spec in pair.members()}
         rows.append((pair, files))
     remote = remote_sizes([(spec.repo, spec.file, spec.revision)
-                           for pair, files in rows for role, spec in
-                           (("target", pair.target), ("draft", pair.draft))
+                           for pair, files in rows for role, spec in pair.members()
                            if spec.kind == "hub" and files[role] is None and spec.repo
                            and spec.file])
 
@@ -71,10 +70,11 @@ def list_pairs(
             "name": pair.name, "default": pair.name == registry.default,
             "description": pair.description, "license": pair.license, "chat": pair.chat,
             "lookahead": pair.lookahead, "source": pair.source,
-            **{role: {"spec": pair.member(role).label(),
+            **{role: {"spec": spec.label(),
                       "cached": str(files[role]) if files[role] else None,
-                      "size_bytes": size_of(pair.member(role), files[role])}
-               for role in ("target", "draft")},
+                      "size_bytes": size_of(spec, files[role])}
+               for role, spec in pair.members()},
+            "ngram": pair.ngram,
         } for pair, files in rows], indent=2) + "\n")
         return
     table = Table(box=None, pad_edge=False)
@@ -82,13 +82,14 @@ def list_pairs(
         table.add_column(column, overflow="fold")
     for pair, files in rows:
         both = all(files.values())
-        sizes = [size_of(pair.member(r), files[r]) for r in ("target", "draft")]
+        sizes = [size_of(spec, files[r]) for r, spec in pair.members()]
         total = f" ({_bytes(sum(sizes))})" if all(s is not None for s in sizes) else ""
-        state = (" + ".join(_size(files[r]) for r in ("target", "draft")) if both
+        state = (" + ".join(_size(files[r]) for r, _ in pair.members()) if both
                  else ("partly" if any(files.values()) else "no") + total)
         name = pair.name + (" *" if pair.name == registry.default else "")
-        labels = [pair.member(r).label() if verbose else _short(pair.member(r))
-                  for r in ("target", "draft")]
+        labels = [spec.label() if verbose else _short(spec) for _, spec in pair.members()]
+        if pair.draft is None:
+            labels.append("ngram")
         table.add_row(name, str(pair.lookahead), "yes" if pair.chat else "no", *labels,
                       f"[green]{state}[/]" if both else state)
         if verbose:
@@ -116,8 +117,8 @@ def pull(
     from specgen.registry import Registry, resolve
 
     spec = Registry.load().pair(pair)
-    for role in ("target", "draft"):
-        path = resolve(spec.member(role))
+    for role, member in spec.members():
+        path = resolve(member)
         err.print(f"[green]ready[/] {role}: {path}", highlight=False, soft_wrap=True)
 
 

@@ -126,8 +126,14 @@ class Costs:
     per_guess: dict[str, _Ema] = field(default_factory=dict)
     verify_by_n: dict[int, _Ema] = field(default_factory=dict)
 
+    # The line fitted through the verify costs (mean n, mean seconds, slope, floor), kept
+    # until the next observation: ``auto`` asks for it many times a cycle.
+    _line: tuple[float, float, float, float] | None = field(default=None, init=False,
+                                                              repr=False)
+
     def observe(self, source: str | None, drafted: int, draft_seconds: float,
                 verify_seconds: float) -> None:
+        self._line = None
         self.verify_by_n.setdefault(drafted + 1, _Ema(COST_MEMORY)).add(verify_seconds)
         if source is not None and drafted:
             self.per_guess.setdefault(source, _Ema(COST_MEMORY)).add(draft_seconds / drafted)
@@ -145,16 +151,18 @@ class Costs:
         ema = self.verify_by_n.get(n)
         if ema is not None:
             return ema.mean
-        points = [(m, e.mean) for m, e in self.verify_by_n.items() if e.mean is not None]
-        if not points:
+        if not self.verify_by_n:
             return None
-        if len(points) == 1:
-            return points[0][1]
-        mean_n = sum(m for m, _ in points) / len(points)
-        mean_t = sum(t for _, t in points) / len(points)
-        spread = sum((m - mean_n) ** 2 for m, _ in points)
-        slope = max(0.0, sum((m - mean_n) * (t - mean_t) for m, t in points) / spread)
-        return max(mean_t + slope * (n - mean_n), min(t for _, t in points))
+        if self._line is None:
+            points = [(m, e.total / e.weight) for m, e in self.verify_by_n.items()]
+            mean_n = sum(m for m, _ in points) / len(points)
+            mean_t = sum(t for _, t in points) / len(points)
+            spread = sum((m - mean_n) ** 2 for m, _ in points)
+            slope = max(0.0, sum((m - mean_n) * (t - mean_t) for m, t in points) / spread
+                        ) if spread else 0.0
+            self._line = (mean_n, mean_t, slope, min(t for _, t in points))
+        mean_n, mean_t, slope, floor = self._line
+        return max(mean_t + slope * (n - mean_n), floor)
 
 
 class _Acceptance:
@@ -246,6 +254,7 @@ class AdaptiveLookahead:
             if offer.key == chosen or idle < self._gap.get(offer.key, PROBE_GAP_FIRST):
                 continue
             _, hope = self._best_lookahead(offer, room, optimistic=True)
+            self._tried[offer.key] = self._cycle  # checked: look again after the gap
             if hope > best_rate:
                 self._gap[offer.key] = min(2 * self._gap.get(offer.key, PROBE_GAP_FIRST),
                                            PROBE_GAP_MAX)
@@ -269,11 +278,12 @@ class AdaptiveLookahead:
         else:
             rates = self.acceptance.get(offer.key, _Acceptance()).rates(
                 limit, self._source_prior(offer.source))
+        expected = expected_tokens_by_position(rates)
         best_k, best_rate = 0, 0.0
         for k in range(1, limit + 1):
             verify = self.costs.verify(k + 1)
             assert verify is not None, "verify(1) was measured, so every n has an estimate"
-            rate = expected_tokens_by_position(rates[:k]) / (k * guess + verify)
+            rate = expected[k] / (k * guess + verify)
             if rate > best_rate:
                 best_k, best_rate = k, rate
         return best_k, best_rate

@@ -208,3 +208,11 @@ def test_sampling_params_validate() -> None:
         SamplingParams(top_p=0)
     with pytest.raises(ValueError):
         SamplingParams(min_p=1.0)
+
+
+def test_expected_tokens_by_position_is_the_closed_form_at_one_alpha() -> None:
+    from specgen.core.speculative import expected_tokens_by_position
+
+    by_k = expected_tokens_by_position([0.7] * 6)
+    assert by_k == pytest.approx([expected_tokens(0.7, k) for k in range(7)])
+    assert expected_tokens_by_position([1.0, 0.5, 0.0, 1.0]) == [1.0, 2.0, 2.5, 2.5, 2.5]

@@ -206,7 +206,7 @@ def simulate(policy, accept: Sequence[float], draft: float, verify, cycles: int 
 
 def exact_rate(accept: Sequence[float], k: int, draft: float, verify) -> float:
     rates = [accept[min(i, len(accept) - 1)] for i in range(k)]
-    return expected_tokens_by_position(rates) / (k * draft + verify(k + 1))
+    return expected_tokens_by_position(rates)[k] / (k * draft + verify(k + 1))
 
 
 def cpu_verify(n: int) -> float:
