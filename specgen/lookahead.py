@@ -104,13 +104,18 @@ class FixedLookahead:
 
 @dataclass
 class _Ema:
-    """An exponentially weighted mean."""
+    """An exponentially weighted mean whose first sample is dropped once a second comes: the
+    first decode of a batch shape runs cold (llama.cpp builds its graph), often twice as slow."""
 
     memory: float
     weight: float = 0.0
     total: float = 0.0
+    count: int = 0
 
     def add(self, value: float) -> None:
+        self.count += 1
+        if self.count == 2:
+            self.weight = self.total = 0.0
         self.weight = self.memory * self.weight + 1.0
         self.total = self.memory * self.total + value
 
@@ -224,19 +229,23 @@ class AdaptiveLookahead:
         self._cycle = 0
         self._tried: dict[str, int] = {}  # key -> the last cycle it drafted
         self._gap: dict[str, int] = {}  # key -> cycles to wait before probing it again
+        self._hopeless: set[str] = set()  # keys whose costs alone rule them out, for now
 
     def plan(self, offers: Sequence[Offer], room: int) -> Plan:
         self._cycle += 1
         if not offers or room <= 0:
             return TARGET_ALONE
-        target_step = self.costs.verify(1)
-        if target_step is None:
-            return TARGET_ALONE  # the first cycle times the target alone
+        alone = self.costs.verify_by_n.get(1)
+        if alone is None or alone.count < 2:
+            return TARGET_ALONE  # the first two cycles time the target alone (one runs cold)
+        target_step = alone.total / alone.weight
         # Free guesses (an n-gram's continuation) need no timing: they cost a lookup.
         timed = [offer for offer in offers
                  if offer.preview or offer.source in self.costs.per_guess]
         best, best_rate = TARGET_ALONE, 1.0 / target_step
         for offer in timed:
+            if offer.key in self._hopeless:
+                continue
             k, rate = self._best_lookahead(offer, room, optimistic=False)
             if rate > best_rate:
                 best, best_rate = Plan(offer, k), rate
@@ -255,6 +264,10 @@ class AdaptiveLookahead:
                 continue
             _, hope = self._best_lookahead(offer, room, optimistic=True)
             self._tried[offer.key] = self._cycle  # checked: look again after the gap
+            # Costs alone rule it out even if every guess survived: skip it until then.
+            self._hopeless.discard(offer.key)
+            if hope <= 1.0 / target_step:
+                self._hopeless.add(offer.key)
             if hope > best_rate:
                 self._gap[offer.key] = min(2 * self._gap.get(offer.key, PROBE_GAP_FIRST),
                                            PROBE_GAP_MAX)

@@ -251,7 +251,10 @@ def test_auto_lookahead_comes_back_when_the_text_gets_easy() -> None:
 def test_auto_lookahead_starts_by_timing_the_target_then_the_source() -> None:
     policy = AdaptiveLookahead()
     assert policy.plan([MODEL], 100) == TARGET_ALONE
+    policy.observe(TARGET_ALONE, 0, 0, 0.0, 3.0)  # a cold first decode: its time is dropped
+    assert policy.plan([MODEL], 100) == TARGET_ALONE
     policy.observe(TARGET_ALONE, 0, 0, 0.0, 1.0)
+    assert policy.costs.verify(1) == pytest.approx(1.0)
     probe = policy.plan([MODEL], 100)
     assert probe.offer == MODEL and probe.probe and probe.lookahead == TIMING_LOOKAHEAD
     # Free guesses need no timing; the budget and the offer's own limit cap K.
@@ -262,6 +265,7 @@ def test_auto_lookahead_starts_by_timing_the_target_then_the_source() -> None:
 def test_auto_lookahead_picks_the_better_source_per_cycle() -> None:
     policy = AdaptiveLookahead(Costs())
     ngram = Offer("ngram", "ngram4", 16)
+    policy.observe(TARGET_ALONE, 0, 0, 0.0, 1.0)
     policy.observe(TARGET_ALONE, 0, 0, 0.0, 1.0)
     for _ in range(30):
         policy.observe(Plan(MODEL, 4), 4, 2, 4 * 0.4, cpu_verify(5))
