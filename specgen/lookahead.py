@@ -143,6 +143,10 @@ class Costs:
         if source is not None and drafted:
             self.per_guess.setdefault(source, _Ema(COST_MEMORY)).add(draft_seconds / drafted)
 
+    def timings(self, source: str) -> int:
+        ema = self.per_guess.get(source)
+        return 0 if ema is None else ema.count
+
     def guess(self, source: str) -> float | None:
         ema = self.per_guess.get(source)
         return None if ema is None else ema.mean
@@ -239,9 +243,10 @@ class AdaptiveLookahead:
         if alone is None or alone.count < 2:
             return TARGET_ALONE  # the first two cycles time the target alone (one runs cold)
         target_step = alone.total / alone.weight
-        # Free guesses (an n-gram's continuation) need no timing: they cost a lookup.
+        # Free guesses (an n-gram's continuation) need no timing: they cost a lookup. A draft
+        # model is timed twice (its first step runs cold) before its costs are trusted.
         timed = [offer for offer in offers
-                 if offer.preview or offer.source in self.costs.per_guess]
+                 if offer.preview or self.costs.timings(offer.source) >= 2]
         best, best_rate = TARGET_ALONE, 1.0 / target_step
         for offer in timed:
             if offer.key in self._hopeless:
@@ -249,8 +254,8 @@ class AdaptiveLookahead:
             k, rate = self._best_lookahead(offer, room, optimistic=False)
             if rate > best_rate:
                 best, best_rate = Plan(offer, k), rate
-        # A source never timed (a draft model) is timed once nothing timed pays, so it is not
-        # run while prompt lookup does well.
+        # A source not yet timed (a draft model) is timed once nothing timed pays, so it is
+        # not run while prompt lookup does well.
         untimed = [offer for offer in offers if offer not in timed]
         if untimed and not best.lookahead:
             return self._probe(untimed[0], room, TIMING_LOOKAHEAD)

@@ -41,7 +41,8 @@ def test_builtin_pairs_name_the_exact_hub_files(builtin: Registry) -> None:
         pair = builtin.pair(name)
         assert (pair.target.repo, pair.target.file) == (t_repo, t_file)
         assert (pair.draft.repo, pair.draft.file) == (d_repo, d_file)
-        assert pair.description and pair.license and pair.lookahead > 0
+        assert pair.description and pair.license
+        assert pair.lookahead == "auto" and pair.ngram  # hybrid drafting, K chosen per cycle
 
 
 def test_default_is_the_package_index_chat_pair(builtin: Registry) -> None:
