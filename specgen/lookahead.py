@@ -80,8 +80,6 @@ TARGET_ALONE = Plan(None, 0)
 class FixedLookahead:
     """``-k N``: the drafter's first offer, N guesses (fewer where the offer has fewer)."""
 
-    adaptive = False
-
     def __init__(self, lookahead: int) -> None:
         if not 0 <= lookahead <= MAX_LOOKAHEAD:
             raise ValueError(f"lookahead (K) must be from 0 to {MAX_LOOKAHEAD}")
@@ -120,8 +118,9 @@ class _Ema:
         self.total = self.memory * self.total + value
 
     @property
-    def mean(self) -> float | None:
-        return self.total / self.weight if self.weight else None
+    def mean(self) -> float:
+        assert self.weight, "an average is read only after a sample was added"
+        return self.total / self.weight
 
 
 @dataclass
@@ -163,7 +162,7 @@ class Costs:
         if not self.verify_by_n:
             return None
         if self._line is None:
-            points = [(m, e.total / e.weight) for m, e in self.verify_by_n.items()]
+            points = [(m, e.mean) for m, e in self.verify_by_n.items()]
             mean_n = sum(m for m, _ in points) / len(points)
             mean_t = sum(t for _, t in points) / len(points)
             spread = sum((m - mean_n) ** 2 for m, _ in points)
@@ -218,8 +217,6 @@ class _Acceptance:
 class AdaptiveLookahead:
     """``-k auto``: the source and K with the most expected tokens per second, from past cycles."""
 
-    adaptive = True
-
     def __init__(self, costs: Costs | None = None, max_lookahead: int = AUTO_MAX_LOOKAHEAD
                  ) -> None:
         self.costs = costs if costs is not None else Costs()
@@ -242,7 +239,7 @@ class AdaptiveLookahead:
         alone = self.costs.verify_by_n.get(1)
         if alone is None or alone.count < 2:
             return TARGET_ALONE  # the first two cycles time the target alone (one runs cold)
-        target_step = alone.total / alone.weight
+        target_step = alone.mean
         # Free guesses (an n-gram's continuation) need no timing: they cost a lookup. A draft
         # model is timed twice (its first step runs cold) before its costs are trusted.
         timed = [offer for offer in offers
@@ -339,5 +336,6 @@ class AdaptiveLookahead:
         self._tried[offer.key] = self._cycle
         self._source_of[offer.key] = offer.source
         self.acceptance.setdefault(offer.key, _Acceptance()).observe(drafted, accepted)
+
 
 LookaheadPolicy = FixedLookahead | AdaptiveLookahead
