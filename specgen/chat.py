@@ -6,6 +6,7 @@ Hugging Face's tokenizers provide (``raise_exception``, ``strftime_now``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 
 import jinja2
@@ -20,21 +21,22 @@ def _raise(message: str) -> None:
     raise ChatTemplateError(f"the model's chat template refused the prompt: {message}")
 
 
+def conversation(user: str, system: str | None = None) -> list[dict[str, str]]:
+    """A one-turn conversation: an optional system message, then the user's."""
+    messages = [{"role": "system", "content": system}] if system else []
+    return [*messages, {"role": "user", "content": user}]
+
+
 def render_chat(
     template: str | None,
-    user: str,
-    system: str | None = None,
+    messages: Sequence[dict[str, str]],
     bos_token: str = "",
     eos_token: str = "",
 ) -> str:
-    """The text of a one-turn conversation, ending where the assistant's answer begins."""
+    """The text of a conversation, ending where the assistant's next answer begins."""
     if not template:
-        raise ChatTemplateError("the target model has no chat template; run without --chat "
-                                "(or with --raw) to send the prompt as it is")
-    messages = []
-    if system:
-        messages.append({"role": "system", "content": system})
-    messages.append({"role": "user", "content": user})
+        raise ChatTemplateError("the target model has no chat template; run with --raw to "
+                                "send the prompt as it is")
     # The same environment as transformers' apply_chat_template: templates on the Hub rely on
     # trim_blocks, lstrip_blocks and {% break %} / {% continue %}.
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
@@ -43,7 +45,7 @@ def render_chat(
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     try:
         return env.from_string(template).render(
-            messages=messages, add_generation_prompt=True, bos_token=bos_token,
+            messages=list(messages), add_generation_prompt=True, bos_token=bos_token,
             eos_token=eos_token,
         )
     except jinja2.TemplateError as err:

@@ -90,7 +90,8 @@ def list_pairs(
         labels = [spec.label() if verbose else _short(spec) for _, spec in pair.members()]
         if pair.draft is None:
             labels.append("ngram")
-        table.add_row(name, str(pair.lookahead), "yes" if pair.chat else "no", *labels,
+        chat = {True: "yes", False: "no", None: "auto"}[pair.chat]
+        table.add_row(name, str(pair.lookahead), chat, *labels,
                       f"[green]{state}[/]" if both else state)
         if verbose:
             table.add_row("", "", "", f"[dim]{pair.description}[/]", f"[dim]{pair.license}[/]",

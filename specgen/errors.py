@@ -1,14 +1,28 @@
-"""Errors a user can cause, and the single table that turns them into one line each.
+"""Errors a user can cause, and the one table that turns them into a line, an exit code and an
+HTTP status.
 
 Commands raise; ``cli.main`` looks the exception up here and prints only the message (the full
-traceback only with ``SPECGEN_DEBUG=1``). Every message says what to do next.
+traceback only with ``SPECGEN_DEBUG=1``); batch runs write the same message into their error
+lines, and a server answers with the status. Every message says what to do next.
+
+Exit codes: 0 ok, 1 failed, 2 bad usage, 130 interrupted.
 """
 
 from __future__ import annotations
 
+import errno
+from collections.abc import Callable
+from dataclasses import dataclass
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
 
 class UserError(Exception):
     """A mistake the user can fix; the message says how."""
+
+
+class UsageError(UserError):
+    """Options or arguments that cannot work together or are out of range (exit code 2)."""
 
 
 class BackendError(RuntimeError):
@@ -19,18 +33,66 @@ class ContextFull(BackendError):
     """The context window has no room for the tokens asked to be decoded."""
 
 
-def describe(err: BaseException) -> str | None:
-    """The one-line message for an error a user can cause, or None for a bug."""
-    # Imported here so that `specgen --help` does not pay for llama_cpp.
+class CpuUnsupported(UserError):
+    """This build of llama.cpp dies on this CPU (the self-test child was killed by a signal)."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """How one kind of error is shown: its message, the exit code, the HTTP status."""
+
+    message: Callable[[BaseException], str]
+    exit_code: int = EXIT_FAILED
+    http_status: int = 400
+
+
+def _os_error(err: BaseException) -> str:
+    assert isinstance(err, OSError)
+    where = f" {err.filename}" if err.filename else ""
+    if err.errno == errno.ENOSPC:
+        return f"the disk is full (writing{where}): free some space and run again"
+    if err.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return f"permission denied:{where} ({err.strerror}); check the folder's permissions " \
+               f"or point SPECGEN_CACHE / -o elsewhere"
+    return f"{err.strerror or err}:{where}"
+
+
+def _table() -> dict[type[BaseException], Entry]:
+    # Imported here so that `specgen --help` does not pay for llama_cpp or jinja2.
     from specgen.chat import ChatTemplateError
     from specgen.engine import PromptTooLong
 
-    if isinstance(err, UserError | BackendError | ChatTemplateError | PromptTooLong):
+    def text(err: BaseException) -> str:
         return str(err)
-    if isinstance(err, FileNotFoundError):
-        return f"file not found: {err.filename or err}"
-    if isinstance(err, IsADirectoryError | PermissionError):
-        return f"cannot read {err.filename}: {err.strerror}"
-    if isinstance(err, UnicodeDecodeError):
-        return "the prompt is not valid UTF-8 text"
+
+    return {
+        UsageError: Entry(text, EXIT_USAGE, 400),
+        CpuUnsupported: Entry(text, EXIT_FAILED, 500),
+        UserError: Entry(text, EXIT_FAILED, 400),
+        PromptTooLong: Entry(text, EXIT_FAILED, 400),
+        ChatTemplateError: Entry(text, EXIT_FAILED, 400),
+        ContextFull: Entry(text, EXIT_FAILED, 400),
+        BackendError: Entry(text, EXIT_FAILED, 500),
+        FileNotFoundError: Entry(lambda e: f"file not found: {getattr(e, 'filename', '') or e}",
+                                 EXIT_FAILED, 404),
+        IsADirectoryError: Entry(lambda e: f"{getattr(e, 'filename', '')} is a folder, not a "
+                                           f"file", EXIT_FAILED, 400),
+        UnicodeDecodeError: Entry(lambda e: "the input is not valid UTF-8 text", EXIT_FAILED,
+                                  400),
+        OSError: Entry(_os_error, EXIT_FAILED, 500),
+    }
+
+
+def lookup(err: BaseException) -> Entry | None:
+    """The table's entry for an error (the nearest class it knows), or None for a bug."""
+    table = _table()
+    for cls in type(err).__mro__:
+        if cls in table:
+            return table[cls]
     return None
+
+
+def describe(err: BaseException) -> str | None:
+    """The one-line message for an error a user can cause, or None for a bug."""
+    entry = lookup(err)
+    return None if entry is None else entry.message(err)

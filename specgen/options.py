@@ -7,8 +7,39 @@ from typing import Annotated
 import typer
 
 from specgen.core.speculative import MAX_LOOKAHEAD, Lookahead, parse_lookahead
+from specgen.prompts import MAX_SEED
 
 MODELS, SAMPLING, OUTPUT, PERFORMANCE = "Models", "Sampling", "Output", "Performance"
+HELP = {"help_option_names": ["-h", "--help"]}
+# llama.cpp rounds a context up to a multiple of 256 tokens; below that it silently uses 256.
+MIN_CTX = 256
+
+
+def readable_help_placeholders() -> None:
+    """Help shows click's placeholders (TEXT, INTEGER, or an option's own metavar like SPEC)
+    rather than Typer's Python types (``<str>``, ``<bool>``, ``<list[str]>``); flags and
+    arguments (already named by their metavar) show none."""
+    from typer.core import TyperArgument, TyperOption
+
+    names = {"str": "TEXT", "int": "INTEGER", "float": "FLOAT", "Path": "PATH"}
+
+    def option(self: TyperOption, ctx: typer.Context) -> str | None:
+        if self.is_flag or self.count:
+            return None
+        if self.metavar:
+            return self.metavar
+        bare = self.bare_type().removeprefix("list[").removesuffix("]")
+        return names.get(bare, bare.upper())
+
+    TyperOption.display_type_rich = option  # type: ignore[method-assign,assignment]
+    TyperArgument.display_type_rich = lambda self, ctx: None  # type: ignore[method-assign]
+
+
+def _ctx_size(value: int) -> int:
+    if value and value < MIN_CTX:
+        raise typer.BadParameter(f"{value} is below llama.cpp's smallest context, {MIN_CTX} "
+                                 f"tokens (0: the model's own, up to 4096)")
+    return value
 
 
 def _lookahead(text: str) -> Lookahead:
@@ -20,14 +51,17 @@ def _lookahead(text: str) -> Lookahead:
 
 
 PairOpt = Annotated[str | None, typer.Option(
-    "--pair", "-p", help="A named draft/target pair from models.toml (default: the default pair; "
-    "see `specgen models list`).", show_default=False, rich_help_panel=MODELS)]
+    "--pair", "-p", metavar="NAME", help="A named draft/target pair from models.toml "
+    "(default: the default pair; see `specgen models list`).", show_default=False,
+    rich_help_panel=MODELS)]
 TargetOpt = Annotated[str | None, typer.Option(
-    "--target", "-m", help="Target model: a GGUF path, org/repo:file.gguf, or PAIR:target.",
+    "--target", "-m", metavar="SPEC", help="Target model: a GGUF path, org/repo:file.gguf, "
+    "or PAIR:target; with no --pair, your own target (alone, or with --draft).",
     show_default=False, rich_help_panel=MODELS)]
 DraftOpt = Annotated[str | None, typer.Option(
-    "--draft", "-md", help="Draft model: a GGUF path, org/repo:file.gguf, or PAIR:draft; or "
-    "'ngram' to draft by prompt lookup with no draft model (a file named so: ./ngram).",
+    "--draft", "-md", metavar="SPEC", help="Draft model: a GGUF path, org/repo:file.gguf, "
+    "or PAIR:draft (needs --target or --pair); or 'ngram' to draft by prompt lookup with no "
+    "draft model (a file named so: ./ngram).",
     show_default=False, rich_help_panel=MODELS)]
 # Typer has no Union types: the parser turns the text into a Lookahead (an int, or "auto").
 LookaheadOpt = Annotated[str | None, typer.Option(
@@ -44,16 +78,19 @@ DraftPMinOpt = Annotated[float, typer.Option(
     "probability falls below this (0: always draft K). Exactness is kept.",
     rich_help_panel=MODELS)]
 TemperatureOpt = Annotated[float, typer.Option(
-    "--temperature", "--temp", help="Sampling temperature; 0 is greedy.",
+    "--temperature", "--temp", min=0.0, help="Sampling temperature; 0 is greedy.",
     rich_help_panel=SAMPLING)]
 TopKOpt = Annotated[int, typer.Option(
-    "--top-k", help="Keep the k most likely tokens (0: off).", rich_help_panel=SAMPLING)]
+    "--top-k", min=0, help="Keep the k most likely tokens (0: off).", rich_help_panel=SAMPLING)]
 TopPOpt = Annotated[float, typer.Option(
-    "--top-p", help="Nucleus: smallest set with this mass.", rich_help_panel=SAMPLING)]
+    "--top-p", min=0.0, max=1.0, help="Nucleus: smallest set with this mass (above 0).",
+    rich_help_panel=SAMPLING)]
 MinPOpt = Annotated[float, typer.Option(
-    "--min-p", help="Drop tokens below min-p x the best.", rich_help_panel=SAMPLING)]
+    "--min-p", min=0.0, max=1.0, help="Drop tokens below min-p x the best (below 1).",
+    rich_help_panel=SAMPLING)]
 SeedOpt = Annotated[int | None, typer.Option(
-    "--seed", "-s", help="Random seed (default: random; printed with the stats).",
+    "--seed", "-s", min=0, max=MAX_SEED, help="Random seed (default: random; printed with "
+    "the stats).",
     show_default=False, rich_help_panel=SAMPLING)]
 MaxTokensOpt = Annotated[int, typer.Option(
     "--max-tokens", "-n", min=1, help="Stop after this many new tokens.",
@@ -62,7 +99,8 @@ ThreadsOpt = Annotated[int, typer.Option(
     "--threads", "-t", min=0, help="CPU threads for both models (0: physical cores).",
     rich_help_panel=PERFORMANCE)]
 CtxOpt = Annotated[int, typer.Option(
-    "--ctx-size", "-c", min=0, help="Context window in tokens (0: min(4096, trained)).",
+    "--ctx-size", "-c", min=0, callback=_ctx_size, help="Context window in tokens, from "
+    f"{MIN_CTX} (rounded up to a multiple of {MIN_CTX}; 0: min(4096, trained)).",
     rich_help_panel=PERFORMANCE)]
 GpuLayersOpt = Annotated[int, typer.Option(
     "--gpu-layers", "-ngl", help="Layers of each model to offload to the GPU (-1: all; "

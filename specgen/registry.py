@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from specgen.core.speculative import DEFAULT_LOOKAHEAD, MAX_LOOKAHEAD, Lookahead
-from specgen.errors import UserError
+from specgen.errors import UsageError, UserError
 
 ROLES = ("target", "draft")
 # Pairs draft by n-grams beside their draft model (hybrid) unless models.toml says ngram = false.
@@ -110,7 +110,7 @@ class PairSpec:
     target: ModelSpec
     draft: ModelSpec | None
     lookahead: Lookahead = DEFAULT_LOOKAHEAD
-    chat: bool = False
+    chat: bool | None = None  # None: chat when the target's GGUF has a chat template
     description: str = ""
     license: str = ""
     source: str = "built-in"
@@ -174,9 +174,9 @@ class Registry:
         if name is None:
             raise UserError("no pair named and no default pair in models.toml")
         if name not in self.pairs:
-            close = difflib.get_close_matches(name, self.pairs, n=1)
-            hint = f"did you mean {close[0]!r}? " if close else ""
-            raise UserError(f"unknown pair {name!r}: {hint}see `specgen models list`")
+            close = difflib.get_close_matches(name, self.pairs, n=3, cutoff=0.5)
+            hint = f"did you mean {' or '.join(map(repr, close))}? " if close else ""
+            raise UsageError(f"unknown pair {name!r}: {hint}see `specgen models list`")
         return self.pairs[name]
 
     def spec(self, text: str) -> ModelSpec:
@@ -186,12 +186,12 @@ class Registry:
             if tail in ROLES and head in self.pairs:
                 return self.pairs[head].member(tail)
             if head in self.pairs:
-                raise UserError(f"{text!r}: a pair member is {head}:target or {head}:draft")
+                raise UsageError(f"{text!r}: use {head}:target or {head}:draft")
             if "/" in head and not Path(text).exists() and not head.startswith((".", "/", "~")):
                 repo, _, revision = head.partition("@")
                 return ModelSpec(repo=repo, file=tail, revision=revision or None)
         if text in self.pairs:
-            raise UserError(f"{text!r} is a pair: name one member, {text}:target or {text}:draft")
+            raise UsageError(f"{text!r} is a pair: use {text}:target or {text}:draft")
         return ModelSpec(path=text)
 
 
@@ -212,14 +212,14 @@ def _pair(name: str, table: Any, source: str) -> PairSpec:
         raise ValueError(f"{where}: 'lookahead' must be \"auto\" or a whole number from 0 to "
                          f"{MAX_LOOKAHEAD}")
     for key in ("chat", "ngram"):
-        if not isinstance(table.get(key, False), bool):
+        if key in table and not isinstance(table[key], bool):
             raise ValueError(f"{where}: '{key}' must be true or false")
     by_ngram = table["draft"] == NGRAM
     return PairSpec(
         name=name,
         target=ModelSpec.from_mapping(table["target"], f"{where} target"),
         draft=None if by_ngram else ModelSpec.from_mapping(table["draft"], f"{where} draft"),
-        lookahead=lookahead, chat=table.get("chat", False),
+        lookahead=lookahead, chat=table.get("chat"),
         description=str(table.get("description", "")),
         license=str(table.get("license", "")), source=source,
         ngram=by_ngram or table.get("ngram", HYBRID_BY_DEFAULT),

@@ -1,24 +1,27 @@
-"""Loading a target/draft pair and running one generation with the live view.
+"""Loading a target/draft pair and generating on it: the library under the commands.
 
-This is the glue shared by ``specgen run`` and ``specgen bench``: build the prompt's tokens
-(with the chat template when asked), drive the engine, stream its text, survive Ctrl-C.
+The glue shared by ``specgen run``, batches and ``specgen bench``: choose and load the models,
+build the prompt's tokens (with the chat template when asked), drive the engine, survive Ctrl-C.
+No terminal code: callers get text through ``on_text`` and decide how to show it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from specgen import compat
 from specgen.backend import LlamaModel, ModelOptions, Vocabulary
-from specgen.chat import render_chat
+from specgen.chat import conversation, render_chat
 from specgen.core.speculative import DEFAULT_LOOKAHEAD, Lookahead
 from specgen.drafters import Drafter, HybridDrafter, ModelDrafter, NgramDrafter
 from specgen.engine import Finished, GenerationConfig, SpeculativeEngine, Stats, TextChunk
-from specgen.errors import UserError
+from specgen.errors import UsageError, UserError
 from specgen.fetch import cache_root, file_key
+from specgen.interrupts import interruptible
+from specgen.prompts import Message
 from specgen.registry import NGRAM, ModelSpec, PairSpec, Registry
-from specgen.view import StreamView
 
 
 @dataclass(frozen=True)
@@ -38,8 +41,9 @@ class Choice:
         return self.pair.lookahead if self.pair else DEFAULT_LOOKAHEAD
 
     @property
-    def chat(self) -> bool:
-        return self.pair.chat if self.pair else False
+    def chat(self) -> bool | None:
+        """The pair's ``chat`` setting; None: decided by the target's chat template."""
+        return self.pair.chat if self.pair else None
 
     @property
     def drafts(self) -> bool:
@@ -48,12 +52,19 @@ class Choice:
 
 def choose(registry: Registry, pair: str | None, target: str | None, draft: str | None,
            ngram: bool | None = None) -> Choice:
-    """A named pair (or the default one), with --target/--draft overriding its members.
+    """The models a command runs. The rule, as the README states it:
 
-    ``--target`` alone, with no pair, runs the target by itself; ``--draft ngram`` drafts by
-    prompt lookup; ``ngram`` (``--ngram/--no-ngram``) adds or removes prompt lookup beside a
-    draft model, where None keeps the pair's own setting.
+    - ``--pair NAME``, or no model option at all (the default pair): both models of the pair;
+    - ``--target``/``--draft`` next to ``--pair`` replace that member of the pair;
+    - ``--target`` with no ``--pair``: your target, alone or with your ``--draft``;
+    - ``--draft`` with no ``--pair`` and no ``--target``: a usage error (whose target?).
+
+    ``--draft ngram`` drafts by prompt lookup; ``ngram`` (``--ngram/--no-ngram``) adds or
+    removes prompt lookup beside a draft model, where None keeps the pair's own setting.
     """
+    if draft is not None and target is None and pair is None:
+        raise UsageError("--draft needs a target: add --target FILE, or --pair NAME to use "
+                         "the draft with that pair's target")
     named = registry.pair(pair) if pair or target is None else None
     target_spec = registry.spec(target) if target else named.target  # type: ignore[union-attr]
     if draft == NGRAM:
@@ -95,6 +106,7 @@ class Pair:
     target: LlamaModel
     draft: LlamaModel | None
     ngram: bool = False
+    _engines: dict[float, SpeculativeEngine] = field(default_factory=dict, repr=False)
 
     def drafter(self, draft_p_min: float = 0.0) -> Drafter | None:
         if self.draft is None:
@@ -103,7 +115,11 @@ class Pair:
         return HybridDrafter(model) if self.ngram else model
 
     def engine(self, draft_p_min: float = 0.0) -> SpeculativeEngine:
-        return SpeculativeEngine(self.target, self.drafter(draft_p_min))
+        """The pair's engine, kept from one generation to the next, so the costs ``-k auto``
+        learns carry over (a batch or a server pays the learning once)."""
+        if draft_p_min not in self._engines:
+            self._engines[draft_p_min] = SpeculativeEngine(self.target, self.drafter(draft_p_min))
+        return self._engines[draft_p_min]
 
 
 def bench_engines(pair: Pair, draft_p_min: float = 0.0) -> dict[str, SpeculativeEngine]:
@@ -120,7 +136,15 @@ def bench_engines(pair: Pair, draft_p_min: float = 0.0) -> dict[str, Speculative
 
 def load_pair(target: str | Path, draft: str | Path | None, options: PairOptions,
               ngram: bool = False) -> Pair:
-    """Load both models with the same context size, each with its own threads and GPU layers."""
+    """Load both models with the same context size, each with its own threads and GPU layers.
+
+    Loading runs where Ctrl-C ends it at once (``specgen.interrupts``).
+    """
+    return interruptible(lambda: _load(target, draft, options, ngram), "loading the models")
+
+
+def _load(target: str | Path, draft: str | Path | None, options: PairOptions,
+          ngram: bool) -> Pair:
     target_model = LlamaModel(
         _existing(target, "target"),
         ModelOptions(options.n_ctx, options.target_threads, options.target_gpu_layers),
@@ -139,20 +163,46 @@ def load_pair(target: str | Path, draft: str | Path | None, options: PairOptions
 
 def _existing(path: str | Path, role: str) -> Path:
     resolved = Path(path).expanduser()
+    if resolved.is_dir():
+        raise UserError(f"{role} model {resolved} is a folder: give the path of a .gguf file")
     if not resolved.is_file():
         raise UserError(f"{role} model not found: {resolved} (give the path of a .gguf file)")
     return resolved
 
 
-def prompt_tokens(model: LlamaModel, text: str, chat: bool, system: str | None = None
+Prompt = str | Sequence[Message]
+
+
+def wants_chat(pair: Pair, by_pair: bool | None, flag: bool | None, system: str | None) -> bool:
+    """Chat or raw: ``--chat/--raw`` when given; ``--system`` means a chat; else the pair's
+    ``chat``; else whether the target's GGUF carries a chat template (as llama-cli does)."""
+    if flag is False and system:
+        raise UsageError("--system needs a chat; drop --raw (a system message only exists in "
+                         "a chat)")
+    if flag is not None:
+        return flag
+    if system:
+        return True
+    if by_pair is not None:
+        return by_pair
+    return pair.target.chat_template() is not None
+
+
+def prompt_tokens(model: LlamaModel, prompt: Prompt, chat: bool, system: str | None = None
                   ) -> list[int]:
-    """The prompt as the target's tokens, wrapped in its chat template when ``chat`` is set."""
-    if chat:
-        text = render_chat(model.chat_template(), text, system,
+    """The prompt as the target's tokens: a text, or chat messages rendered with the target's
+    chat template (a text too, when ``chat`` is set)."""
+    if isinstance(prompt, str) and not chat:
+        if system:
+            raise UsageError("--system needs a chat; drop --raw")
+        text = prompt
+    else:
+        messages = conversation(prompt, system) if isinstance(prompt, str) else list(prompt)
+        if system and not any(m["role"] == "system" for m in messages):
+            messages.insert(0, {"role": "system", "content": system})
+        text = render_chat(model.chat_template(), messages,
                            bos_token=model.token_text(model.bos).decode("utf-8", "replace"),
                            eos_token=model.token_text(model.eos).decode("utf-8", "replace"))
-    elif system:
-        raise UserError("--system needs --chat (a system message only exists in a chat)")
     tokens = model.tokenize(text, add_special=True, parse_special=True)
     # Templates often write the BOS text themselves; tokenizing then adds a second one.
     if len(tokens) >= 2 and tokens[0] == tokens[1] == model.bos and model.adds_bos:
@@ -162,37 +212,45 @@ def prompt_tokens(model: LlamaModel, text: str, chat: bool, system: str | None =
 
 @dataclass
 class Result:
+    """One generation: its text, its statistics, and whether Ctrl-C cut it short."""
+
     text: str
     stats: Stats
     interrupted: bool = False
 
+    def as_dict(self) -> dict[str, object]:
+        return {"text": self.text, "stats": self.stats.as_dict()}
 
-def generate_text(
-    pair: Pair, prompt: str, config: GenerationConfig, chat: bool = False,
-    system: str | None = None, show_stats: bool = True, stream: bool = True,
-    draft_p_min: float = 0.0,
+
+def generate(
+    pair: Pair, prompt: Prompt, config: GenerationConfig, *, chat: bool = False,
+    system: str | None = None, draft_p_min: float = 0.0, stats: Stats | None = None,
+    on_text: Callable[[str], None] | None = None,
 ) -> Result:
-    """Generate, streaming text to stdout (when ``stream``) and live stats to stderr."""
+    """Generate from a prompt on a loaded pair; no terminal code. ``on_text`` gets each piece
+    of text as it is accepted; pass ``stats`` to watch the counters live. Ctrl-C ends the
+    generation with the text so far (``Result.interrupted``)."""
     tokens = prompt_tokens(pair.target, prompt, chat, system)
     engine = pair.engine(draft_p_min)
-    stats = Stats(lookahead=config.lookahead if engine.drafter else 0, seed=config.seed or 0,
-                  speculative=engine.drafter is not None)
+    if stats is None:
+        stats = new_stats(pair, config, draft_p_min)
     pieces: list[str] = []
-    interrupted = False
-    with StreamView(stats, show_stats=show_stats) as view:
-        try:
-            for event in engine.generate(tokens, config, stats):
-                if isinstance(event, TextChunk):
-                    pieces.append(event.text)
-                    if stream:
-                        view.write(event.text)
-                elif isinstance(event, Finished):
-                    break
-        except KeyboardInterrupt:
-            interrupted = True
-            stats.finish("interrupted")
-    if stats.stop_reason == "context_full":
-        view.console.print(f"stopped: the context window ({pair.target.n_ctx} tokens) is full; "
-                           f"raise --ctx-size for longer generations", style="yellow",
-                           highlight=False, soft_wrap=True)
-    return Result("".join(pieces), stats, interrupted)
+    try:
+        for event in engine.generate(tokens, config, stats):
+            if isinstance(event, TextChunk):
+                pieces.append(event.text)
+                if on_text is not None:
+                    on_text(event.text)
+            elif isinstance(event, Finished):
+                break
+    except KeyboardInterrupt:
+        stats.finish("interrupted")
+        return Result("".join(pieces), stats, interrupted=True)
+    return Result("".join(pieces), stats)
+
+
+def new_stats(pair: Pair, config: GenerationConfig, draft_p_min: float = 0.0) -> Stats:
+    """Empty statistics for a generation with this config (for a live view to watch)."""
+    speculative = pair.engine(draft_p_min).drafter is not None
+    return Stats(lookahead=config.lookahead if speculative else 0, seed=config.seed or 0,
+                 speculative=speculative)

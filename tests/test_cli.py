@@ -21,8 +21,9 @@ def specgen(*args: str, input: str | None = None, env: dict[str, str] | None = N
                           env={**os.environ, **(env or {})})
 
 
-def assert_one_line_error(done: subprocess.CompletedProcess[str], *needles: str) -> None:
-    assert done.returncode == 1, done.stderr
+def assert_one_line_error(done: subprocess.CompletedProcess[str], *needles: str,
+                          code: int = 1) -> None:
+    assert done.returncode == code, done.stderr
     assert done.stdout == ""
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:"), done.stderr
@@ -57,12 +58,12 @@ def test_not_a_gguf(tmp_path: Path) -> None:
 
 def test_bad_sampling_value(tmp_path: Path) -> None:
     done = specgen("run", "hello", "--target", "x.gguf", "--top-p", "0")
-    assert_one_line_error(done, "top_p")
+    assert_one_line_error(done, "--top-p", code=2)
 
 
 def test_empty_prompt_on_stdin() -> None:
     done = specgen("run", "--target", "x.gguf", input="   \n")
-    assert_one_line_error(done, "empty")
+    assert_one_line_error(done, "empty", code=2)
 
 
 def test_prompt_file_missing(tmp_path: Path) -> None:
@@ -75,7 +76,7 @@ def test_prompt_file_missing(tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def pair_args(smollm2_target: Path, smollm2_draft: Path) -> list[str]:
     return ["--target", str(smollm2_target), "--draft", str(smollm2_draft), "--threads", "2",
-            "--temperature", "0", "-n", "24"]
+            "--temperature", "0", "-n", "24", "--raw"]
 
 
 @pytest.mark.slow
@@ -162,7 +163,7 @@ def test_ctrl_c_flushes_text_prints_stats_and_exits_130(pair_args: list[str]) ->
 def test_full_context_is_reported_not_a_crash(pair_args: list[str]) -> None:
     args = [a if a != "24" else "1000" for a in pair_args]
     done = specgen("run", "Count from one to one thousand: one, two, three,", *args,
-                   "--ctx-size", "64")
+                   "--ctx-size", "256")
     assert done.returncode == 0, done.stderr
     assert "context window" in done.stderr and "--ctx-size" in done.stderr
     assert "stop: context_full" in done.stderr and done.stdout
@@ -208,7 +209,7 @@ def _run_in_terminal(args: list[str], stdout_tty: bool, rows: int = 24, cols: in
 @pytest.mark.slow
 def test_live_bar_in_a_terminal_is_set_up_and_torn_down(pair_args: list[str]) -> None:
     args = [a if a != "24" else "120" for a in pair_args]
-    screen, _, code = _run_in_terminal(["run", "Tell me about the moon.", "--chat", *args],
+    screen, _, code = _run_in_terminal(["run", "Tell me about the moon.", *args, "--chat"],
                                        stdout_tty=True)
     assert code == 0
     assert b"\x1b[1;23r" in screen  # the text scrolls above the bottom row
@@ -220,8 +221,8 @@ def test_live_bar_in_a_terminal_is_set_up_and_torn_down(pair_args: list[str]) ->
 @pytest.mark.slow
 def test_sigterm_during_the_bar_restores_the_terminal(pair_args: list[str]) -> None:
     args = [a if a != "24" else "2000" for a in pair_args]
-    screen, _, code = _run_in_terminal(["run", "Write a long story about a dragon.", "--chat",
-                                        *args, "--temperature", "0.7", "--seed", "1"],
+    screen, _, code = _run_in_terminal(["run", "Write a long story about a dragon.", *args,
+                                        "--chat", "--temperature", "0.7", "--seed", "1"],
                                        stdout_tty=True, term_after=0.5)
     assert code == 143
     assert screen.rfind(b"\x1b[r") > screen.rfind(b"\x1b[1;23r")
@@ -256,7 +257,7 @@ def test_ngram_drafting_needs_no_draft_model(pair_args: list[str], smollm2_targe
     prompt = "Repeat the list exactly: red, green, blue, yellow. List: red, green,"
     alone = specgen("run", prompt, *pair_args, "-k", "0", "--json")
     by_ngram = specgen("run", prompt, "--target", str(smollm2_target), "--draft", "ngram",
-                       "--threads", "2", "--temperature", "0", "-n", "24", "--json")
+                       "--threads", "2", "--temperature", "0", "-n", "24", "--json", "--raw")
     assert by_ngram.returncode == 0, by_ngram.stderr
     record = json.loads(by_ngram.stdout)
     assert record["text"] == json.loads(alone.stdout)["text"]

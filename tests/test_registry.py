@@ -12,6 +12,7 @@ import pytest
 from specgen import compat
 from specgen.errors import UserError
 from specgen.registry import ModelSpec, Registry
+from tests.conftest import with_models_cache
 
 REQUIRED = {
     "qwen2.5-7b": ("bartowski/Qwen2.5-7B-Instruct-GGUF", "Qwen2.5-7B-Instruct-Q4_K_M.gguf",
@@ -154,7 +155,8 @@ def test_real_pairs(smollm2_target: Path, smollm2_draft: Path, gemma_target: Pat
 @pytest.mark.slow
 def test_models_check_command(smollm2_draft: Path, gemma_target: Path) -> None:
     run = [sys.executable, "-m", "specgen", "models", "check"]
-    ok = subprocess.run([*run, "smollm2-135m-demo"], capture_output=True, text=True)
+    ok = subprocess.run([*run, "smollm2-135m-demo"], capture_output=True, text=True,
+                        env=with_models_cache())
     assert ok.returncode == 0 and "fits" in ok.stderr
     bad = subprocess.run([*run, "--target", str(gemma_target), "--draft", str(smollm2_draft)],
                          capture_output=True, text=True)

@@ -1,0 +1,3 @@
+"""``specgen doctor``: placeholder replaced below."""
+def doctor() -> None:
+    """Check this machine."""

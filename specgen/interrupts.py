@@ -1,0 +1,62 @@
+"""Ctrl-C during long calls into llama.cpp: stop within a moment, print one line, exit 130.
+
+Python runs a signal handler only between bytecodes of the main thread. While the main thread
+is inside a long C call (loading a model, converting one), the handler waits; and when llama.cpp
+calls back into Python meanwhile (its log callback), the KeyboardInterrupt is raised inside the
+ctypes callback, where ctypes prints "Exception ignored" and drops it, so the load goes on and
+the generation after it too. Running such a call on a worker thread keeps the main thread free
+to take the interrupt at once. The worker cannot be stopped from outside, so an interrupt ends
+the process there and then (``os._exit``: no half-torn-down llama.cpp at interpreter exit).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from collections.abc import Callable
+from typing import TypeVar
+
+from specgen.errors import EXIT_INTERRUPTED
+
+T = TypeVar("T")
+
+
+def interruptible(call: Callable[[], T], what: str = "") -> T:
+    """``call()`` on a worker thread; Ctrl-C meanwhile exits 130 with one line on stderr."""
+    if threading.current_thread() is not threading.main_thread():
+        return call()
+    outcome: dict[str, object] = {}
+
+    def work() -> None:
+        try:
+            outcome["value"] = call()
+        except BaseException as err:  # handed back to the caller's thread below
+            outcome["error"] = err
+
+    worker = threading.Thread(target=work, name="specgen-load", daemon=True)
+    worker.start()
+    try:
+        while worker.is_alive():
+            worker.join(0.05)
+    except KeyboardInterrupt:
+        abandon(what)
+    if "error" in outcome:
+        raise outcome["error"]  # type: ignore[misc]
+    return outcome["value"]  # type: ignore[return-value]
+
+
+def abandon(what: str = "") -> None:
+    """End the process at once after Ctrl-C: flush what was printed, say so, exit 130."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    note = f" while {what}" if what else ""
+    try:
+        sys.stderr.write(f"interrupted{note}\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+    os._exit(EXIT_INTERRUPTED)
