@@ -68,25 +68,28 @@ BUILTIN_KINDS = [kind for kind, _ in BUILTIN]
 
 
 def load_prompts(path: Path) -> list[str]:
-    """One prompt per line, or JSON lines with a "prompt" field; blank lines are skipped."""
+    """One prompt per line (``\\n`` for a newline inside one), or JSON lines with a "prompt"
+    field, as ``specgen run`` reads them; blank lines are skipped."""
+    from specgen.prompts import BadLine, parse_record, unescape
+
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError as err:
-        raise UserError(f"cannot read prompts from {path}: {err.strerror}") from err
+    except (OSError, UnicodeDecodeError) as err:
+        raise UserError(f"cannot read prompts from {path}: {err}") from err
     prompts = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
-        if line.lstrip().startswith("{"):
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise UserError(f"{path}, line {number}: not valid JSON ({err.msg})") from err
-            if not isinstance(record, dict) or not isinstance(record.get("prompt"), str):
-                raise UserError(f"{path}, line {number}: a JSON line needs a \"prompt\" string")
-            prompts.append(record["prompt"])
-        else:
-            prompts.append(line.replace("\\n", "\n"))
+        if not line.lstrip().startswith("{"):
+            prompts.append(unescape(line))
+            continue
+        item = parse_record(line, number)
+        if isinstance(item, BadLine):
+            raise UserError(f"{path}, {item.error}")
+        if item.prompt is None:
+            raise UserError(f"{path}, line {number}: bench takes \"prompt\" lines, not "
+                            f"\"messages\"")
+        prompts.append(item.prompt)
     if not prompts:
         raise UserError(f"{path} holds no prompts")
     return prompts
@@ -146,14 +149,15 @@ RunOne = Callable[[int, Variant, int], Stats]  # (prompt index, K or variant, se
 
 def sweep(run_one: RunOne, n_prompts: int, lookaheads: Sequence[Variant], repeats: int,
           seed: int, on_run: Callable[[int, int, Variant], None] | None = None,
-          warmup: bool = True) -> list[Run]:
+          warmup: bool = True, runs: list[Run] | None = None) -> list[Run]:
     """Every prompt at K=0 and each K or variant, interleaved, ``repeats`` times; a warm-up
-    run first (the largest K, else the first variant)."""
+    run first (the largest K, else the first variant). Runs are appended to ``runs`` as they
+    finish, so a sweep cut short by Ctrl-C leaves what it measured there."""
     ks: list[Variant] = [0, *lookaheads]
     if warmup:
         fixed = [k for k in lookaheads if isinstance(k, int)]
         run_one(0, max(fixed) if fixed else lookaheads[0], seed)
-    runs = []
+    runs = [] if runs is None else runs
     for repeat in range(repeats):
         for prompt in range(n_prompts):
             for k in ks:
@@ -335,7 +339,13 @@ def _explain(row: KReport, mine: Sequence[Run], base: Sequence[Run]) -> str:
                      f"(sampling, text, rollback) against {base_overhead:.0%} for the target "
                      f"alone"),
     }
-    _, (_, text) = max(causes.items(), key=lambda item: item[1][0])
+    cause, (_, text) = max(causes.items(), key=lambda item: item[1][0])
+    drafted_per_cycle = _pooled(mine, "n_drafted") / max(_pooled(mine, "n_cycles"), 1)
+    if cause == "tokens per cycle" and isinstance(row.lookahead, int) and \
+            drafted_per_cycle < 0.95 * row.lookahead:
+        text = (f"runs are short, so the --max-tokens budget cut cycles short "
+                f"({drafted_per_cycle:.1f} of {row.lookahead} guesses drafted per cycle on "
+                f"average); raise --max-tokens for a fairer measure")
     direction = "over" if gap > 0 else "under"
     return f"model {direction}estimates by {abs(gap):.0%}: {text}"
 
@@ -346,32 +356,85 @@ def _rates(rates: Sequence[float]) -> str:
 
 # -- output -----------------------------------------------------------------------------------
 
-CSV_FIELDS = ["lookahead", "tokens_per_second", "speedup", "predicted_speedup", "disagreement",
-              "accept_rate", "tokens_per_cycle", "predicted_tokens_per_cycle",
+CSV_FIELDS = ["temperature", "lookahead", "tokens_per_second", "speedup", "predicted_speedup",
+              "disagreement", "accept_rate", "tokens_per_cycle", "predicted_tokens_per_cycle",
               "draft_ms_per_token", "verify_ms", "cost_ratio", "verify_ratio",
               "position_accept_rates", "explanation"]
 
 
-def write_csv(report: Report, path: Path) -> None:
+def write_csv(reports: Sequence[Report], path: Path) -> None:
+    """One row per K (or variant) and sampling setting; the header on line 1, nothing else:
+    the metadata is in the JSON."""
     import csv
 
     with path.open("w", newline="", encoding="utf-8") as fh:
         writer = csv.writer(fh)
-        writer.writerow(["# " + json.dumps(report.meta, sort_keys=True)])
-        writer.writerow(["# target_ms_per_token", f"{report.target_ms_per_token:.4f}",
-                         "baseline_tokens_per_second", f"{report.baseline_tokens_per_second:.4f}",
-                         "recommended_lookahead", report.recommended])
         writer.writerow(CSV_FIELDS)
-        for row in report.as_dict()["per_k"]:  # type: ignore[union-attr]
-            values = []
-            for key in CSV_FIELDS:
-                value = row[key]
-                if isinstance(value, list):
-                    value = ";".join(f"{v:.4f}" for v in value)
-                elif isinstance(value, float):
-                    value = f"{value:.4f}"
-                values.append("" if value is None else value)
-            writer.writerow(values)
+        for report in reports:
+            temperature = report.meta.get("params", {}).get("temperature")  # type: ignore[union-attr]
+            for row in report.as_dict()["per_k"]:  # type: ignore[union-attr]
+                row = {**row, "temperature": temperature}
+                values = []
+                for key in CSV_FIELDS:
+                    value = row[key]
+                    if isinstance(value, list):
+                        value = ";".join(f"{v:.4f}" for v in value)
+                    elif isinstance(value, float):
+                        value = f"{value:.4f}"
+                    values.append("" if value is None else value)
+                writer.writerow(values)
+
+
+# -- what bench found, remembered for `specgen run` --------------------------------------------
+
+def memo_path(models: Sequence[str], machine: dict[str, object]) -> Path:
+    """Where the bench result for these models (a pair name, or file keys) on this machine
+    (CPU, llama.cpp build, threads, GPU layers) is kept."""
+    from specgen.fetch import cache_root
+
+    key = _key_of(json.dumps([list(models), machine], sort_keys=True, default=str))
+    return cache_root() / "bench" / f"{key}.json"
+
+
+def _key_of(text: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def mode_of(temperature: float) -> str:
+    return "greedy" if temperature <= 0 else "sampled"
+
+
+def remember(path: Path, reports: Sequence[Report], when: str) -> None:
+    """Keep each sampling mode's best variant (0: nothing paid) for `run` to use by default."""
+    try:
+        memo = json.loads(path.read_text())
+    except (OSError, ValueError):
+        memo = {}
+    for report in reports:
+        temperature = float(report.meta.get("params", {}).get("temperature", 0.0))  # type: ignore[union-attr]
+        best = report.best()
+        memo[mode_of(temperature)] = {
+            "variant": best.lookahead if best is not None else 0,
+            "speedup": best.speedup if best is not None else 1.0,
+            "temperature": temperature, "date": when,
+            "cost_ratio": best.cost_ratio if best is not None else None,
+        }
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(memo, indent=1))
+    except OSError:
+        pass  # a read-only cache: nothing remembered, nothing broken
+
+
+def recall(path: Path, temperature: float) -> dict[str, object] | None:
+    """What bench found for this sampling mode, or None when it never ran here."""
+    try:
+        found = json.loads(path.read_text()).get(mode_of(temperature))
+    except (OSError, ValueError, AttributeError):
+        return None
+    return found if isinstance(found, dict) and "variant" in found else None
 
 
 def write_plot(report: Report, path: Path) -> None:

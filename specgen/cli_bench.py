@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import platform
 import shlex
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich import box
@@ -16,7 +17,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from specgen.bench import DEFAULT_VARIANTS, Report, Variant
+from specgen.bench import DEFAULT_VARIANTS, Report, Run, Variant
+from specgen.core.sampling import SamplingParams
+from specgen.engine import Stats
+from specgen.errors import EXIT_INTERRUPTED
 from specgen.options import (
     CtxOpt,
     DraftOpt,
@@ -29,8 +33,13 @@ from specgen.options import (
     VerboseOpt,
 )
 
+if TYPE_CHECKING:
+    from specgen.session import Choice, Pair
+
 out = Console()
 err = Console(stderr=True)
+# What `specgen run` samples with by default: bench measures the same.
+RUN_SAMPLING = SamplingParams()
 
 
 def bench(
@@ -38,49 +47,45 @@ def bench(
     target: TargetOpt = None,
     draft: DraftOpt = None,
     lookaheads: Annotated[str, typer.Option(
-        "--lookahead", "-k", help="What to measure, comma-separated: fixed K's of the draft "
-        "model, 'auto' (the draft model, K chosen each cycle), 'ngram' (prompt lookup alone) "
-        "and 'hybrid' (both); K=0, the target alone, always runs.")] = DEFAULT_VARIANTS,
+        "--lookahead", "-k", metavar="LIST", help="What to measure, comma-separated: fixed K's "
+        "of the draft model, 'auto' (the draft model, K chosen each cycle), 'ngram' (prompt "
+        "lookup alone) and 'hybrid' (both); K=0, the target alone, always runs.")
+    ] = DEFAULT_VARIANTS,
     draft_p_min: DraftPMinOpt = 0.0,
     prompts_file: Annotated[Path | None, typer.Option(
-        "--prompts", help="Prompts, one per line or JSON lines with a \"prompt\" field "
-        "(default: a built-in set of ten).", show_default=False)] = None,
+        "--prompts", metavar="FILE", help="Prompts, one per line or JSON lines with a "
+        "\"prompt\" field (default: a built-in set of thirteen).", show_default=False)] = None,
     max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", min=4,
                                             help="New tokens per run.")] = 64,
     repeats: Annotated[int, typer.Option("--repeats", "-r", min=1,
                                          help="Times to run the whole sweep.")] = 1,
-    temperature: Annotated[float, typer.Option("--temperature", "--temp",
-                                               help="Sampling temperature; 0 is greedy.")] = 0.0,
+    temperature: Annotated[float | None, typer.Option(
+        "--temperature", "--temp", min=0.0, help="Measure at this temperature only (with "
+        "run's --top-k/--top-p/--min-p); default: both greedy (0) and run's default, "
+        f"{RUN_SAMPLING.temperature}, with a recommendation for each.",
+        show_default=False)] = None,
     seed: SeedOpt = None,
-    json_path: Annotated[Path | None, typer.Option("--json", help="Write every figure, the "
-                                                   "machine and the parameters as JSON here.",
-                                                   show_default=False)] = None,
-    csv_path: Annotated[Path | None, typer.Option("--csv", help="Write the per-K table as CSV "
-                                                  "here.", show_default=False)] = None,
-    plot_path: Annotated[Path | None, typer.Option("--plot", help="Write a PNG chart of speedup "
-                                                   "against K (needs specgen[plot]).",
-                                                   show_default=False)] = None,
+    json_path: Annotated[Path | None, typer.Option(
+        "--json", metavar="FILE", help="Write every figure, the machine and the parameters as "
+        "JSON here.", show_default=False)] = None,
+    csv_path: Annotated[Path | None, typer.Option(
+        "--csv", metavar="FILE", help="Write the per-K table as CSV here.",
+        show_default=False)] = None,
+    plot_path: Annotated[Path | None, typer.Option(
+        "--plot", metavar="FILE", help="Write a PNG chart of speedup against K (needs "
+        "specgen[plot]).", show_default=False)] = None,
     threads: ThreadsOpt = 0,
     gpu_layers: GpuLayersOpt = -1,
     ctx_size: CtxOpt = 0,
     verbose: VerboseOpt = False,
 ) -> None:
-    """Measure the pair on this machine: sweep K, compare with the target alone, recommend K."""
-    from specgen import backend
-    from specgen.bench import (
-        BUILTIN_KINDS,
-        BUILTIN_PROMPTS,
-        load_prompts,
-        parse_lookaheads,
-        summarize,
-        sweep,
-    )
-    from specgen.core.sampling import SamplingParams
-    from specgen.engine import Finished, GenerationConfig, Stats
-    from specgen.errors import UserError
-    from specgen.lookahead import Costs
+    """Measure the pair on this machine: sweep K, compare with the target alone, recommend K
+    (which `specgen run` then uses for this pair here)."""
+    from specgen.bench import BUILTIN_KINDS, BUILTIN_PROMPTS, load_prompts, parse_lookaheads
+    from specgen.errors import UsageError
     from specgen.registry import Registry, resolve
-    from specgen.session import PairOptions, bench_engines, choose, load_pair, prompt_tokens
+    from specgen.selftest import ensure_cpu_works
+    from specgen.session import PairOptions, bench_memo, choose, load_pair
 
     ks = parse_lookaheads(lookaheads)
     if prompts_file:
@@ -92,48 +97,130 @@ def bench(
         if lookaheads == DEFAULT_VARIANTS:
             ks = ["ngram"]  # a target alone can still draft by prompt lookup
         elif any(k != "ngram" for k in ks):
-            raise UserError("bench needs a draft model for K's, auto and hybrid: name a pair, "
-                            "or both --target and --draft (or -k ngram)")
+            raise UsageError("bench needs a draft model for K's, auto and hybrid: name a pair, "
+                             "or both --target and --draft (or -k ngram)")
     target_path = resolve(choice.target)
     draft_path = resolve(choice.draft) if choice.draft else None
+    ensure_cpu_works([p for p in (target_path, draft_path) if p is not None])
     loaded = load_pair(target_path, draft_path, PairOptions(
         n_ctx=ctx_size, target_threads=threads, draft_threads=threads,
         target_gpu_layers=gpu_layers, draft_gpu_layers=gpu_layers, verbose=verbose))
-    encoded = [prompt_tokens(loaded.target, p, choice.chat) for p in prompts]
-    sampling = SamplingParams(temperature=temperature)
-    base_seed = seed if seed is not None else 0
-    engines = bench_engines(loaded, draft_p_min)
+    settings = [temperature] if temperature is not None else [0.0, RUN_SAMPLING.temperature]
+    bench_run = _BenchRun(loaded, prompts, kinds, ks, choice.chat, max_tokens, repeats,
+                          seed if seed is not None else 0, draft_p_min)
+    reports, interrupted = bench_run.all(settings)
+    if not reports:
+        err.print("interrupted before anything was measured; nothing written", style="yellow")
+        raise typer.Exit(EXIT_INTERRUPTED)
+    meta = _meta(choice, loaded, target_path, draft_path, bench_run, prompts_file)
+    for report in reports:
+        report.meta = {**meta, "title": f"{meta['name']}, {loaded.target.n_threads} threads, "
+                       f"T={report.meta['params']['temperature']}"  # type: ignore[index]
+                       + (" (partial: interrupted)" if report.meta.get("partial") else ""),
+                       "params": {**meta["params"], **report.meta["params"]},  # type: ignore[dict-item]
+                       "partial": report.meta.get("partial", False)}
+        out.print(render(report, choice.pair.name if choice.pair else None, target_path,
+                         draft_path))
+    if not interrupted:
+        from specgen.bench import remember
 
-    def run_one(prompt: int, k: Variant, run_seed: int) -> Stats:
-        engine = engines["alone" if k == 0 else k if isinstance(k, str) else "model"]
-        # Each run learns its costs afresh, as `specgen run` does in a new process.
-        engine.costs = Costs()
-        config = GenerationConfig(lookahead="auto" if isinstance(k, str) else k,
-                                  sampling=sampling, max_tokens=max_tokens, seed=run_seed)
-        for event in engine.generate(encoded[prompt], config):
-            if isinstance(event, Finished):
-                return event.stats
-        raise AssertionError("the engine always finishes")
+        remember(bench_memo(choice, threads, gpu_layers), reports,
+                 datetime.date.today().isoformat())
+        out.print(_remembered_note(reports))
+    _write_outputs(reports, json_path, csv_path, plot_path)
+    if interrupted:
+        err.print("interrupted: the tables above hold what was measured so far (partial)",
+                  style="yellow")
+        raise typer.Exit(EXIT_INTERRUPTED)
 
-    total = repeats * len(prompts) * (len(ks) + 1)
-    progress = Progress(TextColumn("[bold]bench[/] {task.description}"), BarColumn(),
-                        MofNCompleteColumn(), TimeRemainingColumn(), console=err,
-                        transient=True)
-    with progress:
-        task = progress.add_task("warm-up", total=total)
 
-        def on_run(repeat: int, prompt: int, k: int) -> None:
-            if progress.tasks[task].description != "warm-up":
-                progress.advance(task)
-            progress.update(task, description=f"prompt {prompt + 1}/{len(prompts)} K={k}"
-                            + (f" repeat {repeat + 1}" if repeats > 1 else ""))
+class _BenchRun:
+    """One bench: the engines over the loaded pair, the encoded prompts, the sweep per setting."""
 
-        runs = sweep(run_one, len(prompts), ks, repeats, base_seed, on_run)
-        progress.advance(task)
-    report = summarize(runs, kinds)
-    report.meta = {
-        "title": f"{choice.pair.name if choice.pair else target_path.name}, "
-                 f"{loaded.target.n_threads} threads, T={temperature}",
+    def __init__(self, loaded: Pair, prompts: list[str], kinds: list[str] | None,
+                 ks: list[Variant], chat: bool | None, max_tokens: int, repeats: int,
+                 seed: int, draft_p_min: float) -> None:
+        from specgen.session import bench_engines, prompt_tokens, wants_chat
+
+        self.use_chat = wants_chat(loaded, chat, None, None)
+        self.encoded = [prompt_tokens(loaded.target, p, self.use_chat) for p in prompts]
+        self.engines = bench_engines(loaded, draft_p_min)
+        self.kinds, self.ks, self.max_tokens = kinds, ks, max_tokens
+        self.repeats, self.seed, self.draft_p_min = repeats, seed, draft_p_min
+
+    def all(self, temperatures: list[float]) -> tuple[list[Report], bool]:
+        """A report per temperature; stops at Ctrl-C with the partial report of the one cut
+        short (True: interrupted)."""
+        reports = []
+        for temperature in temperatures:
+            runs: list[Run] = []
+            try:
+                self.sweep(temperature, runs)
+            except KeyboardInterrupt:
+                partial = self.summarize(temperature, runs, partial=True)
+                return reports + ([partial] if partial else []), True
+            reports.append(self.summarize(temperature, runs))
+        return reports, False
+
+    def summarize(self, temperature: float, runs: list[Run], partial: bool = False
+                  ) -> Report | None:
+        from specgen.bench import summarize
+
+        if not any(r.lookahead != 0 for r in runs):
+            return None
+        report = summarize(runs, self.kinds)
+        report.meta = {"params": {"temperature": temperature, **self.sampling_of(temperature)},
+                       "partial": partial}
+        return report
+
+    @staticmethod
+    def sampling_of(temperature: float) -> dict[str, object]:
+        return {"top_k": RUN_SAMPLING.top_k, "top_p": RUN_SAMPLING.top_p,
+                "min_p": RUN_SAMPLING.min_p} if temperature > 0 else {}
+
+    def sweep(self, temperature: float, runs: list[Run]) -> None:
+        from dataclasses import replace
+
+        from specgen.bench import sweep
+        from specgen.engine import Finished, GenerationConfig
+        from specgen.lookahead import Costs
+
+        sampling = replace(RUN_SAMPLING, temperature=temperature)
+
+        def run_one(prompt: int, k: Variant, run_seed: int) -> Stats:
+            engine = self.engines["alone" if k == 0 else k if isinstance(k, str) else "model"]
+            # Each run learns its costs afresh, as `specgen run` does in a new process.
+            engine.costs = Costs()
+            config = GenerationConfig(lookahead="auto" if isinstance(k, str) else k,
+                                      sampling=sampling, max_tokens=self.max_tokens,
+                                      seed=run_seed)
+            for event in engine.generate(self.encoded[prompt], config):
+                if isinstance(event, Finished):
+                    return event.stats
+            raise AssertionError("the engine always finishes")
+
+        n = len(self.encoded)
+        progress = Progress(TextColumn(f"[bold]bench[/] T={temperature} {{task.description}}"),
+                            BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                            console=err, transient=True)
+        with progress:
+            task = progress.add_task("warm-up", total=self.repeats * n * (len(self.ks) + 1))
+
+            def on_run(repeat: int, prompt: int, k: Variant) -> None:
+                if progress.tasks[task].description != "warm-up":
+                    progress.advance(task)
+                progress.update(task, description=f"prompt {prompt + 1}/{n} K={k}"
+                                + (f" repeat {repeat + 1}" if self.repeats > 1 else ""))
+
+            sweep(run_one, n, self.ks, self.repeats, self.seed, on_run, runs=runs)
+
+
+def _meta(choice: Choice, loaded: Pair, target_path: Path, draft_path: Path | None,
+          bench_run: _BenchRun, prompts_file: Path | None) -> dict[str, object]:
+    from specgen import backend
+
+    return {
+        "name": choice.pair.name if choice.pair else target_path.name,
         "pair": choice.pair.name if choice.pair else None,
         "target": {"spec": choice.target.label(), "file": str(target_path),
                    "size_bytes": target_path.stat().st_size,
@@ -142,12 +229,12 @@ def bench(
             "spec": choice.draft.label(), "file": str(draft_path),
             "size_bytes": draft_path.stat().st_size,
             "description": loaded.draft.description if loaded.draft else None},
-        "params": {"lookaheads": ks, "draft_p_min": draft_p_min, "max_tokens": max_tokens,
-                   "prompt_kinds": kinds,
-                   "repeats": repeats,
-                   "temperature": temperature, "seed": base_seed, "prompts": len(prompts),
+        "params": {"lookaheads": bench_run.ks, "draft_p_min": bench_run.draft_p_min,
+                   "max_tokens": bench_run.max_tokens, "prompt_kinds": bench_run.kinds,
+                   "repeats": bench_run.repeats, "seed": bench_run.seed,
+                   "prompts": len(bench_run.encoded),
                    "prompts_file": str(prompts_file) if prompts_file else None,
-                   "chat": choice.chat, "n_ctx": loaded.target.n_ctx},
+                   "chat": bench_run.use_chat, "n_ctx": loaded.target.n_ctx},
         "machine": {"platform": platform.platform(), "python": platform.python_version(),
                     "cpu": _cpu_name(), "logical_cpus": os.cpu_count(),
                     "target_threads": loaded.target.n_threads,
@@ -156,18 +243,37 @@ def bench(
                     "llama_cpp_python": backend.library_version(),
                     "llama_cpp_system_info": backend.system_info()},
     }
-    out.print(render(report, choice.pair.name if choice.pair else None, target_path,
-                     draft_path))
+
+
+def _remembered_note(reports: list[Report]) -> Text:
+    parts = []
+    for report in reports:
+        best = report.best()
+        temperature = report.meta["params"]["temperature"]  # type: ignore[index]
+        what = "-k 0 (the target alone)" if best is None else _variant_name(best.lookahead)
+        parts.append(f"{what} at T={temperature}")
+    return Text("specgen run will now use " + " and ".join(parts) + " for these models on "
+                "this machine, unless -k says otherwise", style="dim")
+
+
+def _variant_name(variant: Variant) -> str:
+    return f"K={variant}" if isinstance(variant, int) else variant
+
+
+def _write_outputs(reports: list[Report], json_path: Path | None, csv_path: Path | None,
+                   plot_path: Path | None) -> None:
     if json_path:
-        json_path.write_text(json.dumps(report.as_dict(), indent=2) + "\n")
+        body = reports[0].as_dict() if len(reports) == 1 else {
+            "reports": [r.as_dict() for r in reports]}
+        json_path.write_text(json.dumps(body, indent=2) + "\n")
     if csv_path:
         from specgen.bench import write_csv
 
-        write_csv(report, csv_path)
+        write_csv(reports, csv_path)
     if plot_path:
         from specgen.bench import write_plot
 
-        write_plot(report, plot_path)
+        write_plot(reports[-1], plot_path)
     for path in (json_path, csv_path, plot_path):
         if path:
             err.print(f"wrote {path}", style="dim", highlight=False)
@@ -222,8 +328,8 @@ def render(report: Report, pair: str | None, target: Path | None = None,
             ("recommended: ", "bold"), (name, "bold green"),
             f" ({best.speedup:.2f}x the target alone; "
             f"{best.tokens_per_second:.1f} tok/s against {report.baseline_tokens_per_second:.1f})"
-            f"\n  specgen run {recommended_options(best.lookahead, pair, target, draft)} "
-            f"\"...\""))
+            f"\n  specgen run {recommended_options(best.lookahead, pair, target, draft)}"
+            f"{_temperature_option(report)} \"Your prompt\""))
     parts.append(Text("speedup: median of per-run ratios to the target alone on the same prompt; "
                       "draft: ms per guess; verify: ms per target pass; c: draft/target time "
                       "per token; pred.: E[tokens/cycle] / (K*c + verify/target) "
@@ -246,6 +352,12 @@ def recommended_options(variant: Variant, pair: str | None, target: Path | None,
     if variant == "hybrid":
         return f"{models} --ngram -k auto"
     return f"{models} --no-ngram -k {variant}"
+
+
+def _temperature_option(report: Report) -> str:
+    params = report.meta.get("params")
+    temperature = params.get("temperature") if isinstance(params, dict) else None
+    return f" --temperature {temperature:g}" if isinstance(temperature, float) else ""
 
 
 def _f(value: float | None, spec: str, unit: str = "") -> str:

@@ -1,3 +1,260 @@
-"""``specgen doctor``: placeholder replaced below."""
-def doctor() -> None:
-    """Check this machine."""
+"""``specgen doctor``: what this machine and this build of llama.cpp can do, and why
+speculative decoding may not be faster here.
+
+It gathers facts (``facts``), reads them for advice (``advice``, pure: it works on the dict, so
+tests feed it made-up machines) and prints both, or JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+out = Console()
+err = Console(stderr=True)
+
+GPU_BUILDS = {
+    "CUDA (NVIDIA)": 'CMAKE_ARGS="-DGGML_CUDA=on" pip install --force-reinstall --no-cache-dir '
+                     'llama-cpp-python',
+    "Metal (Apple)": 'CMAKE_ARGS="-DGGML_METAL=on" pip install --force-reinstall '
+                     '--no-cache-dir llama-cpp-python',
+    "Vulkan": 'CMAKE_ARGS="-DGGML_VULKAN=on" pip install --force-reinstall --no-cache-dir '
+              'llama-cpp-python',
+}
+
+
+def doctor(
+    json_out: Annotated[bool, typer.Option("--json", help="Print the facts and advice as "
+                                           "JSON.")] = False,
+    hub_timeout: Annotated[float, typer.Option("--hub-timeout", metavar="SECONDS", min=0.1,
+                                               help="How long to wait for the Hub.")] = 3.0,
+) -> None:
+    """Check this machine: llama.cpp build, CPU self-test, threads, caches, downloaded pairs,
+    the Hub, and why speculative decoding may not be faster here."""
+    found = facts(hub_timeout)
+    tips = advice(found)
+    if json_out:
+        sys.stdout.write(json.dumps({**found, "advice": tips}, indent=2, default=str) + "\n")
+        return
+    _render(found, tips)
+
+
+def facts(hub_timeout: float = 3.0) -> dict[str, Any]:
+    """Everything doctor knows about this machine, as plain data."""
+    from specgen import backend
+    from specgen.fetch import cache_root
+    from specgen.registry import user_models_file
+    from specgen.selftest import cpu_flags
+
+    info = backend.system_info()
+    flags = cpu_flags().split()
+    cores = _physical_cores()
+    return {
+        "llama_cpp_python": backend.library_version(),
+        "system_info": info,
+        "cpu_features": sorted({m.group(1) for m in re.finditer(r"(\w+) = 1", info)}),
+        "backends": _backends(info),
+        "gpu_offload": backend.supports_gpu_offload(),
+        "nvidia_gpu_present": Path("/proc/driver/nvidia/version").exists()
+        or shutil.which("nvidia-smi") is not None,
+        "cpu": _cpu_name(),
+        "cpu_lists_amx": "amx_tile" in flags,
+        "logical_cpus": os.cpu_count(),
+        "physical_cores": cores,
+        "default_threads": backend.default_threads(),
+        "self_test": _self_test(),
+        "caches": {
+            "your models.toml": _folder(user_models_file()),
+            "specgen cache": _folder(cache_root()),
+            "Hugging Face cache": _folder(Path(_hf_cache())),
+        },
+        "pairs": _pairs(),
+        "hub": _hub(hub_timeout),
+    }
+
+
+def advice(found: dict[str, Any]) -> list[str]:
+    """Why speculative decoding may not be faster here, and what to do; pure."""
+    tips = []
+    if found["self_test"].get("ok") is False:
+        tips.append(found["self_test"]["message"])
+    built_with_amx = any(f.startswith("AMX") for f in found["cpu_features"])
+    if found["cpu_lists_amx"] and built_with_amx and found["self_test"].get("ok") is None:
+        tips.append("the CPU lists AMX: if generation dies with 'Illegal instruction', "
+                    "rebuild llama-cpp-python portably (see the README's install section)")
+    if not found["gpu_offload"] and found["nvidia_gpu_present"]:
+        tips.append("this machine has an NVIDIA GPU but llama.cpp was built for the CPU only: "
+                    f"rebuild it with CUDA: {GPU_BUILDS['CUDA (NVIDIA)']}")
+    if found["gpu_offload"]:
+        tips.append("a GPU build: keep the draft on the GPU too (--draft-gpu-layers -1, the "
+                    "default); a draft left on the CPU often costs more than it saves")
+    cores, threads = found["physical_cores"], found["default_threads"]
+    if cores and threads > cores:
+        tips.append(f"the default of {threads} threads is more than the {cores} physical "
+                    f"cores: pass --threads {cores}")
+    for pair in found["pairs"]:
+        bench = pair.get("bench") or {}
+        for mode, result in bench.items():
+            if result.get("variant") == 0:
+                tips.append(f"{pair['name']}: `specgen bench` found that no K pays at {mode} "
+                            f"decoding here; run it with -k 0, or try a smaller draft")
+            ratio = result.get("cost_ratio")
+            if isinstance(ratio, float) and ratio > 0.5:
+                tips.append(f"{pair['name']}: the draft costs {ratio:.2f} of a target step "
+                            f"here; a draft that slow rarely pays back: pick a "
+                            f"smaller one, or --draft ngram")
+    if not found["pairs"] or not any(p["downloaded"] for p in found["pairs"]):
+        tips.append("no pair downloaded yet: `specgen models pull` fetches the default one")
+    elif not any(p.get("bench") for p in found["pairs"] if p["downloaded"]):
+        tips.append("run `specgen bench` once per pair: it measures which K pays on this "
+                    "machine, and `specgen run` uses it from then on")
+    return tips
+
+
+def _backends(info: str) -> list[str]:
+    names = [name for name in ("CUDA", "Metal", "Vulkan", "SYCL", "HIP", "OpenCL", "RPC",
+                               "BLAS") if re.search(rf"\b{name}\b", info, re.IGNORECASE)]
+    return ["CPU", *names]
+
+
+def _physical_cores() -> int | None:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    cores = {(p, c) for p, c in re.findall(r"physical id\s*:\s*(\d+)\n(?:.*\n)*?core id\s*:\s*"
+                                           r"(\d+)", text)}
+    return len(cores) or None
+
+
+def _cpu_name() -> str:
+    from specgen.cli_bench import _cpu_name as name
+
+    return name()
+
+
+def _hf_cache() -> str:
+    from huggingface_hub import constants
+
+    return str(constants.HF_HUB_CACHE)
+
+
+def _folder(path: Path) -> dict[str, Any]:
+    size = 0
+    if path.is_dir():
+        for root, _, files in os.walk(path):
+            for name in files:
+                try:
+                    size += os.lstat(os.path.join(root, name)).st_size
+                except OSError:
+                    pass
+    elif path.is_file():
+        size = path.stat().st_size
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    return {"path": str(path), "exists": path.exists(), "bytes": size,
+            "writable": os.access(existing, os.W_OK)}
+
+
+def _self_test() -> dict[str, Any]:
+    """The cached CPU self-test verdict for the default pair's files, if they are here."""
+    from specgen.registry import Registry, cached
+    from specgen.selftest import cached_verdict
+
+    try:
+        pair = Registry.load().pair()
+    except Exception:  # a broken models.toml is reported by the commands that read it
+        return {"ok": None, "message": "no default pair to test with"}
+    paths = [p for _, spec in pair.members() if (p := cached(spec)) is not None]
+    if not paths:
+        return {"ok": None, "message": "not run yet (it runs before the first generation)"}
+    verdict = cached_verdict(paths)
+    if verdict is None:
+        return {"ok": None, "message": "not run yet (it runs before the first generation)"}
+    return {"ok": verdict.ok, "message": "passed" if verdict.ok else verdict.message()}
+
+
+def _pairs() -> list[dict[str, Any]]:
+    from specgen.registry import Registry, cached
+    from specgen.session import Choice, bench_memo
+
+    try:
+        registry = Registry.load()
+    except Exception:
+        return []
+    rows = []
+    for pair in registry.pairs.values():
+        files = {role: cached(spec) for role, spec in pair.members()}
+        downloaded = all(files.values())
+        bench: dict[str, Any] = {}
+        if downloaded:
+            memo = bench_memo(Choice(pair.target, pair.draft, pair, pair.ngram), 0, -1)
+            try:
+                bench = json.loads(memo.read_text())
+            except (OSError, ValueError):
+                bench = {}
+        rows.append({"name": pair.name, "downloaded": downloaded,
+                     "files": {r: str(p) if p else None for r, p in files.items()},
+                     "bench": bench})
+    return rows
+
+
+def _hub(timeout: float) -> dict[str, Any]:
+    from huggingface_hub import constants
+
+    endpoint = constants.ENDPOINT
+    if constants.HF_HUB_OFFLINE:
+        return {"endpoint": endpoint, "state": "offline mode (HF_HUB_OFFLINE=1)"}
+    try:
+        from huggingface_hub.utils import get_session
+
+        response = get_session().head(endpoint, timeout=timeout, follow_redirects=True)
+        state = f"reachable (HTTP {response.status_code})"
+    except Exception as error:  # any network failure means: not reachable from here
+        state = f"not reachable ({type(error).__name__})"
+    return {"endpoint": endpoint, "state": state}
+
+
+def _render(found: dict[str, Any], tips: list[str]) -> None:
+    table = Table(show_header=False, box=None, pad_edge=False)
+    table.add_column(style="bold", no_wrap=True)
+    table.add_column(overflow="fold")
+    verdict = found["self_test"]
+    rows = [
+        ("llama-cpp-python", found["llama_cpp_python"]),
+        ("backends", ", ".join(found["backends"]) + ("" if found["gpu_offload"]
+                                                       else " (no GPU offload)")),
+        ("CPU features", " ".join(found["cpu_features"]) or "-"),
+        ("CPU", f"{found['cpu']}, {found['logical_cpus']} logical CPUs"
+                + (f", {found['physical_cores']} cores" if found["physical_cores"] else "")
+                + (", lists AMX" if found["cpu_lists_amx"] else "")),
+        ("threads", f"{found['default_threads']} by default (--threads to change)"),
+        ("CPU self-test", {True: "passed", False: "FAILED", None: "-"}[verdict["ok"]]
+         + ("" if verdict["ok"] else f": {verdict['message']}")),
+    ]
+    for name, folder in found["caches"].items():
+        state = f"{folder['bytes'] / 1e9:.2f} GB" if folder["exists"] else "absent"
+        rows.append((name, f"{folder['path']} ({state}"
+                           + ("" if folder["writable"] else ", read-only") + ")"))
+    pairs = [p["name"] for p in found["pairs"] if p["downloaded"]]
+    rows.append(("pairs downloaded", ", ".join(pairs) or "none"))
+    rows.append(("Hugging Face Hub", f"{found['hub']['endpoint']}: {found['hub']['state']}"))
+    if not found["gpu_offload"]:
+        rows.append(("GPU builds", "; ".join(f"{k}: {v}" for k, v in GPU_BUILDS.items())))
+    for name, value in rows:
+        table.add_row(name, value)
+    out.print(table)
+    if tips:
+        out.print("\n[bold]why it may not be faster here[/]")
+        for tip in tips:
+            out.print(f"- {tip}", highlight=False)

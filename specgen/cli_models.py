@@ -77,9 +77,7 @@ def list_pairs(
             "ngram": pair.ngram,
         } for pair, files in rows], indent=2) + "\n")
         return
-    table = Table(box=None, pad_edge=False)
-    for column in ("PAIR", "K", "CHAT", "TARGET", "DRAFT", "DOWNLOADED"):
-        table.add_column(column, overflow="fold")
+    records = []
     for pair, files in rows:
         both = all(files.values())
         sizes = [size_of(spec, files[r]) for r, spec in pair.members()]
@@ -91,14 +89,35 @@ def list_pairs(
         if pair.draft is None:
             labels.append("ngram")
         chat = {True: "yes", False: "no", None: "auto"}[pair.chat]
-        table.add_row(name, str(pair.lookahead), chat, *labels,
-                      f"[green]{state}[/]" if both else state)
+        records.append((pair, [name, str(pair.lookahead), chat, *labels, state], both))
+    # Every column stays whole; file names, the only long ones, are shortened in the middle
+    # (their ends say the most: the family and the quantization) to share what is left of
+    # the width. `models list -v` and `models info` show them in full.
+    fixed = [max(len(c), *(len(r[1][i]) for r in records)) if records else len(c)
+             for i, c in ((0, "PAIR"), (1, "K"), (2, "CHAT"), (5, "DOWNLOADED"))]
+    room = max(12, (out.width - sum(fixed) - 2 * 5) // 2)  # five gaps of two spaces
+    table = Table(box=None, pad_edge=False)
+    for column in ("PAIR", "K", "CHAT", "TARGET", "DRAFT", "DOWNLOADED"):
+        table.add_column(column, no_wrap=True, overflow="fold" if verbose else "ellipsis")
+    for pair, cells, both in records:
+        if not verbose:
+            cells[3:5] = [shorten(cell, room) for cell in cells[3:5]]
+        cells[5] = f"[green]{cells[5]}[/]" if both else cells[5]
+        table.add_row(*cells)
         if verbose:
             table.add_row("", "", "", f"[dim]{pair.description}[/]", f"[dim]{pair.license}[/]",
                           "")
     out.print(table)
     err.print(f"* default pair. Add your own pairs in {user_models_file()}", style="dim",
               highlight=False, soft_wrap=True)
+
+
+def shorten(name: str, width: int) -> str:
+    """A name cut to ``width`` characters in the middle: ``Meta-Llama-3.1…-Q4_K_M.gguf``."""
+    if len(name) <= width:
+        return name
+    tail = (width - 1) // 2
+    return name[: width - 1 - tail] + "…" + name[len(name) - tail:]
 
 
 def _short(spec: ModelSpec) -> str:
@@ -111,41 +130,48 @@ def _short(spec: ModelSpec) -> str:
 
 @app.command()
 def pull(
-    pair: Annotated[str | None, typer.Argument(help="Pair name (default: the default pair).",
-                                               show_default=False)] = None,
+    pair: Annotated[str | None, typer.Argument(metavar="PAIR", help="Pair name (default: the "
+                                               "default pair).", show_default=False)] = None,
 ) -> None:
-    """Download both models of a pair (resumable; HF_TOKEN for gated repos)."""
+    """Download both models of a pair (resumable; HF_TOKEN for gated repos); print their paths."""
     from specgen.registry import Registry, resolve
 
     spec = Registry.load().pair(pair)
     for role, member in spec.members():
         path = resolve(member)
-        err.print(f"[green]ready[/] {role}: {path}", highlight=False, soft_wrap=True)
+        err.print(f"[green]ready[/] {role}", highlight=False)
+        sys.stdout.write(f"{path}\n")
+        sys.stdout.flush()
 
 
 @app.command()
 def info(
-    spec: Annotated[str, typer.Argument(help="A GGUF path, org/repo:file.gguf, or PAIR:target "
-                                        "/ PAIR:draft.")],
+    spec: Annotated[str, typer.Argument(metavar="SPEC", help="A GGUF path, org/repo:file.gguf, "
+                                        "or PAIR:target / PAIR:draft.")],
     json_out: JsonOpt = False,
 ) -> None:
-    """A GGUF's metadata: architecture, size, quantization, context, vocabulary, chat template."""
-    from specgen.backend import Vocabulary
-    from specgen.registry import Registry, resolve
+    """A GGUF's metadata: architecture, size, quantization, context, vocabulary, chat template.
 
-    facts = Vocabulary(resolve(Registry.load().spec(spec))).facts()
+    A Hub file that is not downloaded is described from its header alone (a ranged read)."""
+    from specgen.gguf import facts
+    from specgen.registry import Registry, read_header
+
+    found = read_header(Registry.load().spec(spec))
+    details = facts(found.header, found.name, found.size)
+    if found.note:
+        err.print(found.note, style="dim", highlight=False, soft_wrap=True)
     if json_out:
-        sys.stdout.write(json.dumps(facts, indent=2) + "\n")
+        sys.stdout.write(json.dumps(details, indent=2) + "\n")
         return
     table = Table(show_header=False, box=None)
     table.add_column(style="bold")
     table.add_column(overflow="fold")
-    for key, value in facts.items():
+    for key, value in details.items():
         if isinstance(value, dict):
             value = f"{value['id']} {value['text']!r}" + ("" if value["added"] else
                                                            " (not added to prompts)")
         elif key == "size_bytes":
-            value = _size(Path(str(facts["file"])))
+            value = _bytes(value) if isinstance(value, int) else None
         elif isinstance(value, bool):
             value = "yes" if value else "no"
         table.add_row(key.replace("_", " "), "-" if value is None else str(value))
@@ -154,31 +180,36 @@ def info(
 
 @app.command()
 def check(
-    pair: Annotated[str | None, typer.Argument(help="Pair name (default: the default pair).",
-                                               show_default=False)] = None,
+    pair: Annotated[str | None, typer.Argument(metavar="PAIR", help="Pair name (default: the "
+                                               "default pair).", show_default=False)] = None,
     target: TargetOpt = None,
     draft: DraftOpt = None,
 ) -> None:
-    """Does the draft fit the target? llama.cpp's vocabulary rule; exit 1 when it does not."""
+    """Does the draft fit the target? llama.cpp's vocabulary rule; exit 1 when it does not.
+
+    Hub files that are not downloaded are checked from their headers alone (ranged reads)."""
     from specgen import compat
-    from specgen.backend import Vocabulary
-    from specgen.registry import Registry, resolve
+    from specgen.gguf import HeaderVocabulary
+    from specgen.registry import Registry, read_header
     from specgen.session import choose
 
     choice = choose(Registry.load(), pair, target, draft)
     if choice.draft is None:
-        raise UserError("nothing to check: name a pair, or both --target and --draft")
-    target_vocab = Vocabulary(resolve(choice.target))
-    draft_vocab = Vocabulary(resolve(choice.draft))
+        raise UserError("nothing to check: name a pair with a draft model, or both --target "
+                        "and --draft")
+    found = [read_header(spec) for spec in (choice.target, choice.draft)]
+    for one in found:
+        if one.note:
+            err.print(one.note, style="dim", highlight=False, soft_wrap=True)
+    target_vocab, draft_vocab = (HeaderVocabulary(f.header, f.name) for f in found)
     verdict = compat.check(target_vocab, draft_vocab)
     name = choice.pair.name if choice.pair else "these models"
     if not verdict:
-        raise UserError(f"{name}: draft {draft_vocab.path.name} does not fit target "
-                        f"{target_vocab.path.name}: {verdict.reason}")
-    err.print(f"[green]ok[/] {name}: draft {draft_vocab.path.name} fits target "
-              f"{target_vocab.path.name} ({compat.VOCAB_TYPES.get(target_vocab.vocab_type)}, "
-              f"{target_vocab.n_vocab} / {draft_vocab.n_vocab} tokens)", highlight=False,
-              soft_wrap=True)
+        raise UserError(f"{name}: draft {found[1].name} does not fit target {found[0].name}: "
+                        f"{verdict.reason}")
+    sys.stdout.write(f"ok {name}: draft {found[1].name} fits target {found[0].name} "
+                     f"({compat.VOCAB_TYPES.get(target_vocab.vocab_type)}, "
+                     f"{target_vocab.n_vocab} / {draft_vocab.n_vocab} tokens)\n")
 
 
 @app.command()

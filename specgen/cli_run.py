@@ -10,13 +10,15 @@ from __future__ import annotations
 import json
 import stat
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Annotated
+from typing import IO, TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from specgen.core.speculative import MAX_LOOKAHEAD, Lookahead
 from specgen.errors import EXIT_FAILED, EXIT_INTERRUPTED, UsageError
 from specgen.options import (
     OUTPUT,
@@ -39,6 +41,11 @@ from specgen.options import (
     TopPOpt,
     VerboseOpt,
 )
+
+if TYPE_CHECKING:
+    from specgen.engine import GenerationConfig
+    from specgen.prompts import BatchItem
+    from specgen.session import Choice, Pair, PairOptions
 
 err_console = Console(stderr=True)
 BATCH = "Batch"
@@ -191,7 +198,8 @@ def _read_file(file: Path) -> str:
     return file.read_text(encoding="utf-8")
 
 
-def _read_batch(argument: str | None, file: Path | None, each_line: bool, jsonl: bool) -> list:
+def _read_batch(argument: str | None, file: Path | None, each_line: bool, jsonl: bool
+                ) -> list[BatchItem]:
     from specgen.prompts import parse_jsonl, parse_lines
 
     if file is None:
@@ -214,20 +222,25 @@ def _open_output(output: Path | None) -> IO[str]:
     return output.open("a", encoding="utf-8")
 
 
+@dataclass
 class _Setup:
     """The loaded pair and what was chosen for it, shared by a single run and a batch."""
 
-    def __init__(self, choice, loaded, target_path, draft_path, config, k_note) -> None:
-        self.choice, self.loaded = choice, loaded
-        self.target_path, self.draft_path = target_path, draft_path
-        self.config, self.k_note = config, k_note
+    choice: Choice
+    loaded: Pair
+    target_path: Path
+    draft_path: Path | None
+    config: GenerationConfig
+    k_note: str
 
     @property
     def chat(self) -> bool | None:
         return self.choice.chat
 
 
-def _setup(pair, target, draft, ngram, lookahead, options, config, quiet: bool) -> _Setup:
+def _setup(pair: str | None, target: str | None, draft: str | None, ngram: bool | None,
+           lookahead: Lookahead | None, options: PairOptions, config: GenerationConfig,
+           quiet: bool) -> _Setup:
     """Choose the models and K, fetch and self-test them, load them once."""
     from dataclasses import replace
 
@@ -236,10 +249,12 @@ def _setup(pair, target, draft, ngram, lookahead, options, config, quiet: bool) 
     from specgen.session import choose, load_pair
 
     choice = choose(Registry.load(), pair, target, draft, ngram)
-    k = choice.lookahead if lookahead is None else lookahead
     note = ""
+    if lookahead is None and ngram is None and draft is None:
+        choice, lookahead, note = _from_bench(choice, options, config.sampling.temperature)
+    k = choice.lookahead if lookahead is None else lookahead
     if not choice.drafts:
-        if k != 0 and not quiet:
+        if k != 0 and not note:
             note = ("no draft model: running the target alone (-k 0; --draft ngram drafts "
                     "without one)")
         k = 0
@@ -247,7 +262,38 @@ def _setup(pair, target, draft, ngram, lookahead, options, config, quiet: bool) 
     draft_path = resolve(choice.draft) if choice.draft is not None and k != 0 else None
     ensure_cpu_works([p for p in (target_path, draft_path) if p is not None])
     loaded = load_pair(target_path, draft_path, options, ngram=choice.ngram and k != 0)
-    return _Setup(choice, loaded, target_path, draft_path, replace(config, lookahead=k), note)
+    return _Setup(choice, loaded, target_path, draft_path, replace(config, lookahead=k),
+                  "" if quiet else note)
+
+
+def _from_bench(choice: Choice, options: PairOptions, temperature: float
+                ) -> tuple[Choice, Lookahead | None, str]:
+    """What `specgen bench` found best for these models on this machine, if it ran here."""
+    from dataclasses import replace
+
+    from specgen.bench import recall
+    from specgen.session import bench_memo
+
+    if not choice.drafts:
+        return choice, None, ""
+    found = recall(bench_memo(choice, options.target_threads, options.target_gpu_layers),
+                   temperature)
+    if found is None:
+        return choice, None, ""
+    variant = found["variant"]
+    if variant == "ngram":
+        choice, k = replace(choice, draft=None, ngram=True), "auto"
+    elif variant == "hybrid":
+        choice, k = replace(choice, ngram=True), "auto"
+    elif variant == "auto" or (isinstance(variant, int) and 0 <= variant <= MAX_LOOKAHEAD):
+        choice, k = replace(choice, ngram=False), variant
+    else:
+        return choice, None, ""
+    name = f"K={variant}" if isinstance(variant, int) else variant
+    note = (f"{name}: what `specgen bench` found best here ({found.get('date')}, "
+            f"{float(found.get('speedup', 1.0)):.2f}x at T={found.get('temperature')}); "
+            f"-k to choose another")
+    return choice, k, note
 
 
 def _single(setup: _Setup, text: str, chat: bool, system: str | None, draft_p_min: float,
@@ -256,7 +302,7 @@ def _single(setup: _Setup, text: str, chat: bool, system: str | None, draft_p_mi
     from specgen.view import StreamView
 
     if setup.k_note:
-        err_console.print(setup.k_note, style="yellow", highlight=False, soft_wrap=True)
+        err_console.print(setup.k_note, style="dim", highlight=False, soft_wrap=True)
     stats = new_stats(setup.loaded, setup.config, draft_p_min)
     with StreamView(stats, show_stats=not no_stats and not json_out) as view:
         result = generate(setup.loaded, text, setup.config, chat=chat, system=system,
@@ -295,7 +341,7 @@ def _run_facts(setup: _Setup, draft_p_min: float, chat: bool) -> dict[str, objec
     }
 
 
-def _batch(setup: _Setup, items: list, sink: IO[str], output: Path | None, resume: bool,
+def _batch(setup: _Setup, items: list[BatchItem], sink: IO[str], output: Path | None, resume: bool,
            chat: bool, system: str | None, draft_p_min: float, no_stats: bool) -> int:
     """Run every prompt; the exit code says whether all went well (1: some failed)."""
     from specgen.batch import finished_ids, run_batch

@@ -9,6 +9,7 @@ llama.cpp's own quantizer, made once and cached.
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import hashlib
 import os
@@ -115,8 +116,24 @@ def derive(src: Path, quant: str) -> Path:
     dest = derived_path(src, quant)
     if dest.is_file():
         return dest
+    from specgen.interrupts import interruptible
+
     dest.parent.mkdir(parents=True, exist_ok=True)
     partial = dest.with_name(dest.name + ".partial")
-    quantize(src, partial, quant)
-    partial.replace(dest)
+    try:
+        interruptible(lambda: quantize(src, partial, quant), f"converting {src.name}")
+        partial.replace(dest)
+    except BaseException as err:
+        partial.unlink(missing_ok=True)  # never leave a half-written file behind
+        if not isinstance(err, OSError) and _disk_is_full(dest.parent, src):
+            raise OSError(errno.ENOSPC, "No space left on device", str(dest)) from err
+        raise
     return dest
+
+
+def _disk_is_full(folder: Path, src: Path) -> bool:
+    """After a failed conversion: is the free space smaller than the source file?"""
+    try:
+        return shutil.disk_usage(folder).free < src.stat().st_size
+    except OSError:
+        return False

@@ -9,6 +9,7 @@ huggingface_hub honours them.
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import re
 from collections.abc import Iterator
@@ -79,6 +80,10 @@ def hub_errors(repo: str, name: str) -> Iterator[None]:
     except hf_errors.HfHubHTTPError as err:
         raise UserError(f"the Hub refused {repo}:{name}: {str(err).splitlines()[0]}") from err
     except OSError as err:  # a broken connection after retries, a full disk
+        if err.errno == errno.ENOSPC:
+            raise UserError(f"the disk is full while downloading {repo}:{name}: free some "
+                            f"space in {hf_constants.HF_HUB_CACHE} (or set HF_HOME elsewhere) "
+                            f"and run again; the download resumes where it stopped") from err
         raise UserError(f"downloading {repo}:{name} failed: {err}; run the command again to "
                         f"resume") from err
 
@@ -278,3 +283,66 @@ def remote_sizes(files: list[tuple[str, str, str | None]], timeout: float = 5.0
         except OSError:
             pass
     return {f: memo[key[f]] for f in files if isinstance(memo.get(key[f]), int)}
+
+
+class _RangedReader:
+    """``read(n)`` over a remote file, fetched in growing ranges through huggingface_hub's own
+    HTTP session (so HF_TOKEN, HF_ENDPOINT and proxies apply as for a download)."""
+
+    FIRST = 1 << 20
+
+    def __init__(self, url: str, headers: dict[str, str], size: int | None) -> None:
+        self.url, self.headers, self.size = url, headers, size
+        self.buffer = b""
+        self.position = 0
+        self.fetched = 0
+        self._next = self.FIRST
+
+    def read(self, n: int) -> bytes:
+        while len(self.buffer) - self.position < n and not self._at_end():
+            self._fetch(max(self._next, n))
+            self._next = min(self._next * 2, 16 << 20)
+        data = self.buffer[self.position:self.position + n]
+        self.position += len(data)
+        return data
+
+    def _at_end(self) -> bool:
+        return self.size is not None and len(self.buffer) >= self.size
+
+    def _fetch(self, length: int) -> None:
+        from huggingface_hub.utils import get_session, hf_raise_for_status
+
+        start = len(self.buffer)
+        end = start + length - 1 if self.size is None else min(start + length, self.size) - 1
+        response = get_session().get(self.url, headers={**self.headers,
+                                                        "Range": f"bytes={start}-{end}"},
+                                     follow_redirects=True)
+        hf_raise_for_status(response)
+        chunk = response.content
+        if response.status_code == 200:  # the server ignored Range: it sent the whole file
+            chunk = chunk[start:]
+        if not chunk:
+            self.size = len(self.buffer)
+        self.buffer += chunk
+        self.fetched += len(chunk)
+
+
+def remote_header(repo: str, pattern: str, revision: str | None = None
+                  ) -> tuple[Any, int | None, int]:
+    """A Hub GGUF's header read by ranged requests, with no download: (header, file size,
+    bytes fetched). A split GGUF's header is in its first part."""
+    from huggingface_hub.utils import build_hf_headers
+
+    from specgen import gguf
+
+    name = resolve_names(repo, pattern, revision)[0]
+    with hub_errors(repo, name):
+        headers = build_hf_headers()
+        url = huggingface_hub.hf_hub_url(repo, name, revision=revision)
+        meta = huggingface_hub.get_hf_file_metadata(url, headers=headers)
+        reader = _RangedReader(meta.location or url, headers, meta.size)
+        try:
+            header = gguf.read_header(reader.read)
+        except gguf.GGUFError as err:
+            raise UserError(f"{repo}:{name}: {err}") from err
+    return header, meta.size, reader.fetched

@@ -315,3 +315,35 @@ def resolve(spec: ModelSpec, progress: bool = True) -> Path:
         return fetch.derive(base, spec.quant)
     with console.status(message):
         return fetch.derive(base, spec.quant)
+
+
+@dataclass(frozen=True)
+class FoundHeader:
+    """A model's GGUF header, with where it came from (``note``: said on stderr)."""
+
+    header: Any
+    name: str
+    size: int | None
+    note: str = ""
+
+
+def read_header(spec: ModelSpec) -> FoundHeader:
+    """The GGUF header of a spec's file: from disk when it is there; for a Hub file not yet
+    downloaded, from ranged reads of its first megabytes (nothing is downloaded). A converted
+    copy (``quant``) has the same vocabulary as its source, so the source's header serves."""
+    from specgen import gguf, hub
+
+    local = cached(spec)
+    if local is None and spec.kind == "hub":
+        header, size, fetched = hub.remote_header(spec.repo or "", spec.file or "",
+                                                  spec.revision)
+        total = f" of {size / 1e9:.2f} GB" if size else ""
+        note = (f"read the header of {spec.label()} only ({fetched / 1e6:.1f} MB{total}); "
+                f"nothing downloaded")
+        return FoundHeader(header, Path(spec.file or "").name, size, note)
+    path = local or resolve(spec)
+    try:
+        header = gguf.read_local(str(path))
+    except gguf.GGUFError as err:
+        raise UserError(f"{path}: {err}") from err
+    return FoundHeader(header, path.name, path.stat().st_size)

@@ -254,3 +254,20 @@ def new_stats(pair: Pair, config: GenerationConfig, draft_p_min: float = 0.0) ->
     speculative = pair.engine(draft_p_min).drafter is not None
     return Stats(lookahead=config.lookahead if speculative else 0, seed=config.seed or 0,
                  speculative=speculative)
+
+
+def bench_memo(choice: Choice, threads: int, gpu_layers: int) -> Path:
+    """Where ``specgen bench`` keeps, and ``specgen run`` finds, what was measured for these
+    models on this machine with these threads and GPU layers."""
+    import os
+    import platform
+
+    from specgen.backend import default_threads
+    from specgen.bench import memo_path
+    from specgen.selftest import build_id, cpu_flags
+
+    models = [choice.target.label(), choice.draft.label() if choice.draft else "-"]
+    machine = {"cpu": platform.processor() or platform.machine(), "flags": cpu_flags(),
+               "logical_cpus": os.cpu_count(), "build": build_id(),
+               "threads": threads or default_threads(), "gpu_layers": gpu_layers}
+    return memo_path(models, machine)

@@ -2,7 +2,8 @@
 
 The real ``huggingface_hub`` client is pointed at it with ``HF_ENDPOINT``. It serves files of
 in-memory repositories, answers the Hub's error codes (missing repo or file, gated repo), honours
-``Range`` for resumed downloads, and can cut or stall a download to imitate a bad network.
+``Range`` (resumed downloads, reading a GGUF's header alone), and can cut or stall a download to
+imitate a bad network.
 """
 
 from __future__ import annotations
@@ -129,20 +130,23 @@ class FakeHub:
                     f"Bearer {hub.token}"
 
             def _file(self, repo: Repo, data: bytes, body: bool) -> None:
-                start = 0
+                start, end = 0, len(data) - 1
                 header = self.headers.get("Range")
-                if body and header and header.startswith("bytes="):
-                    start = int(header[6:].split("-")[0])
-                self.send_response(206 if start else 200)
+                ranged = bool(body and header and header.startswith("bytes="))
+                if ranged:
+                    first, _, last = header[6:].partition("-")
+                    start = int(first)
+                    end = min(int(last), end) if last else end
+                self.send_response(206 if ranged else 200)
                 self.send_header("X-Repo-Commit", repo.commit)
                 self.send_header("ETag", f'"{hashlib.sha256(data).hexdigest()}"')
-                self.send_header("Content-Length", str(len(data) - start))
-                if start:
-                    self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+                self.send_header("Content-Length", str(end + 1 - start))
+                if ranged:
+                    self.send_header("Content-Range", f"bytes {start}-{end}/{len(data)}")
                 self.end_headers()
                 if not body:
                     return
-                payload = data[start:]
+                payload = data[start:end + 1]
                 if hub.stall.is_set():
                     self.wfile.write(payload[: hub.cut_after])
                     self.wfile.flush()
