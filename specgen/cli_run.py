@@ -8,6 +8,7 @@ where: text on stdout, statistics and progress on stderr.
 from __future__ import annotations
 
 import json
+import os
 import stat
 import sys
 from dataclasses import dataclass
@@ -184,7 +185,7 @@ def _read_prompt(argument: str | None, file: Path | None) -> str:
 def _stdin_is_piped() -> bool:
     """Whether stdin is a pipe or a file (never a terminal, /dev/null or a closed stream)."""
     try:
-        mode = stat.S_IFMT(__import__("os").fstat(sys.stdin.fileno()).st_mode)
+        mode = stat.S_IFMT(os.fstat(sys.stdin.fileno()).st_mode)
     except (OSError, ValueError, AttributeError):
         return False
     return mode in (stat.S_IFIFO, stat.S_IFREG, stat.S_IFSOCK)
@@ -219,7 +220,13 @@ def _open_output(output: Path | None) -> IO[str]:
     if output.is_dir():
         raise UsageError(f"--output {output} is a folder: give a file")
     output.parent.mkdir(parents=True, exist_ok=True)
-    return output.open("a", encoding="utf-8")
+    sink = output.open("a", encoding="utf-8")
+    if sink.tell() > 0:
+        with output.open("rb") as existing:
+            existing.seek(-1, os.SEEK_END)
+            if existing.read(1) != b"\n":  # a line a crash cut short: keep it on its own
+                sink.write("\n")
+    return sink
 
 
 @dataclass

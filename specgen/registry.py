@@ -86,6 +86,9 @@ class ModelSpec:
         pip = data.get("pip", ())
         if isinstance(pip, str):
             pip = (pip,)
+        if "pip" in data and (not isinstance(pip, list | tuple) or not pip
+                              or not all(isinstance(p, str) and p for p in pip)):
+            raise ValueError(f"{where}: 'pip' must be a requirement or a list of them")
         for key in ("repo", "file", "revision", "path", "quant", "sha256"):
             if key in data and not isinstance(data[key], str):
                 raise ValueError(f"{where}: '{key}' must be a string")
@@ -255,8 +258,11 @@ def _verify(path: Path, sha256: str | None, label: str) -> None:
         raise UserError(f"{label} does not match the sha256 in models.toml: the download is "
                         f"corrupt or the file changed upstream; delete {real} and pull again, "
                         f"or fix the sha256")
-    stamp.parent.mkdir(parents=True, exist_ok=True)
-    stamp.write_text(str(real))
+    try:
+        stamp.parent.mkdir(parents=True, exist_ok=True)
+        stamp.write_text(str(real))
+    except OSError:
+        pass  # a read-only cache: verify again next time
 
 
 def cached(spec: ModelSpec) -> Path | None:

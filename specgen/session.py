@@ -83,8 +83,11 @@ def check_fit(target: Vocabulary, draft: Vocabulary) -> None:
     if not verdict:
         raise UserError(f"draft {draft.path.name} cannot serve target {target.path.name}: "
                         f"{verdict.reason}; pick a draft from the target's model family")
-    stamp.parent.mkdir(parents=True, exist_ok=True)
-    stamp.write_text(f"{target.path}\n{draft.path}\n")
+    try:
+        stamp.parent.mkdir(parents=True, exist_ok=True)
+        stamp.write_text(f"{target.path}\n{draft.path}\n")
+    except OSError:
+        pass  # a read-only cache: check again next time
 
 
 @dataclass(frozen=True)
