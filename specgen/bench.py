@@ -2,7 +2,8 @@
 
 The sweep interleaves runs (K=0, K1, K2, ... for a prompt, then the next prompt, then again) so a
 machine whose speed drifts does not bias the ratios, and every run starts from empty caches. The
-report compares what was measured with the seed's model of the speedup:
+report compares what was measured with the expected-tokens model of the speedup (Leviathan
+et al. 2023; Chen et al. 2023):
 
     E[tokens per cycle] = (1 - alpha^(K+1)) / (1 - alpha)
     cost of a cycle     = K * c + v(K)       (in units of one target step)

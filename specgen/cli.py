@@ -19,7 +19,14 @@ from specgen.cli_bench import bench
 from specgen.cli_doctor import doctor
 from specgen.cli_models import app as models_app
 from specgen.cli_run import run
-from specgen.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, lookup
+from specgen.errors import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    Interrupted,
+    lookup,
+)
 from specgen.options import HELP, readable_help_placeholders
 
 app = typer.Typer(
@@ -59,8 +66,12 @@ def main() -> None:
     try:
         code = app(standalone_mode=False)
         sys.stdout.flush()
+        if code == EXIT_INTERRUPTED:  # Typer turns a Ctrl-C nobody handled into 130
+            err_console.print("interrupted", style="yellow")
         if isinstance(code, int) and code:
             sys.exit(code)
+    except Interrupted:  # the command already showed what it had done
+        sys.exit(EXIT_INTERRUPTED)
     except typer.Exit as exit_:
         sys.exit(exit_.exit_code)
     except typer.Abort:

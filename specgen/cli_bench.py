@@ -20,7 +20,7 @@ from rich.text import Text
 from specgen.bench import DEFAULT_VARIANTS, Report, Run, Variant
 from specgen.core.sampling import SamplingParams
 from specgen.engine import Stats
-from specgen.errors import EXIT_INTERRUPTED
+from specgen.errors import Interrupted
 from specgen.options import (
     CtxOpt,
     DraftOpt,
@@ -111,7 +111,7 @@ def bench(
     reports, interrupted = bench_run.all(settings)
     if not reports:
         err.print("interrupted before anything was measured; nothing written", style="yellow")
-        raise typer.Exit(EXIT_INTERRUPTED)
+        raise Interrupted()
     meta = _meta(choice, loaded, target_path, draft_path, bench_run, prompts_file)
     for report in reports:
         report.meta = {**meta, "title": f"{meta['name']}, {loaded.target.n_threads} threads, "
@@ -131,7 +131,7 @@ def bench(
     if interrupted:
         err.print("interrupted: the tables above hold what was measured so far (partial)",
                   style="yellow")
-        raise typer.Exit(EXIT_INTERRUPTED)
+        raise Interrupted()
 
 
 class _BenchRun:

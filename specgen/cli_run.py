@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from specgen.core.speculative import MAX_LOOKAHEAD, Lookahead
-from specgen.errors import EXIT_FAILED, EXIT_INTERRUPTED, UsageError
+from specgen.errors import EXIT_FAILED, EXIT_INTERRUPTED, Interrupted, UsageError
 from specgen.options import (
     OUTPUT,
     PERFORMANCE,
@@ -158,6 +158,8 @@ def run(
     if batch:
         code = _batch(setup, items, sink, output, resume, use_chat, system_text, draft_p_min,
                       no_stats)
+        if code == EXIT_INTERRUPTED:
+            raise Interrupted()
         raise typer.Exit(code)
     _single(setup, text, use_chat, system_text, draft_p_min, json_out, no_stats)
 
@@ -329,7 +331,7 @@ def _single(setup: _Setup, text: str, chat: bool, system: str | None, draft_p_mi
         sys.stdout.write(json.dumps({**result.as_dict(), **_run_facts(setup, draft_p_min,
                                                                        chat)}) + "\n")
     if result.interrupted:
-        raise typer.Exit(EXIT_INTERRUPTED)
+        raise Interrupted()
 
 
 def _run_facts(setup: _Setup, draft_p_min: float, chat: bool) -> dict[str, object]:

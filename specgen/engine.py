@@ -124,7 +124,7 @@ class Stats:
 
     @property
     def alpha(self) -> float | None:
-        """The seed's alpha: the chance that a guess the target looks at survives.
+        """Alpha (Leviathan et al. 2023): the chance that a guess the target looks at survives.
 
         Guesses after a rejection are drafted but never judged, so they are left out here.
         """

@@ -25,6 +25,10 @@ class UsageError(UserError):
     """Options or arguments that cannot work together or are out of range (exit code 2)."""
 
 
+class Interrupted(Exception):  # noqa: N818 (the word users see)
+    """Ctrl-C, after the command has shown what it did by then: exit 130, nothing more said."""
+
+
 class BackendError(RuntimeError):
     """Something llama.cpp refused: a file it cannot load, a decode that failed, a full context."""
 

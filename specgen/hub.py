@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import fnmatch
 import re
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -77,6 +78,9 @@ def hub_errors(repo: str, name: str) -> Iterator[None]:
     except _RemoteEntryNotFound as err:
         raise UserError(f"no file {name} in {repo}: check the file name (names are "
                         f"case-sensitive)") from err
+    except _network_errors() as err:
+        raise UserError(f"could not reach the Hub for {repo}:{name} ({type(err).__name__}), and "
+                        f"it is not cached: check the network (or HF_ENDPOINT)") from err
     except hf_errors.HfHubHTTPError as err:
         raise UserError(f"the Hub refused {repo}:{name}: {str(err).splitlines()[0]}") from err
     except OSError as err:  # a broken connection after retries, a full disk
@@ -86,6 +90,17 @@ def hub_errors(repo: str, name: str) -> Iterator[None]:
                             f"and run again; the download resumes where it stopped") from err
         raise UserError(f"downloading {repo}:{name} failed: {err}; run the command again to "
                         f"resume") from err
+
+
+def _network_errors() -> tuple[type[BaseException], ...]:
+    """The HTTP library's transport errors (no connection, timeouts), whichever library this
+    huggingface_hub uses (httpx, its vendored httpx2; requests' are OSErrors already)."""
+    found = []
+    for module in ("httpx2", "httpx"):
+        loaded = sys.modules.get(module)
+        if loaded is not None and hasattr(loaded, "TransportError"):
+            found.append(loaded.TransportError)
+    return tuple(found)
 
 
 def resolve_names(repo: str, pattern: str, revision: str | None = None) -> list[str]:

@@ -39,8 +39,16 @@ def isolated(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Monke
 
 
 def with_models_cache() -> dict[str, str]:
-    """The environment for a subprocess that should find the test models already cached."""
-    return {**os.environ, "SPECGEN_CACHE": str(MODELS_CACHE)}
+    """The environment for a subprocess that should find the test models already cached: the
+    test's own cache, with the fetched and converted models linked in from the models cache
+    (so bench results and stamps still land in the test's folder)."""
+    cache = Path(os.environ["SPECGEN_CACHE"])
+    for folder in ("pip", "derived"):
+        link = cache / folder
+        if not link.exists():
+            (MODELS_CACHE / folder).mkdir(parents=True, exist_ok=True)
+            link.symlink_to(MODELS_CACHE / folder, target_is_directory=True)
+    return dict(os.environ)
 
 
 def _in_models_cache(make: Callable[[], T]) -> T:

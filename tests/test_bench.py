@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specgen.bench import load_prompts, parse_lookaheads, summarize, sweep
+from specgen.bench import CSV_FIELDS, load_prompts, parse_lookaheads, summarize, sweep
 from specgen.core.speculative import expected_tokens
 from specgen.engine import SourceStats, Stats
 from specgen.errors import UserError
@@ -157,21 +157,84 @@ def test_real_short_bench_writes_every_field(tmp_path: Path, smollm2_target: Pat
         capture_output=True, text=True, timeout=600, env=with_models_cache())
     assert done.returncode == 0, done.stderr
     assert "recommended" in done.stdout or "warning" in done.stdout
-    record = json.loads(outputs["json"].read_text())
-    assert record["runs"] == 2 * 3 and len(record["per_k"]) == 2
-    for row in record["per_k"]:
-        for key in ("lookahead", "tokens_per_second", "speedup", "predicted_speedup",
-                    "accept_rate", "position_accept_rates", "tokens_per_cycle",
-                    "draft_ms_per_token", "verify_ms", "cost_ratio", "disagreement"):
-            assert key in row
-        assert len(row["position_accept_rates"]) == row["lookahead"]
-    meta = record["meta"]
+    # by default both greedy and `run`'s own sampling are measured, each with its verdict
+    greedy, sampled = json.loads(outputs["json"].read_text())["reports"]
+    assert greedy["meta"]["params"]["temperature"] == 0.0
+    assert sampled["meta"]["params"]["temperature"] == 0.8
+    assert sampled["meta"]["params"]["top_k"] == 40 and sampled["meta"]["params"]["top_p"] == 0.95
+    for record in (greedy, sampled):
+        assert record["runs"] == 2 * 3 and len(record["per_k"]) == 2
+        for row in record["per_k"]:
+            for key in ("lookahead", "tokens_per_second", "speedup", "predicted_speedup",
+                        "accept_rate", "position_accept_rates", "tokens_per_cycle",
+                        "draft_ms_per_token", "verify_ms", "cost_ratio", "disagreement"):
+                assert key in row
+            assert len(row["position_accept_rates"]) == row["lookahead"]
+    meta = greedy["meta"]
     assert meta["machine"]["llama_cpp_system_info"] and meta["machine"]["target_threads"] == 2
     assert meta["target"]["file"].endswith(".gguf") and meta["params"]["max_tokens"] == 12
     rows = list(csv.reader(outputs["csv"].open()))
-    header = next(i for i, r in enumerate(rows) if r and r[0] == "lookahead")
-    assert [r[0] for r in rows[header + 1:]] == ["2", "4"]
+    assert rows[0] == CSV_FIELDS  # a plain CSV: the header on line 1
+    assert [(float(r[0]), r[1]) for r in rows[1:]] == [(0.0, "2"), (0.0, "4"), (0.8, "2"),
+                                                       (0.8, "4")]
     assert outputs["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "--temperature 0 " in done.stdout and "\"...\"" not in done.stdout
+    # `run` now uses what bench found for this pair here, and says so
+    ran = subprocess.run(
+        [sys.executable, "-m", "specgen", "run", "Hi", "--pair", "smollm2-135m-demo",
+         "--threads", "2", "-n", "4", "--temperature", "0", "--json"],
+        capture_output=True, text=True, timeout=600, env=with_models_cache())
+    record = json.loads(ran.stdout)
+    best = greedy["recommended_lookahead"]
+    expected = 0 if best is None else best
+    assert record["params"]["lookahead"] == expected
+    quiet = subprocess.run(
+        [sys.executable, "-m", "specgen", "run", "Hi", "--pair", "smollm2-135m-demo",
+         "--threads", "2", "-n", "4", "--temperature", "0"],
+        capture_output=True, text=True, timeout=600, env=with_models_cache())
+    assert "what `specgen bench` found best here" in quiet.stderr
+    chosen = subprocess.run(
+        [sys.executable, "-m", "specgen", "run", "Hi", "--pair", "smollm2-135m-demo",
+         "--threads", "2", "-n", "4", "--temperature", "0", "-k", "3", "--json"],
+        capture_output=True, text=True, timeout=600, env=with_models_cache())
+    assert json.loads(chosen.stdout)["params"]["lookahead"] == 3  # -k still wins
+
+
+@pytest.mark.slow
+def test_interrupted_bench_prints_and_writes_what_it_measured(tmp_path: Path) -> None:
+    """A real SIGINT part-way: the partial table, the partial JSON and CSV, exit 130."""
+    import fcntl
+    import os
+    import pty
+    import signal
+    import struct
+    import termios
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("\n".join(f"Prompt number {i}: tell me about the number {i}."
+                                 for i in range(8)) + "\n")
+    out_json, out_csv = tmp_path / "b.json", tmp_path / "b.csv"
+    master, slave = pty.openpty()  # stderr on a terminal, so the progress bar shows
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "specgen", "bench", "--pair", "smollm2-135m-demo", "-k", "2,4",
+         "-n", "16", "--prompts", str(prompts), "--threads", "2", "--json", str(out_json),
+         "--csv", str(out_csv)],
+        stdout=subprocess.PIPE, stderr=slave, env={**with_models_cache(), "TERM": "xterm"})
+    os.close(slave)
+    seen = b""
+    while b"prompt 3/8" not in seen:
+        chunk = os.read(master, 4096)
+        assert chunk, seen
+        seen += chunk
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    os.close(master)
+    assert proc.returncode == 130
+    assert b"partial" in out and b"speedup" in out
+    record = json.loads(out_json.read_text())
+    assert record["meta"]["partial"] is True and 0 < record["runs"] < 8 * 3
+    assert list(csv.reader(out_csv.open()))[0] == CSV_FIELDS
 
 
 def adaptive_runner(prompt: int, k, seed: int) -> Stats:
@@ -226,3 +289,21 @@ def test_the_table_fits_80_columns_without_cutting_a_header() -> None:
     assert recommended_options(4, None, Path("/m/big model.gguf"), Path("/m/d.gguf")) == \
         "--target '/m/big model.gguf' --draft /m/d.gguf --no-ngram -k 4"
     assert recommended_options("hybrid", "p", None, None) == "--pair p --ngram -k auto"
+
+
+def test_short_runs_blame_the_token_budget_not_acceptance() -> None:
+    """Cycles cut short by --max-tokens draft fewer than K guesses: the explanation says so
+    instead of blaming acceptance by position."""
+    full = fake_runner(0.9, cycles=20)
+
+    def short(prompt: int, k: int, seed: int) -> Stats:
+        stats = full(prompt, k, seed)
+        if k:  # as if every cycle had only a third of its K left in the budget
+            stats.n_drafted //= 3
+            stats.n_generated //= 3
+        return stats
+
+    report = summarize(sweep(short, 2, [8], 1, seed=0))
+    (row,) = report.per_k
+    assert row.explanation and "--max-tokens" in row.explanation
+    assert "by position" not in row.explanation

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import with_models_cache
+
 SPECGEN = [sys.executable, "-m", "specgen"]
 
 
@@ -276,3 +278,157 @@ def test_auto_lookahead_reports_its_choices(pair_args: list[str]) -> None:
     assert history["target_alone_cycles"] >= 1  # the first cycle times the target alone
     shown = specgen("run", "Once upon a time", *pair_args, "-k", "auto")
     assert "K=auto" in shown.stderr and "accepted" in shown.stderr
+
+
+# -- the details a new user trips over (#10) ----------------------------------------------------
+
+def test_dash_h_and_readable_placeholders() -> None:
+    for command in (["run"], ["bench"], ["models"], ["models", "pull"], ["doctor"], []):
+        done = specgen(*command, "-h")
+        assert done.returncode == 0, (command, done.stderr)
+        assert "Usage" in done.stdout
+        for python_type in ("<str>", "<bool>", "<int>", "<float>", "<path>", "<list["):
+            assert python_type not in done.stdout, (command, python_type)
+    assert "SPEC" in specgen("run", "-h").stdout and "K|auto" in specgen("run", "-h").stdout
+
+
+def test_help_into_a_closed_pipe_exits_0() -> None:
+    proc = subprocess.Popen([*SPECGEN, "run", "--help"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stdout.readline()
+    proc.stdout.close()  # as `| head -1` does
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and b"Error" not in err and b"Traceback" not in err
+
+
+def test_one_cycle_is_singular() -> None:
+    from specgen.engine import Stats
+    from specgen.view import stats_text
+
+    stats = Stats(lookahead=0, seed=1, speculative=False)
+    stats.n_cycles, stats.n_generated = 1, 1
+    text = stats_text(stats).plain
+    assert "1 cycle" in text and "1 cycles" not in text and "1 token " in text + " "
+
+
+def test_final_stats_fit_80_columns() -> None:
+    from specgen.engine import SourceStats, Stats
+    from specgen.view import stats_text
+
+    stats = Stats(lookahead="auto", seed=4294967295, n_prompt=1234, prompt_seconds=0.5,
+                  n_generated=1000, n_cycles=333, n_drafted=2222, n_accepted=1111,
+                  current_lookahead=12, stop_reason="max_tokens")
+    stats.by_source = {"model": SourceStats(100, 2000, 1000), "ngram": SourceStats(20, 222, 111)}
+    wide = stats_text(stats, final=True).plain
+    assert len(wide) > 80  # the whole story is long...
+    lines = stats_text(stats, final=True, width=80).plain.splitlines()
+    assert len(lines) >= 2 and all(len(line) <= 80 for line in lines)  # ...and fits
+    assert " ".join(lines).split() == wide.split()  # nothing lost, nothing split mid-word
+
+
+@pytest.mark.slow
+def test_stats_start_on_their_own_line_in_a_shared_log(pair_args: list[str],
+                                                       tmp_path: Path) -> None:
+    log = tmp_path / "log"
+    with log.open("w") as fh:
+        done = subprocess.run([*SPECGEN, "run", "The capital of France is", *pair_args, "-n",
+                               "5"], stdout=fh, stderr=subprocess.STDOUT, timeout=300)
+    assert done.returncode == 0
+    text = log.read_text()
+    stats_line = next(line for line in text.splitlines() if "tok/s" in line)
+    assert stats_line.startswith(("K=", "target alone")), text
+    assert all(len(line) <= 80 for line in text.splitlines()[1:]), text
+
+
+@pytest.mark.slow
+def test_chat_by_default_for_an_instruct_gguf(smollm2_target: Path) -> None:
+    args = ["--target", str(smollm2_target), "--temperature", "0", "-n", "16", "--json"]
+    chat = json.loads(specgen("run", "What is 2+2?", *args).stdout)
+    raw = json.loads(specgen("run", "What is 2+2?", *args, "--raw").stdout)
+    assert chat["params"]["chat"] is True and raw["params"]["chat"] is False
+    assert chat["text"].strip()
+    assert chat["stats"]["prompt_tokens"] > raw["stats"]["prompt_tokens"] + 5  # the template
+    system = json.loads(specgen("run", "Hi", *args, "--system", "Be brief.").stdout)
+    assert system["params"]["chat"] is True
+    refused = specgen("run", "Hi", *args, "--system", "Be brief.", "--raw")
+    assert refused.returncode == 2 and "--system needs a chat" in refused.stderr
+
+
+@pytest.mark.slow
+def test_an_answer_with_no_text_is_said(smollm2_target: Path) -> None:
+    prompt = r"<|im_start|>user\nSay OK.<|im_end|>\n<|im_start|>assistant\nOK."
+    done = specgen("run", prompt, "--target", str(smollm2_target), "--raw", "--temperature",
+                   "0", "-n", "8")
+    assert done.returncode == 0 and done.stdout == ""
+    assert "ended its answer before any text" in done.stderr
+
+
+@pytest.mark.slow
+def test_stop_escapes_match_a_real_newline(pair_args: list[str]) -> None:
+    prompt = "Write three lines about the sea.\n"
+    free = json.loads(specgen("run", prompt, *pair_args, "--json").stdout)["text"]
+    assert "\n" in free  # without a stop the text has a newline
+    done = specgen("run", prompt, *pair_args, "--stop", r"\n", "--json")
+    stopped = json.loads(done.stdout)
+    assert stopped["stats"]["stop_reason"] == "stop" and "\n" not in stopped["text"]
+    assert stopped["params"]["stop"] == ["\n"]
+    literal = json.loads(specgen("run", prompt, *pair_args, "--stop", r"\n", "--no-escape",
+                                 "--json").stdout)
+    assert literal["params"]["stop"] == ["\\n"] and literal["stats"]["stop_reason"] != "stop"
+
+
+@pytest.mark.slow
+def test_argument_and_piped_text_are_combined(pair_args: list[str]) -> None:
+    piped = specgen("run", "Translate to French:", *pair_args, "--json",
+                    input="Good morning, my friend.\n")
+    joined = specgen("run", r"Translate to French:\nGood morning, my friend.", *pair_args,
+                     "--json")
+    a, b = json.loads(piped.stdout), json.loads(joined.stdout)
+    assert a["text"] == b["text"] and a["stats"]["prompt_tokens"] == b["stats"]["prompt_tokens"]
+
+
+@pytest.mark.slow
+def test_piped_prompt_loses_its_trailing_newline(pair_args: list[str]) -> None:
+    piped = json.loads(specgen("run", *pair_args, "--json", input="Name three colours:\n").stdout)
+    argument = json.loads(specgen("run", "Name three colours:", *pair_args, "--json").stdout)
+    assert piped["text"] == argument["text"]
+    assert piped["stats"]["prompt_tokens"] == argument["stats"]["prompt_tokens"]
+
+
+@pytest.mark.slow
+def test_ctrl_c_while_loading_stops_at_once(smollm2_target: Path, smollm2_draft: Path) -> None:
+    """A real SIGINT during the load: no tokens, one line of ours, exit 130."""
+    import time
+
+    proc = subprocess.Popen([*SPECGEN, "run", "Tell me a long story.", "--target",
+                             str(smollm2_target), "--draft", str(smollm2_draft), "-n", "500",
+                             "--verbose"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    assert proc.stderr is not None
+    seen = b""
+    while b"llama_model_loader" not in seen:  # llama.cpp has started reading the target
+        chunk = proc.stderr.readline()
+        assert chunk, seen
+        seen += chunk
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    waited = time.monotonic() - sent
+    assert proc.returncode == 130, err[-2000:]
+    assert out == b""  # nothing was generated
+    assert b"Exception ignored" not in err and b"Traceback" not in err
+    assert err.decode().strip().splitlines()[-1] == "interrupted while loading the models"
+    assert waited < 10  # the load was not finished first (it takes ~1 s), let alone 500 tokens
+
+
+@pytest.mark.slow
+def test_pair_target_and_draft_rule(smollm2_target: Path, smollm2_draft: Path) -> None:
+    # --target alone: your own target, alone (no pair's draft mixed in)
+    alone = json.loads(specgen("run", "Hi", "--target", str(smollm2_target), "-n", "4",
+                               "--json").stdout)
+    assert alone["draft"] is None and alone["pair"] is None
+    # --pair with --draft: the pair's target with your draft
+    mixed = specgen("run", "Hi", "--pair", "smollm2-135m-demo", "--draft", str(smollm2_draft),
+                    "-n", "4", "--json", env=with_models_cache())
+    record = json.loads(mixed.stdout)
+    assert record["pair"] == "smollm2-135m-demo" and record["draft"] == str(smollm2_draft)

@@ -283,3 +283,131 @@ def test_list_shows_download_sizes_before_download(hub: FakeHub, home: Path) -> 
     assert len(hub.requests) == asked  # sizes are remembered
     table = specgen(["models", "list"], hub, home).stdout
     assert "no (420 kB)" in table
+
+
+# -- paths on stdout, Ctrl-C, a full disk, no network, headers read by ranges ------------------
+
+def test_pull_prints_the_paths_on_stdout(hub: FakeHub, home: Path) -> None:
+    write_models(home, TINY)
+    done = specgen(["models", "pull", "tiny"], hub, home)
+    assert done.returncode == 0, done.stderr
+    paths = [Path(line) for line in done.stdout.splitlines()]
+    assert [p.name for p in paths] == ["target.gguf", "draft.gguf"]
+    assert paths[0].read_bytes() == TARGET and paths[1].read_bytes() == DRAFT
+
+
+def test_ctrl_c_while_downloading_keeps_a_resumable_partial(hub: FakeHub, home: Path) -> None:
+    hub.add("org/big-GGUF", {"big.gguf": BIG})
+    write_models(home, BIG_PAIR)
+    hub.cut_after = CHUNK + 1_000_000
+    hub.stall.set()
+    proc = specgen(["models", "pull", "big"], hub, home, wait=False)
+    blobs = repo_dir(home, "org/big-GGUF") / "blobs"
+    deadline = time.monotonic() + 60
+    partial: list[Path] = []
+    while time.monotonic() < deadline and not partial:
+        time.sleep(0.1)
+        partial = [p for p in blobs.glob("*.incomplete") if p.stat().st_size >= CHUNK] \
+            if blobs.is_dir() else []
+    assert partial, "the download never started"
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and err.strip().splitlines()[-1] == "interrupted"
+    assert out == ""
+    commit = hub.repos["org/big-GGUF"].commit
+    final = repo_dir(home, "org/big-GGUF") / "snapshots" / commit / "big.gguf"
+    assert not final.exists() and partial[0].exists()
+    hub.stall.clear()
+    done = specgen(["models", "pull", "big"], hub, home)
+    assert done.returncode == 0, done.stderr
+    assert final.read_bytes() == BIG
+    assert [r.range for r in hub.file_gets("big.gguf")] == [None, f"bytes={CHUNK}-"]
+
+
+def test_a_full_disk_while_downloading(hub: FakeHub, home: Path,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+
+    from huggingface_hub import constants, file_download
+
+    from specgen import hub as specgen_hub
+    from specgen.errors import UserError
+
+    hub.add("org/big-GGUF", {"big.gguf": BIG})
+    cache = home.parent / "hf" / "hub"
+    monkeypatch.setattr(constants, "ENDPOINT", hub.url)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE",
+                        hub.url + "/{repo_id}/resolve/{revision}/{filename}")
+
+    def http_get(url: str, temp_file, **kwargs) -> None:
+        temp_file.write(BIG[:1000])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(file_download, "http_get", http_get)
+    with pytest.raises(UserError, match="disk is full") as caught:
+        specgen_hub.download("org/big-GGUF", "big.gguf", progress=False)
+    assert "resumes" in str(caught.value)
+    blobs = cache / "models--org--big-GGUF" / "blobs"
+    (partial,) = blobs.glob("*.incomplete")
+    assert partial.stat().st_size == 1000  # kept, to resume from
+    assert [p for p in blobs.iterdir() if not p.name.endswith(".incomplete")] == []
+    assert not (cache / "models--org--big-GGUF" / "snapshots").exists()
+
+
+def test_no_network_and_nothing_cached(hub: FakeHub, home: Path) -> None:
+    write_models(home, TINY)
+    hub.__exit__()
+    one_line_error(specgen(["models", "pull", "tiny"], hub, home), "could not reach the Hub",
+                   "HF_ENDPOINT")
+
+
+def gguf_bytes(tokens: list[str], file_type: int = 15, padding: int = 0) -> bytes:
+    """A small GGUF: a real header (metadata and vocabulary) and ``padding`` bytes of weights."""
+    import struct
+
+    def string(text: str) -> bytes:
+        data = text.encode()
+        return struct.pack("<Q", len(data)) + data
+
+    items = [("general.architecture", 8, string("llama")), ("general.name", 8, string("Tiny")),
+             ("general.file_type", 4, struct.pack("<I", file_type)),
+             ("llama.context_length", 4, struct.pack("<I", 8192)),
+             ("tokenizer.ggml.model", 8, string("gpt2")),
+             ("tokenizer.ggml.bos_token_id", 4, struct.pack("<I", 1)),
+             ("tokenizer.ggml.eos_token_id", 4, struct.pack("<I", 2)),
+             ("tokenizer.chat_template", 8, string("{{ messages }}")),
+             ("tokenizer.ggml.tokens", 9, struct.pack("<IQ", 8, len(tokens))
+              + b"".join(string(t) for t in tokens))]
+    body = b"".join(string(key) + struct.pack("<I", kind) + value for key, kind, value in items)
+    return b"GGUF" + struct.pack("<IQQ", 3, 0, len(items)) + body + os.urandom(padding)
+
+
+def test_info_and_check_read_only_the_header_of_a_hub_file(hub: FakeHub, home: Path) -> None:
+    tokens = [f"tok{i}" for i in range(20_000)]
+    big = gguf_bytes(tokens, padding=30 * 1024 * 1024)
+    hub.add("org/llm-GGUF", {"target.gguf": big,
+                             "draft.gguf": gguf_bytes(tokens, file_type=7, padding=1000),
+                             "other.gguf": gguf_bytes(tokens[:100] + ["x"] + tokens[101:],
+                                                     padding=1000)})
+    done = specgen(["models", "info", "org/llm-GGUF:target.gguf", "--json"], hub, home)
+    assert done.returncode == 0, done.stderr
+    facts = json.loads(done.stdout)
+    assert facts["quantization"] == "Q4_K_M" and facts["vocab_size"] == 20_000
+    assert facts["context_length"] == 8192 and facts["chat_template"] is True
+    assert facts["size_bytes"] == len(big) and facts["bos"]["text"] == "tok1"
+    assert "read the header" in done.stderr and "nothing downloaded" in done.stderr
+    gets = hub.file_gets("target.gguf")
+    assert gets and all(r.range and r.range.startswith("bytes=") for r in gets)
+    served = sum(int(r.range[6:].split("-")[1]) - int(r.range[6:].split("-")[0]) + 1
+                 for r in gets)
+    assert served <= 2 * 1024 * 1024  # a couple of megabytes of a 30 MB file
+    assert not list((home.parent / "hf").rglob("*.gguf"))  # nothing in the cache
+    ok = specgen(["models", "check", "--target", "org/llm-GGUF:target.gguf", "--draft",
+                  "org/llm-GGUF:draft.gguf"], hub, home)
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.startswith("ok these models: draft draft.gguf fits target target.gguf")
+    bad = specgen(["models", "check", "--target", "org/llm-GGUF:target.gguf", "--draft",
+                   "org/llm-GGUF:other.gguf"], hub, home)
+    one_line_error(bad, "does not fit", "token 100 differs")

@@ -157,7 +157,8 @@ def test_models_check_command(smollm2_draft: Path, gemma_target: Path) -> None:
     run = [sys.executable, "-m", "specgen", "models", "check"]
     ok = subprocess.run([*run, "smollm2-135m-demo"], capture_output=True, text=True,
                         env=with_models_cache())
-    assert ok.returncode == 0 and "fits" in ok.stderr
+    assert ok.returncode == 0 and ok.stdout.startswith("ok smollm2-135m-demo: draft")
+    assert "fits" in ok.stdout
     bad = subprocess.run([*run, "--target", str(gemma_target), "--draft", str(smollm2_draft)],
                          capture_output=True, text=True)
     assert bad.returncode == 1
