@@ -93,3 +93,28 @@ def test_stdin_batch_and_a_prompt_too_long_for_the_context(models: list[str]) ->
     first, second = lines(done.stdout)
     assert first["text"] and second["error"].startswith("line 2: the prompt (")
     assert "does not fit the context (256 tokens)" in second["error"]
+
+
+def test_ctrl_c_in_a_batch_keeps_finished_lines_and_resume_finishes(models: list[str],
+                                                                   tmp_path: Path) -> None:
+    import signal
+    import time
+
+    path = tmp_path / "prompts.txt"
+    path.write_text("\n".join(f"Tell me about the number {i}." for i in range(30)) + "\n")
+    out = tmp_path / "out.jsonl"
+    args = [a if a != "12" else "40" for a in models]
+    proc = subprocess.Popen([*SPECGEN, "run", "-f", str(path), "--each-line", "-o", str(out),
+                             *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and (not out.exists() or out.read_text().count("\n") < 2):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "interrupted (run again with --resume" in err and "Traceback" not in err
+    done = lines(out.read_text())  # every line written is whole
+    assert 2 <= len(done) < 30 and all("text" in r for r in done)
+    again = specgen("run", "-f", str(path), "--each-line", "-o", str(out), "--resume", *args)
+    assert again.returncode == 0, again.stderr
+    assert sorted(r["id"] for r in lines(out.read_text())) == list(range(1, 31))

@@ -203,3 +203,32 @@ def test_a_bad_json_line_in_a_batch_names_its_line_before_loading(tmp_path: Path
                    str(tmp_path / "missing.gguf"))
     one_line(done, EXIT_FAILED, "missing.gguf")
     assert json.loads(out.read_text().splitlines()[0]) == {"id": 9, "text": "kept"}
+
+
+@pytest.mark.slow
+def test_a_truncated_gguf(smollm2_draft: Path, tmp_path: Path) -> None:
+    cut = tmp_path / "cut.gguf"
+    with smollm2_draft.open("rb") as whole:
+        cut.write_bytes(whole.read(1_000_000))  # inside the header
+    one_line(specgen("models", "info", str(cut)), EXIT_FAILED, "cut short", "cut.gguf")
+    with smollm2_draft.open("rb") as whole:
+        cut.write_bytes(whole.read(30_000_000))  # the header whole, the weights cut
+    one_line(specgen("run", "hello", "--target", str(cut)), EXIT_FAILED, "could not load",
+             "cut.gguf")
+
+
+@pytest.mark.slow
+def test_a_prompt_longer_than_the_context_says_both_lengths(smollm2_target: Path) -> None:
+    one_line(specgen("run", "word " * 600, "--target", str(smollm2_target), "--ctx-size", "256",
+                     "--raw"), EXIT_FAILED, "the prompt (601 tokens)", "(256 tokens)",
+             "--ctx-size")
+
+
+def test_models_list_never_splits_a_name_at_80_columns() -> None:
+    done = specgen("models", "list", env={"COLUMNS": "80"})
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert all(len(line) <= 80 for line in lines)
+    rows = lines[1:]
+    assert len(rows) == 8  # one line per built-in pair: nothing wrapped onto a second line
+    assert all("auto" in row.split()[1:3] for row in rows)  # the K column is whole
