@@ -156,7 +156,8 @@ def test_dropped_connection_resumes_with_range(hub: FakeHub, home: Path) -> None
     assert (repo_dir(home, "org/big-GGUF") / "snapshots" / commit / "big.gguf").read_bytes() == BIG
 
 
-def test_killed_download_leaves_no_corrupt_file_and_resumes(hub: FakeHub, home: Path) -> None:
+def stalled_pull(hub: FakeHub, home: Path) -> tuple[subprocess.Popen, list[Path]]:
+    """`models pull` of a big file whose download stalls after its first chunk is on disk."""
     hub.add("org/big-GGUF", {"big.gguf": BIG})
     write_models(home, BIG_PAIR)
     hub.cut_after = CHUNK + 1_000_000
@@ -170,6 +171,11 @@ def test_killed_download_leaves_no_corrupt_file_and_resumes(hub: FakeHub, home: 
         partial = [p for p in blobs.glob("*.incomplete") if p.stat().st_size >= CHUNK] \
             if blobs.is_dir() else []
     assert partial, "the download never started"
+    return proc, partial
+
+
+def test_killed_download_leaves_no_corrupt_file_and_resumes(hub: FakeHub, home: Path) -> None:
+    proc, partial = stalled_pull(hub, home)
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
     commit = hub.repos["org/big-GGUF"].commit
@@ -297,19 +303,7 @@ def test_pull_prints_the_paths_on_stdout(hub: FakeHub, home: Path) -> None:
 
 
 def test_ctrl_c_while_downloading_keeps_a_resumable_partial(hub: FakeHub, home: Path) -> None:
-    hub.add("org/big-GGUF", {"big.gguf": BIG})
-    write_models(home, BIG_PAIR)
-    hub.cut_after = CHUNK + 1_000_000
-    hub.stall.set()
-    proc = specgen(["models", "pull", "big"], hub, home, wait=False)
-    blobs = repo_dir(home, "org/big-GGUF") / "blobs"
-    deadline = time.monotonic() + 60
-    partial: list[Path] = []
-    while time.monotonic() < deadline and not partial:
-        time.sleep(0.1)
-        partial = [p for p in blobs.glob("*.incomplete") if p.stat().st_size >= CHUNK] \
-            if blobs.is_dir() else []
-    assert partial, "the download never started"
+    proc, partial = stalled_pull(hub, home)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
