@@ -55,8 +55,9 @@ class Proposal:
 class Drafter(Protocol):
     """A source of guesses for the engine (see the module docstring for the protocol)."""
 
-    def begin(self, prompt: Sequence[int]) -> None:
-        """A new generation; ``prompt`` is every token before the first cycle."""
+    def begin(self, prompt: Sequence[int], reuse_prefix: bool = False) -> None:
+        """A new generation; ``prompt`` is every token before the first cycle. With
+        ``reuse_prefix`` a drafter may keep state for the part the last generation shared."""
 
     def offers(self, context: Sequence[int]) -> list[Offer]:
         """What this drafter can offer after ``context`` (all tokens so far), best first."""
@@ -67,6 +68,27 @@ class Drafter(Protocol):
 
     def settle(self, n_accepted: int) -> None:
         """The last proposal's first ``n_accepted`` guesses survived; forget the rest."""
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def reuse_prefix_cache(model: Model, held: list[int], wanted: list[int]) -> int:
+    """Make the model's cache hold ``wanted``, keeping the prefix it shares with ``held`` (what
+    the cache holds now; empty: start from nothing). Returns how many tokens were reused."""
+    keep = common_prefix(held, wanted)
+    if keep:
+        model.rollback(keep)
+    else:
+        model.reset()
+    model.decode(wanted[keep:], 0)
+    return keep
 
 
 class ModelDrafter:
@@ -83,11 +105,13 @@ class ModelDrafter:
         self.model = model
         self.p_min = p_min
         self._base = 0
+        self._context: Sequence[int] = ()  # the engine's live context, as last seen
 
-    def begin(self, prompt: Sequence[int]) -> None:
+    def begin(self, prompt: Sequence[int], reuse_prefix: bool = False) -> None:
         # The engine holds the prompt's last token back to open cycle one; so does the draft.
-        self.model.reset()
-        self.model.decode(list(prompt[:-1]), 0)
+        held = list(self._context[: self.model.n_past]) if reuse_prefix else []
+        self._context = ()
+        reuse_prefix_cache(self.model, held, list(prompt[:-1]))
 
     def offers(self, context: Sequence[int]) -> list[Offer]:
         room = self.model.n_ctx - len(context) + 1
@@ -97,6 +121,7 @@ class ModelDrafter:
                 rng: np.random.Generator) -> Proposal:
         model, out = self.model, Proposal()
         self._base = len(context)
+        self._context = context
         # Catch up on what was accepted since this draft last ran (one batch), then one token a
         # step: the last guess is never decoded, since nothing would read its logits.
         feed = list(context[model.n_past :])
@@ -137,7 +162,7 @@ class NgramDrafter:
     def __init__(self) -> None:
         self.begin(())
 
-    def begin(self, prompt: Sequence[int]) -> None:
+    def begin(self, prompt: Sequence[int], reuse_prefix: bool = False) -> None:
         self._index: dict[tuple[int, ...], int] = {}
         self._indexed = 0
 
@@ -187,8 +212,8 @@ class HybridDrafter:
         self.ngram = ngram or NgramDrafter()
         self._last: ModelDrafter | NgramDrafter = self.model
 
-    def begin(self, prompt: Sequence[int]) -> None:
-        self.model.begin(prompt)
+    def begin(self, prompt: Sequence[int], reuse_prefix: bool = False) -> None:
+        self.model.begin(prompt, reuse_prefix)
         self.ngram.begin(prompt)
 
     def offers(self, context: Sequence[int]) -> list[Offer]:

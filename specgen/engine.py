@@ -29,7 +29,7 @@ from specgen.core.speculative import (
     verify_greedy,
 )
 from specgen.core.text import StopMatcher, StreamDecoder
-from specgen.drafters import Drafter, Model, Proposal
+from specgen.drafters import Drafter, Model, Proposal, reuse_prefix_cache
 from specgen.lookahead import AdaptiveLookahead, Costs, FixedLookahead, LookaheadPolicy
 
 
@@ -76,6 +76,7 @@ class Stats:
     seed: int
     speculative: bool = True
     n_prompt: int = 0
+    n_prompt_cached: int = 0  # prompt tokens kept in the caches from the last generation
     prompt_seconds: float = 0.0
     n_generated: int = 0
     n_cycles: int = 0
@@ -165,6 +166,7 @@ class Stats:
             "lookahead": self.lookahead,
             "seed": self.seed,
             "prompt_tokens": self.n_prompt,
+            "prompt_tokens_cached": self.n_prompt_cached,
             "prompt_seconds": round(self.prompt_seconds, 6),
             "prompt_tokens_per_second": self.prompt_tokens_per_second,
             "generated_tokens": self.n_generated,
@@ -229,6 +231,10 @@ class SpeculativeEngine:
         self.target = target
         self.drafter = drafter
         self.costs = Costs()
+        # What the target's cache holds between generations (for ``reuse_prefix``): the last
+        # context, trusted only when that generation stopped between two cycles.
+        self._context: list[int] = []
+        self._clean = False
 
     def policy(self, lookahead: Lookahead) -> LookaheadPolicy:
         if self.drafter is None:
@@ -236,12 +242,15 @@ class SpeculativeEngine:
         return AdaptiveLookahead(self.costs) if lookahead == "auto" else FixedLookahead(lookahead)
 
     def generate(
-        self, prompt: Sequence[int], config: GenerationConfig, stats: Stats | None = None
+        self, prompt: Sequence[int], config: GenerationConfig, stats: Stats | None = None,
+        reuse_prefix: bool = False,
     ) -> Iterator[Event]:
         """Yield text as it is accepted, a ``CycleDone`` per cycle, then ``Finished``.
 
-        Pass ``stats`` to watch the counters live (the view does); every run starts from empty
-        caches, so results never depend on an earlier run.
+        Pass ``stats`` to watch the counters live (the view does). A run starts from empty
+        caches, so results never depend on an earlier run, unless ``reuse_prefix``: then the
+        part of the prompt that the last generation's text shares (a chat that goes on) is kept
+        in the caches instead of decoded again (``Stats.n_prompt_cached``).
         """
         assert len(prompt) > 0, "the prompt must hold at least one token"
         target, drafter, sampling = self.target, self.drafter, config.sampling
@@ -262,10 +271,11 @@ class SpeculativeEngine:
         if len(tokens) > target.n_ctx:
             raise PromptTooLong(f"the prompt ({len(tokens)} tokens) does not fit the context "
                                 f"({target.n_ctx} tokens); raise --ctx-size")
-        target.reset()
-        target.decode(tokens[:-1], 0)
+        held = self._context[: target.n_past] if reuse_prefix and self._clean else []
+        self._context, self._clean = tokens, False
+        stats.n_prompt_cached = reuse_prefix_cache(target, held, tokens[:-1])
         if drafter is not None:
-            drafter.begin(tokens)
+            drafter.begin(tokens, reuse_prefix)
         policy.begin()
         stats.n_prompt = len(tokens)
         stats.prompt_seconds = time.perf_counter() - started
@@ -286,6 +296,7 @@ class SpeculativeEngine:
             t1 = time.perf_counter()
 
             # 3. One target pass over [last, guesses...], K+1 rows of logits.
+            self._clean = False
             base = target.n_past
             rows = target.decode([tokens[-1], *guesses], len(guesses) + 1)
             verdict = self._verify(proposal, rows, sampling, rng)
@@ -301,8 +312,9 @@ class SpeculativeEngine:
             policy.observe(plan, len(guesses), verdict.n_accepted, t1 - t0, t2 - t1, offers, new)
             stats.record_cycle(plan.offer.source if plan.offer and guesses else None,
                                plan.lookahead, len(guesses), verdict.n_accepted, plan.probe)
-            yield CycleDone(len(guesses), verdict.n_accepted, tuple(new))
             tokens.extend(new)
+            self._clean = True  # the cache holds every token of the context but the last
+            yield CycleDone(len(guesses), verdict.n_accepted, tuple(new))
             text = emit.tokens(new, stats)
             if text:
                 yield TextChunk(text)

@@ -7,7 +7,7 @@ No terminal code: callers get text through ``on_text`` and decide how to show it
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -225,31 +225,58 @@ class Result:
         return {"text": self.text, "stats": self.stats.as_dict()}
 
 
-def generate(
+def stream(
     pair: Pair, prompt: Prompt, config: GenerationConfig, *, chat: bool = False,
     system: str | None = None, draft_p_min: float = 0.0, stats: Stats | None = None,
-    on_text: Callable[[str], None] | None = None,
-) -> Result:
-    """Generate from a prompt on a loaded pair; no terminal code. ``on_text`` gets each piece
-    of text as it is accepted; pass ``stats`` to watch the counters live. Ctrl-C ends the
-    generation with the text so far (``Result.interrupted``)."""
+    reuse_prefix: bool = False, cancelled: Callable[[], bool] | None = None,
+) -> Iterator[TextChunk | Result]:
+    """Generate from a prompt on a loaded pair, yielding each piece of text as it is accepted
+    (``TextChunk``), then the ``Result``. ``cancelled`` is asked after every cycle: when it
+    says so, the generation ends there (stop reason ``cancelled``). No terminal code."""
     tokens = prompt_tokens(pair.target, prompt, chat, system)
     engine = pair.engine(draft_p_min)
     if stats is None:
         stats = new_stats(pair, config, draft_p_min)
     pieces: list[str] = []
+    events = engine.generate(tokens, config, stats, reuse_prefix=reuse_prefix)
     try:
-        for event in engine.generate(tokens, config, stats):
+        for event in events:
             if isinstance(event, TextChunk):
                 pieces.append(event.text)
-                if on_text is not None:
-                    on_text(event.text)
+                yield event
             elif isinstance(event, Finished):
                 break
+            elif cancelled is not None and cancelled():
+                stats.finish("cancelled")
+                break
+    finally:
+        events.close()
+    yield Result("".join(pieces), stats)
+
+
+def generate(
+    pair: Pair, prompt: Prompt, config: GenerationConfig, *, chat: bool = False,
+    system: str | None = None, draft_p_min: float = 0.0, stats: Stats | None = None,
+    on_text: Callable[[str], None] | None = None, reuse_prefix: bool = False,
+) -> Result:
+    """Generate from a prompt on a loaded pair; no terminal code. ``on_text`` gets each piece
+    of text as it is accepted; pass ``stats`` to watch the counters live. Ctrl-C ends the
+    generation with the text so far (``Result.interrupted``)."""
+    if stats is None:
+        stats = new_stats(pair, config, draft_p_min)
+    pieces: list[str] = []
+    try:
+        for item in stream(pair, prompt, config, chat=chat, system=system,
+                           draft_p_min=draft_p_min, stats=stats, reuse_prefix=reuse_prefix):
+            if isinstance(item, Result):
+                return item
+            pieces.append(item.text)
+            if on_text is not None:
+                on_text(item.text)
     except KeyboardInterrupt:
         stats.finish("interrupted")
         return Result("".join(pieces), stats, interrupted=True)
-    return Result("".join(pieces), stats)
+    raise AssertionError("stream always ends with a Result")
 
 
 def new_stats(pair: Pair, config: GenerationConfig, draft_p_min: float = 0.0) -> Stats:

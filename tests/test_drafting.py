@@ -44,7 +44,7 @@ class ScriptedDrafter:
     def __init__(self, script: list[int]) -> None:
         self.script, self.calls = script, []
 
-    def begin(self, prompt: Sequence[int]) -> None:
+    def begin(self, prompt: Sequence[int], reuse_prefix: bool = False) -> None:
         self.calls.append(("begin", len(prompt)))
 
     def offers(self, context: Sequence[int]) -> list[Offer]:

@@ -201,3 +201,51 @@ def test_draft_p_min_keeps_greedy_exact_and_drafts_less(lookahead: int) -> None:
     assert tokens == alone[: len(tokens)] and len(tokens) >= 60
     assert cautious.stats.n_drafted < full.stats.n_drafted
     assert cautious.stats.alpha > full.stats.alpha  # the guesses it skipped were the risky ones
+
+
+@pytest.mark.parametrize("lookahead", [0, 3, "auto"])
+def test_a_chat_that_goes_on_reuses_the_cached_prefix(lookahead) -> None:
+    """With reuse_prefix, a prompt that extends the last context decodes only what is new,
+    in both caches, and generates exactly what a fresh run would."""
+    target, draft = pair()
+    engine = spec(target, draft)
+    # auto's K depends on measured time, so only greedy output is the same run to run
+    sampling = GREEDY if lookahead == "auto" else SamplingParams(temperature=0.9)
+    config = GenerationConfig(lookahead=lookahead, sampling=sampling, max_tokens=20, seed=5)
+    first, _, done = run(engine, config)
+    turn_two = PROMPT + first + [4, 5, 6]  # the answer, then the user's next turn
+    target.decode_calls.clear()
+    draft.decode_calls.clear()
+    events = list(engine.generate(turn_two, config, reuse_prefix=True))
+    again = [t for e in events if isinstance(e, CycleDone) for t in e.tokens]
+    stats = events[-1].stats
+    kept = len(PROMPT) + len(first) - 1  # all but the last token of turn one's context
+    assert stats.n_prompt_cached == kept
+    assert target.decode_calls[0][0] == len(turn_two) - 1 - kept  # only the new tokens
+    if lookahead != 0:  # the draft ran in turn one: its cache is reused too
+        assert draft.decode_calls[0][0] < len(turn_two) - 1 - len(PROMPT)
+    fresh_target, fresh_draft = pair()
+    fresh, _, _ = run(spec(fresh_target, fresh_draft), config, turn_two)
+    assert again == fresh  # same caches in effect: the same sample
+
+
+def test_a_generation_broken_mid_cycle_is_not_reused() -> None:
+    target, draft = pair()
+    engine = spec(target, draft)
+    config = GenerationConfig(lookahead=4, sampling=GREEDY, max_tokens=40)
+    decode, calls = target.decode, []
+
+    def failing(tokens: list[int], n_logits: int = 1):
+        calls.append(1)
+        if len(calls) == 4:
+            raise KeyboardInterrupt  # Ctrl-C inside a verify pass
+        return decode(tokens, n_logits)
+
+    target.decode = failing
+    with pytest.raises(KeyboardInterrupt):
+        list(engine.generate(PROMPT, config))
+    target.decode = decode
+    stats = list(engine.generate(PROMPT + [7], config, reuse_prefix=True))[-1].stats
+    assert stats.n_prompt_cached == 0  # the cache held unverified guesses: start afresh
+    stats = list(engine.generate(PROMPT + [7, 8], config, reuse_prefix=True))[-1].stats
+    assert stats.n_prompt_cached == len(PROMPT) + 1  # a clean end is reused
