@@ -19,6 +19,7 @@ from specgen.cli_bench import bench
 from specgen.cli_doctor import doctor
 from specgen.cli_models import app as models_app
 from specgen.cli_run import run
+from specgen.cli_serve import serve
 from specgen.errors import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -58,6 +59,7 @@ app.command()(run)
 app.add_typer(models_app, name="models")
 app.command("bench")(bench)
 app.command("doctor")(doctor)
+app.command("serve")(serve)
 
 
 def main() -> None:

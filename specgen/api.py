@@ -1,0 +1,131 @@
+"""The Python API: load a pair once, then generate from Python (whole texts or streams).
+
+    from specgen.api import Specgen
+
+    sg = Specgen(pair="smollm2-135m-demo")            # or target=..., draft=...
+    print(sg.generate("Name three colours:", max_tokens=32, temperature=0).text)
+    for piece in sg.stream([{"role": "user", "content": "Hi!"}]):
+        print(piece, end="")
+    print(sg.last.stats.accept_rate)
+
+The same engine, models and defaults as ``specgen run``, and no terminal code: nothing is
+printed, errors are raised (``specgen.errors``), and the caller decides what to show.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from specgen.core.sampling import SamplingParams
+from specgen.core.speculative import Lookahead
+from specgen.engine import GenerationConfig
+from specgen.prompts import Message
+from specgen.session import Choice, Pair, PairOptions, Result
+
+Prompt = str | Sequence[Message]
+DEFAULT_SAMPLING = SamplingParams()
+
+
+@dataclass(frozen=True)
+class Settings:
+    """One request's generation settings (``specgen run``'s defaults)."""
+
+    max_tokens: int = 256
+    temperature: float = DEFAULT_SAMPLING.temperature
+    top_k: int = DEFAULT_SAMPLING.top_k
+    top_p: float = DEFAULT_SAMPLING.top_p
+    min_p: float = DEFAULT_SAMPLING.min_p
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+    def config(self, lookahead: Lookahead) -> GenerationConfig:
+        sampling = SamplingParams(self.temperature, self.top_k, self.top_p, self.min_p)
+        return GenerationConfig(lookahead=lookahead, sampling=sampling,
+                                max_tokens=self.max_tokens, stop=self.stop, seed=self.seed)
+
+
+class Specgen:
+    """A loaded draft/target pair, ready to generate; one generation at a time."""
+
+    def __init__(self, pair: str | None = None, target: str | Path | None = None,
+                 draft: str | Path | None = None, *, lookahead: Lookahead | None = None,
+                 ngram: bool | None = None, n_ctx: int = 0, threads: int = 0,
+                 gpu_layers: int = -1, draft_p_min: float = 0.0, chat: bool | None = None,
+                 verbose: bool = False) -> None:
+        from specgen.registry import Registry, resolve
+        from specgen.selftest import ensure_cpu_works
+        from specgen.session import choose, load_pair
+
+        choice = choose(Registry.load(), pair, None if target is None else str(target),
+                        None if draft is None else str(draft), ngram)
+        k = choice.lookahead if lookahead is None else lookahead
+        if not choice.drafts:
+            k = 0
+        target_path = resolve(choice.target, progress=False)
+        draft_path = (resolve(choice.draft, progress=False)
+                      if choice.draft is not None and k != 0 else None)
+        ensure_cpu_works([p for p in (target_path, draft_path) if p is not None])
+        options = PairOptions(n_ctx=n_ctx, target_threads=threads, draft_threads=threads,
+                              target_gpu_layers=gpu_layers, draft_gpu_layers=gpu_layers,
+                              verbose=verbose)
+        self.choice: Choice = choice
+        self.pair: Pair = load_pair(target_path, draft_path, options,
+                                    ngram=choice.ngram and k != 0)
+        self.lookahead: Lookahead = k
+        self.draft_p_min = draft_p_min
+        self.target_path, self.draft_path = target_path, draft_path
+        self._chat = chat
+        self.last: Result | None = None
+
+    @property
+    def name(self) -> str:
+        return self.choice.pair.name if self.choice.pair else self.target_path.name
+
+    def wants_chat(self, prompt: Prompt, system: str | None = None) -> bool:
+        """Whether a prompt is rendered with the chat template (messages always are)."""
+        from specgen.session import wants_chat
+
+        if not isinstance(prompt, str):
+            return True
+        return wants_chat(self.pair, self.choice.chat, self._chat, system)
+
+    def stream_events(self, prompt: Prompt, settings: Settings = Settings(), *,
+                      system: str | None = None, reuse_prefix: bool = False,
+                      cancelled: Callable[[], bool] | None = None,
+                      chat: bool | None = None) -> Iterator[object]:
+        """Text pieces (``TextChunk``) as they are accepted, then the ``Result``."""
+        from specgen.session import stream
+
+        use_chat = self.wants_chat(prompt, system) if chat is None else chat
+        for item in stream(self.pair, prompt, settings.config(self.lookahead), chat=use_chat,
+                           system=system, draft_p_min=self.draft_p_min,
+                           reuse_prefix=reuse_prefix, cancelled=cancelled):
+            if isinstance(item, Result):
+                self.last = item
+            yield item
+
+    def stream(self, prompt: Prompt, *, system: str | None = None, **settings: object
+               ) -> Iterator[str]:
+        """The text as it is accepted, piece by piece; the whole ``Result`` is ``self.last``
+        afterwards. ``settings`` are ``Settings`` fields (max_tokens, temperature, ...)."""
+        for item in self.stream_events(prompt, _settings(settings), system=system):
+            if not isinstance(item, Result):
+                yield item.text  # type: ignore[attr-defined]
+
+    def generate(self, prompt: Prompt, *, system: str | None = None, **settings: object
+                 ) -> Result:
+        """The whole generation: its text and statistics."""
+        for _ in self.stream(prompt, system=system, **settings):
+            pass
+        assert self.last is not None
+        return self.last
+
+
+def _settings(given: dict[str, object]) -> Settings:
+    if "stop" in given and isinstance(given["stop"], str):
+        given = {**given, "stop": (given["stop"],)}
+    elif "stop" in given:
+        given = {**given, "stop": tuple(given["stop"])}  # type: ignore[arg-type]
+    return replace(Settings(), **given)  # type: ignore[arg-type]

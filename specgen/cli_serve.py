@@ -1,0 +1,86 @@
+"""``specgen serve``: the OpenAI-compatible server (``specgen.server``) from the command line."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from specgen.errors import UserError
+from specgen.options import (
+    CtxOpt,
+    DraftOpt,
+    DraftPMinOpt,
+    GpuLayersOpt,
+    LookaheadOpt,
+    NgramOpt,
+    PairOpt,
+    TargetOpt,
+    ThreadsOpt,
+    VerboseOpt,
+)
+
+err = Console(stderr=True)
+SERVER = "Server"
+
+
+def serve(
+    pair: PairOpt = None,
+    target: TargetOpt = None,
+    draft: DraftOpt = None,
+    lookahead: LookaheadOpt = None,
+    ngram: NgramOpt = None,
+    draft_p_min: DraftPMinOpt = 0.0,
+    host: Annotated[str, typer.Option("--host", metavar="ADDRESS", help="Address to listen on "
+                                      "(0.0.0.0: every interface).",
+                                      rich_help_panel=SERVER)] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", min=0, max=65535, help="Port to listen on.",
+                                      rich_help_panel=SERVER)] = 8080,
+    api_key: Annotated[str | None, typer.Option(
+        "--api-key", metavar="KEY", envvar="SPECGEN_API_KEY", help="Require 'Authorization: "
+        "Bearer KEY' on /v1/ (default: $SPECGEN_API_KEY; none: open).", show_default=False,
+        rich_help_panel=SERVER)] = None,
+    queue: Annotated[int, typer.Option("--queue", min=0, help="Requests that may wait while "
+                                       "one generates; past that, 503.",
+                                       rich_help_panel=SERVER)] = 8,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", min=1, help="New tokens per "
+                                            "request when it does not say.",
+                                            rich_help_panel=SERVER)] = 256,
+    threads: ThreadsOpt = 0,
+    gpu_layers: GpuLayersOpt = -1,
+    ctx_size: CtxOpt = 0,
+    verbose: VerboseOpt = False,
+) -> None:
+    """Serve the pair over an OpenAI-compatible HTTP API (chat, completions, metrics)."""
+    try:
+        import uvicorn
+
+        from specgen.server import create_app
+    except ImportError as error:
+        raise UserError("specgen serve needs its extra: pip install 'specgen[server]'") from error
+    from specgen.api import Specgen
+
+    generator = Specgen(pair, target, draft, lookahead=lookahead, ngram=ngram, n_ctx=ctx_size,
+                        threads=threads, gpu_layers=gpu_layers, draft_p_min=draft_p_min,
+                        verbose=verbose)
+    app = create_app(generator, api_key=api_key, max_queue=queue, default_max_tokens=max_tokens)
+    where = f"http://{host}:{port}/v1"
+    err.print(f"specgen serve: {generator.name} (K={generator.lookahead}) at {where}"
+              + ("" if api_key else "; no API key") + "; Ctrl-C to stop", highlight=False,
+              soft_wrap=True)
+    _server(uvicorn.Config(app, host=host, port=port, log_level="warning",
+                           timeout_graceful_shutdown=10), app.state.worker).run()
+
+
+def _server(config: object, worker: object) -> object:
+    """uvicorn's server, told to end in-flight generations at once when asked to stop (Ctrl-C,
+    SIGTERM), so their streams close with a final event instead of running to the end."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: object) -> None:
+            worker.draining.set()  # type: ignore[attr-defined]
+            super().handle_exit(sig, frame)
+
+    return Server(config)  # type: ignore[arg-type]
