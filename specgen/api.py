@@ -47,13 +47,16 @@ class Settings:
 
 
 class Specgen:
-    """A loaded draft/target pair, ready to generate; one generation at a time."""
+    """A loaded draft/target pair, ready to generate; one generation at a time.
+
+    ``progress`` shows download and conversion progress on stderr (the CLI's ``serve`` does);
+    otherwise nothing is printed."""
 
     def __init__(self, pair: str | None = None, target: str | Path | None = None,
                  draft: str | Path | None = None, *, lookahead: Lookahead | None = None,
                  ngram: bool | None = None, n_ctx: int = 0, threads: int = 0,
                  gpu_layers: int = -1, draft_p_min: float = 0.0, chat: bool | None = None,
-                 verbose: bool = False) -> None:
+                 verbose: bool = False, progress: bool = False) -> None:
         from specgen.registry import Registry, resolve
         from specgen.selftest import ensure_cpu_works
         from specgen.session import choose, load_pair
@@ -63,8 +66,8 @@ class Specgen:
         k = choice.lookahead if lookahead is None else lookahead
         if not choice.drafts:
             k = 0
-        target_path = resolve(choice.target, progress=False)
-        draft_path = (resolve(choice.draft, progress=False)
+        target_path = resolve(choice.target, progress=progress)
+        draft_path = (resolve(choice.draft, progress=progress)
                       if choice.draft is not None and k != 0 else None)
         ensure_cpu_works([p for p in (target_path, draft_path) if p is not None])
         options = PairOptions(n_ctx=n_ctx, target_threads=threads, draft_threads=threads,

@@ -63,7 +63,7 @@ def serve(
 
     generator = Specgen(pair, target, draft, lookahead=lookahead, ngram=ngram, n_ctx=ctx_size,
                         threads=threads, gpu_layers=gpu_layers, draft_p_min=draft_p_min,
-                        verbose=verbose)
+                        verbose=verbose, progress=True)
     app = create_app(generator, api_key=api_key, max_queue=queue, default_max_tokens=max_tokens)
     where = f"http://{host}:{port}/v1"
     err.print(f"specgen serve: {generator.name} (K={generator.lookahead}) at {where}"
