@@ -243,9 +243,9 @@ class Worker:
                     loop.call_soon_threadsafe(queue.put_nowait, item)
             except BaseException as err:  # handed to the request below
                 loop.call_soon_threadsafe(queue.put_nowait, err)
-            finally:
-                loop.call_soon_threadsafe(queue.put_nowait, done)
+            finally:  # in this order: whoever sees `done` finds the model free
                 loop.call_soon_threadsafe(self.lock.release)
+                loop.call_soon_threadsafe(queue.put_nowait, done)
 
         try:
             threading.Thread(target=work, name="specgen-generate", daemon=True).start()
@@ -253,10 +253,16 @@ class Worker:
             self.lock.release()
             raise
         try:
+            result = None
             while (item := await queue.get()) is not done:
                 if isinstance(item, BaseException):
                     raise item
-                yield item
+                if isinstance(item, Result):
+                    result = item  # handed on once the thread is done and the model free
+                else:
+                    yield item
+            if result is not None:
+                yield result
         finally:
             job.cancelled.set()  # a client gone, or an error: stop at the next cycle
 

@@ -247,3 +247,12 @@ def test_the_python_api_generates_as_run_does(smollm2_target: Path,
     events = list(sg.stream_events("Once upon a time", chat=False))
     assert isinstance(events[-1], Result) and all(isinstance(e, TextChunk)
                                                   for e in events[:-1])
+
+
+def test_back_to_back_requests_never_find_the_model_busy(client) -> None:
+    """With --queue 0, a request sent the moment the last answer arrived still gets the model:
+    an answer is only sent once its generation has given the model back."""
+    for i in range(12):
+        answer = client.completions.create(model="x", prompt=f"Number {i}:", max_tokens=2,
+                                           temperature=0)
+        assert answer.choices[0].finish_reason in ("length", "stop")
