@@ -50,19 +50,28 @@ class Specgen:
     """A loaded draft/target pair, ready to generate; one generation at a time.
 
     ``progress`` shows download and conversion progress on stderr (the CLI's ``serve`` does);
-    otherwise nothing is printed."""
+    otherwise nothing is printed. ``from_bench`` takes K (and the way of drafting) from what
+    ``specgen bench`` found best for these models on this machine at sampling temperatures,
+    unless ``lookahead``, ``ngram`` or ``draft="ngram"`` says otherwise (``self.note`` says
+    so)."""
 
     def __init__(self, pair: str | None = None, target: str | Path | None = None,
                  draft: str | Path | None = None, *, lookahead: Lookahead | None = None,
                  ngram: bool | None = None, n_ctx: int = 0, threads: int = 0,
                  gpu_layers: int = -1, draft_p_min: float = 0.0, chat: bool | None = None,
-                 verbose: bool = False, progress: bool = False) -> None:
-        from specgen.registry import Registry, resolve
+                 verbose: bool = False, progress: bool = False,
+                 from_bench: bool = False) -> None:
+        from specgen.registry import NGRAM, Registry, resolve
         from specgen.selftest import ensure_cpu_works
         from specgen.session import choose, load_pair
+        from specgen.session import from_bench as bench_pick
 
         choice = choose(Registry.load(), pair, None if target is None else str(target),
                         None if draft is None else str(draft), ngram)
+        self.note = ""
+        if from_bench and lookahead is None and ngram is None and draft != NGRAM:
+            choice, lookahead, self.note = bench_pick(choice, threads, gpu_layers,
+                                                      Settings.temperature)
         k = choice.lookahead if lookahead is None else lookahead
         if not choice.drafts:
             k = 0

@@ -19,7 +19,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from specgen.core.speculative import MAX_LOOKAHEAD, Lookahead
+from specgen.core.speculative import Lookahead
 from specgen.errors import EXIT_FAILED, EXIT_INTERRUPTED, Interrupted, UsageError
 from specgen.options import (
     OUTPUT,
@@ -253,14 +253,16 @@ def _setup(pair: str | None, target: str | None, draft: str | None, ngram: bool 
     """Choose the models and K, fetch and self-test them, load them once."""
     from dataclasses import replace
 
-    from specgen.registry import Registry, resolve
+    from specgen.registry import NGRAM, Registry, resolve
     from specgen.selftest import ensure_cpu_works
-    from specgen.session import choose, load_pair
+    from specgen.session import choose, from_bench, load_pair
 
     choice = choose(Registry.load(), pair, target, draft, ngram)
     note = ""
-    if lookahead is None and ngram is None and draft is None:
-        choice, lookahead, note = _from_bench(choice, options, config.sampling.temperature)
+    if lookahead is None and ngram is None and draft != NGRAM:
+        choice, lookahead, note = from_bench(choice, options.target_threads,
+                                             options.target_gpu_layers,
+                                             config.sampling.temperature)
     k = choice.lookahead if lookahead is None else lookahead
     if not choice.drafts:
         if k != 0 and not note:
@@ -273,36 +275,6 @@ def _setup(pair: str | None, target: str | None, draft: str | None, ngram: bool 
     loaded = load_pair(target_path, draft_path, options, ngram=choice.ngram and k != 0)
     return _Setup(choice, loaded, target_path, draft_path, replace(config, lookahead=k),
                   "" if quiet else note)
-
-
-def _from_bench(choice: Choice, options: PairOptions, temperature: float
-                ) -> tuple[Choice, Lookahead | None, str]:
-    """What `specgen bench` found best for these models on this machine, if it ran here."""
-    from dataclasses import replace
-
-    from specgen.bench import recall
-    from specgen.session import bench_memo
-
-    if not choice.drafts:
-        return choice, None, ""
-    found = recall(bench_memo(choice, options.target_threads, options.target_gpu_layers),
-                   temperature)
-    if found is None:
-        return choice, None, ""
-    variant = found["variant"]
-    if variant == "ngram":
-        choice, k = replace(choice, draft=None, ngram=True), "auto"
-    elif variant == "hybrid":
-        choice, k = replace(choice, ngram=True), "auto"
-    elif variant == "auto" or (isinstance(variant, int) and 0 <= variant <= MAX_LOOKAHEAD):
-        choice, k = replace(choice, ngram=False), variant
-    else:
-        return choice, None, ""
-    name = f"K={variant}" if isinstance(variant, int) else variant
-    note = (f"{name}: what `specgen bench` found best here ({found.get('date')}, "
-            f"{float(found.get('speedup', 1.0)):.2f}x at T={found.get('temperature')}); "
-            f"-k to choose another")
-    return choice, k, note
 
 
 def _single(setup: _Setup, text: str, chat: bool, system: str | None, draft_p_min: float,

@@ -63,7 +63,9 @@ def serve(
 
     generator = Specgen(pair, target, draft, lookahead=lookahead, ngram=ngram, n_ctx=ctx_size,
                         threads=threads, gpu_layers=gpu_layers, draft_p_min=draft_p_min,
-                        verbose=verbose, progress=True)
+                        verbose=verbose, progress=True, from_bench=True)
+    if generator.note:
+        err.print(generator.note, style="dim", highlight=False, soft_wrap=True)
     app = create_app(generator, api_key=api_key, max_queue=queue, default_max_tokens=max_tokens)
     where = f"http://{host}:{port}/v1"
     err.print(f"specgen serve: {generator.name} (K={generator.lookahead}) at {where}"

@@ -301,3 +301,34 @@ def bench_memo(choice: Choice, threads: int, gpu_layers: int) -> Path:
                "logical_cpus": os.cpu_count(), "build": build_id(),
                "threads": threads or default_threads(), "gpu_layers": gpu_layers}
     return memo_path(models, machine)
+
+
+def from_bench(choice: Choice, threads: int, gpu_layers: int, temperature: float
+               ) -> tuple[Choice, Lookahead | None, str]:
+    """What `specgen bench` found best for these models on this machine at this kind of
+    sampling, if it ran here: the choice to use, its K (None: bench never ran) and a note
+    that says where the K came from."""
+    from dataclasses import replace
+
+    from specgen.bench import recall
+    from specgen.core.speculative import MAX_LOOKAHEAD
+
+    if not choice.drafts:
+        return choice, None, ""
+    found = recall(bench_memo(choice, threads, gpu_layers), temperature)
+    if found is None:
+        return choice, None, ""
+    variant = found["variant"]
+    if variant == "ngram":
+        choice, k = replace(choice, draft=None, ngram=True), "auto"
+    elif variant == "hybrid":
+        choice, k = replace(choice, ngram=True), "auto"
+    elif variant == "auto" or (isinstance(variant, int) and 0 <= variant <= MAX_LOOKAHEAD):
+        choice, k = replace(choice, ngram=False), variant
+    else:
+        return choice, None, ""
+    name = f"K={variant}" if isinstance(variant, int) else variant
+    note = (f"{name}: what `specgen bench` found best here ({found.get('date')}, "
+            f"{float(found.get('speedup', 1.0)):.2f}x at T={found.get('temperature')}); "
+            f"-k to choose another")
+    return choice, k, note

@@ -256,3 +256,18 @@ def test_back_to_back_requests_never_find_the_model_busy(client) -> None:
         answer = client.completions.create(model="x", prompt=f"Number {i}:", max_tokens=2,
                                            temperature=0)
         assert answer.choices[0].finish_reason in ("length", "stop")
+
+
+def test_serve_takes_the_k_bench_found(smollm2_target: Path, smollm2_draft: Path) -> None:
+    from specgen.api import Specgen
+    from specgen.registry import Registry
+    from specgen.session import bench_memo, choose
+
+    choice = choose(Registry.load(), None, str(smollm2_target), str(smollm2_draft))
+    memo = bench_memo(choice, 2, -1)
+    memo.parent.mkdir(parents=True, exist_ok=True)
+    memo.write_text(json.dumps({"sampled": {"variant": 3, "speedup": 1.3, "temperature": 0.8,
+                                            "date": "2026-11-29"}}))
+    sg = Specgen(target=smollm2_target, draft=smollm2_draft, threads=2, from_bench=True)
+    assert sg.lookahead == 3 and "specgen bench" in sg.note
+    assert Specgen(target=smollm2_target, draft=smollm2_draft, threads=2).lookahead == "auto"
