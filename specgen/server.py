@@ -278,23 +278,7 @@ def create_app(generator: Specgen, *, api_key: str | None = None, max_queue: int
     app.state.worker, app.state.metrics = worker, metrics
     model_id = generator.name
 
-    @app.middleware("http")
-    async def guard(request: Request, call_next: Any) -> Response:
-        started = time.perf_counter()
-        path = request.url.path
-        if api_key and path.startswith("/v1/") and \
-                request.headers.get("authorization") != f"Bearer {api_key}":
-            response: Response = _error(401, "missing or wrong API key: send Authorization: "
-                                             "Bearer KEY", "invalid_request_error",
-                                        "invalid_api_key")
-        elif int(request.headers.get("content-length") or 0) > max_body:
-            response = _error(413, f"the request body is over {max_body} bytes",
-                              code="request_too_large")
-        else:
-            response = await call_next(request)
-        metrics.requests.labels(endpoint=path, status=str(response.status_code)).inc()
-        metrics.latency.labels(endpoint=path).observe(time.perf_counter() - started)
-        return response
+    app.add_middleware(_Guard, api_key=api_key, max_body=max_body, metrics=metrics)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, err: RequestValidationError) -> JSONResponse:
@@ -368,6 +352,42 @@ def create_app(generator: Specgen, *, api_key: str | None = None, max_queue: int
         return await respond(request, body, body.text(), chat=False)
 
     return app
+
+
+class _Guard:
+    """Plain ASGI middleware: the API key, the body size bound, request counts and latency.
+    (Starlette's BaseHTTPMiddleware would wrap ``receive`` and hide a client's disconnect
+    from the endpoint, which cancels a non-streaming generation on it.)"""
+
+    def __init__(self, app: Any, api_key: str | None, max_body: int, metrics: Metrics) -> None:
+        self.app, self.api_key, self.max_body, self.metrics = app, api_key, max_body, metrics
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started, path = time.perf_counter(), scope["path"]
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        status = {"code": 500}
+
+        async def send_and_note(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                status["code"] = message["status"]
+            await send(message)
+
+        try:
+            if self.api_key and path.startswith("/v1/") and \
+                    headers.get("authorization") != f"Bearer {self.api_key}":
+                await _error(401, "missing or wrong API key: send Authorization: Bearer KEY",
+                             code="invalid_api_key")(scope, receive, send_and_note)
+            elif int(headers.get("content-length") or 0) > self.max_body:
+                await _error(413, f"the request body is over {self.max_body} bytes",
+                             code="request_too_large")(scope, receive, send_and_note)
+            else:
+                await self.app(scope, receive, send_and_note)
+        finally:
+            self.metrics.requests.labels(endpoint=path, status=str(status["code"])).inc()
+            self.metrics.latency.labels(endpoint=path).observe(time.perf_counter() - started)
 
 
 def _as_api_error(err: Exception) -> ApiError:

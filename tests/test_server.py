@@ -271,3 +271,22 @@ def test_serve_takes_the_k_bench_found(smollm2_target: Path, smollm2_draft: Path
     sg = Specgen(target=smollm2_target, draft=smollm2_draft, threads=2, from_bench=True)
     assert sg.lookahead == 3 and "specgen bench" in sg.note
     assert Specgen(target=smollm2_target, draft=smollm2_draft, threads=2).lookahead == "auto"
+
+
+def test_a_non_streaming_client_that_leaves_cancels_too(server: str, client) -> None:
+    import httpx2 as httpx
+
+    generated = metric(server, "specgen_generation_tokens_total")
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(f"{server}/v1/completions", headers={"Authorization": f"Bearer {KEY}"},
+                   json={"prompt": "Count to one thousand: 1, 2, 3,", "max_tokens": 600,
+                         "temperature": 0}, timeout=httpx.Timeout(5.0, read=1.0))
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            client.completions.create(model="x", prompt="Hi", max_tokens=2)
+            break
+        except openai.InternalServerError:  # 503 until the cancelled generation has ended
+            time.sleep(0.1)
+    spent = metric(server, "specgen_generation_tokens_total") - generated - 2
+    assert spent < 150, spent  # about a second of generation, not the 600 asked for
