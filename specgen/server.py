@@ -380,7 +380,9 @@ class _Guard:
                     headers.get("authorization") != f"Bearer {self.api_key}":
                 await _error(401, "missing or wrong API key: send Authorization: Bearer KEY",
                              code="invalid_api_key")(scope, receive, send_and_note)
-            elif int(headers.get("content-length") or 0) > self.max_body:
+            elif int(headers.get("content-length") or 0) > self.max_body or (
+                    "content-length" not in headers
+                    and (receive := await self._buffered(receive)) is None):
                 await _error(413, f"the request body is over {self.max_body} bytes",
                              code="request_too_large")(scope, receive, send_and_note)
             else:
@@ -388,6 +390,31 @@ class _Guard:
         finally:
             self.metrics.requests.labels(endpoint=path, status=str(status["code"])).inc()
             self.metrics.latency.labels(endpoint=path).observe(time.perf_counter() - started)
+
+
+    async def _buffered(self, receive: Any) -> Any:
+        """For a body sent without Content-Length (chunked): read it up to the bound, then
+        hand it on whole (and later messages, such as a disconnect, as they come); None when
+        it is over the bound."""
+        body, more = b"", True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                break
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+            if len(body) > self.max_body:
+                return None
+        sent = False
+
+        async def replay() -> dict[str, Any]:
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        return replay
 
 
 def _as_api_error(err: Exception) -> ApiError:

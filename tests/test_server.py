@@ -172,6 +172,9 @@ def test_bad_requests_get_openai_errors(server: str) -> None:
                                     "max_tokens": 2, "frequency_penalty": 0, "user": "me"},
                          headers=auth, timeout=120)
     assert unknown.status_code == 200  # fields other clients send are ignored
+    chunked = httpx.post(url, headers={**auth, "Content-Type": "application/json"},
+                         content=(b"x" * 65536 for _ in range(40)), timeout=60)  # no length
+    assert chunked.status_code == 413 and chunked.json()["error"]["code"] == "request_too_large"
     assert httpx.post(url, json={"messages": []}).status_code == 401
     assert httpx.post(url, json={}, headers={"Authorization": "Bearer wrong"}).status_code == 401
     assert httpx.get(f"{server}/health").status_code == 200  # no key needed off /v1
