@@ -40,6 +40,8 @@ from specgen.prompts import MAX_SEED
 from specgen.session import Result
 
 MAX_BODY = 1 << 20
+# How often a non-streaming request looks for its client having gone away.
+DISCONNECT_CHECK_SECONDS = 0.2
 
 
 # -- requests -----------------------------------------------------------------------------------
@@ -324,11 +326,13 @@ def create_app(generator: Specgen, *, api_key: str | None = None, max_queue: int
         if body.stream:
             return StreamingResponse(_sse(first, events, job, ident, model_id, chat, metrics),
                                      media_type="text/event-stream")
-        pieces, item = [], first
+        pieces, item, checked = [], first, time.monotonic()
         while not isinstance(item, Result):
             pieces.append(item.text)  # type: ignore[attr-defined]
-            if await request.is_disconnected():
-                job.cancelled.set()
+            if time.monotonic() - checked > DISCONNECT_CHECK_SECONDS:
+                checked = time.monotonic()
+                if await request.is_disconnected():
+                    job.cancelled.set()
             item = await anext(events)
         metrics.record(item.stats)
         text = "".join(pieces)
