@@ -14,17 +14,15 @@ printed, errors are raised (``specgen.errors``), and the caller decides what to 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from specgen.core.sampling import SamplingParams
 from specgen.core.speculative import Lookahead
 from specgen.engine import GenerationConfig
-from specgen.prompts import Message
-from specgen.session import Choice, Pair, PairOptions, Result
+from specgen.session import Choice, Pair, PairOptions, Prompt, Result
 
-Prompt = str | Sequence[Message]
 DEFAULT_SAMPLING = SamplingParams()
 
 
