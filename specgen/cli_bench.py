@@ -79,8 +79,10 @@ def bench(
     ctx_size: CtxOpt = 0,
     verbose: VerboseOpt = False,
 ) -> None:
-    """Measure the pair on this machine: sweep K, compare with the target alone, recommend K
-    (which `specgen run` then uses for this pair here)."""
+    """Measure the pair on this machine: sweep K, compare with the target alone, recommend K.
+
+    What it finds best is remembered: `specgen run` and `serve` use it for these models here.
+    """
     from specgen.bench import BUILTIN_KINDS, BUILTIN_PROMPTS, load_prompts, parse_lookaheads
     from specgen.errors import UsageError
     from specgen.registry import Registry, resolve

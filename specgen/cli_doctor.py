@@ -38,8 +38,10 @@ def doctor(
     hub_timeout: Annotated[float, typer.Option("--hub-timeout", metavar="SECONDS", min=0.1,
                                                help="How long to wait for the Hub.")] = 3.0,
 ) -> None:
-    """Check this machine: llama.cpp build, CPU self-test, threads, caches, downloaded pairs,
-    the Hub, and why speculative decoding may not be faster here."""
+    """Check this machine, and why speculative decoding may not be faster here.
+
+    The llama.cpp build, the CPU self-test, threads, caches, downloaded pairs and the Hub.
+    """
     found = facts(hub_timeout)
     tips = advice(found)
     if json_out:
