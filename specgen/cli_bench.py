@@ -122,7 +122,7 @@ def bench(
                        "params": {**meta["params"], **report.meta["params"]},  # type: ignore[dict-item]
                        "partial": report.meta.get("partial", False)}
         out.print(render(report, choice.pair.name if choice.pair else None, target_path,
-                         draft_path))
+                         draft_path), crop=False)
     if not interrupted:
         from specgen.bench import remember
 
@@ -329,9 +329,11 @@ def render(report: Report, pair: str | None, target: Path | None = None,
         parts.append(Text.assemble(
             ("recommended: ", "bold"), (name, "bold green"),
             f" ({best.speedup:.2f}x the target alone; "
-            f"{best.tokens_per_second:.1f} tok/s against {report.baseline_tokens_per_second:.1f})"
-            f"\n  specgen run {recommended_options(best.lookahead, pair, target, draft)}"
-            f"{_temperature_option(report)} \"Your prompt\""))
+            f"{best.tokens_per_second:.1f} tok/s against {report.baseline_tokens_per_second:.1f})"))
+        # One line however long, so a copy of it pastes as one command.
+        command = (f"  specgen run {recommended_options(best.lookahead, pair, target, draft)}"
+                   f"{_temperature_option(report)} \"Your prompt\"")
+        parts.append(Text(command, no_wrap=True, overflow="ignore"))
     parts.append(Text("speedup: median of per-run ratios to the target alone on the same prompt; "
                       "draft: ms per guess; verify: ms per target pass; c: draft/target time "
                       "per token; pred.: E[tokens/cycle] / (K*c + verify/target) "
