@@ -256,7 +256,6 @@ def _render(found: dict[str, Any], tips: list[str]) -> None:
     for name, value in rows:
         table.add_row(name, value)
     out.print(table)
-    if tips:
-        out.print("\n[bold]why it may not be faster here[/]")
-        for tip in tips:
-            out.print(f"- {tip}", highlight=False)
+    out.print("\n[bold]why it may not be faster here[/]")
+    for tip in tips or ["nothing found: run `specgen bench` to see what pays on this machine"]:
+        out.print(f"- {tip}", highlight=False)
