@@ -67,6 +67,19 @@ def metric(url: str, name: str) -> float:
                if line.startswith(name + " ") or line.startswith(name + "{"))
 
 
+def tokens_since(server: str, client, generated: float) -> float:
+    """Tokens generated since ``generated`` was read, once the model is free again (a small
+    request gets through: until the cancelled generation has ended it meets a 503)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            client.completions.create(model="x", prompt="Hi", max_tokens=2)
+            break
+        except openai.InternalServerError:
+            time.sleep(0.1)
+    return metric(server, "specgen_generation_tokens_total") - generated - 2
+
+
 def run_cli(*args: str) -> dict:
     done = subprocess.run([sys.executable, "-m", "specgen", "run", *args, "--json"],
                           capture_output=True, text=True, timeout=300, env=dict(os.environ))
@@ -197,14 +210,7 @@ def test_queue_overflow_and_a_client_that_leaves(server: str, client) -> None:
         assert busy.status_code == 503 and busy.headers["Retry-After"]
         assert busy.json()["error"]["code"] == "busy"
     # the client left after one chunk: its generation stops at the next cycle
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            client.completions.create(model="x", prompt="Hi", max_tokens=2)
-            break
-        except openai.InternalServerError:  # 503 until the cancelled generation has ended
-            time.sleep(0.1)
-    spent = metric(server, "specgen_generation_tokens_total") - generated - 2
+    spent = tokens_since(server, client, generated)
     assert spent < 100, spent  # far from the 400 asked for
 
 
@@ -284,12 +290,5 @@ def test_a_non_streaming_client_that_leaves_cancels_too(server: str, client) -> 
         httpx.post(f"{server}/v1/completions", headers={"Authorization": f"Bearer {KEY}"},
                    json={"prompt": "Count to one thousand: 1, 2, 3,", "max_tokens": 600,
                          "temperature": 0}, timeout=httpx.Timeout(5.0, read=1.0))
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            client.completions.create(model="x", prompt="Hi", max_tokens=2)
-            break
-        except openai.InternalServerError:  # 503 until the cancelled generation has ended
-            time.sleep(0.1)
-    spent = metric(server, "specgen_generation_tokens_total") - generated - 2
+    spent = tokens_since(server, client, generated)
     assert spent < 150, spent  # about a second of generation, not the 600 asked for
