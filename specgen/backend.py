@@ -65,15 +65,6 @@ def library_version() -> str:
     return str(getattr(llama_cpp, "__version__", "unknown"))
 
 
-def ftype_name(code: int) -> str:
-    """llama.cpp's name for a GGUF's file type (general.file_type), e.g. 15 -> Q4_K_M."""
-    code &= ~1024  # LLAMA_FTYPE_GUESSED
-    for name in dir(llama_cpp):
-        if name.startswith("LLAMA_FTYPE_") and getattr(llama_cpp, name) == code:
-            return name.removeprefix("LLAMA_FTYPE_").removeprefix("MOSTLY_").removeprefix("ALL_")
-    return str(code)
-
-
 @dataclass(frozen=True)
 class ModelOptions:
     """How to load one model. ``n_ctx=0`` means min(4096, the model's training context)."""
@@ -134,42 +125,6 @@ class Vocabulary:
 
     def is_eog(self, token: int) -> bool:
         return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
-
-    def meta(self, key: str) -> str | None:
-        """A GGUF metadata value as text, or None where the key is absent."""
-        size = 256
-        while True:
-            buf = ctypes.create_string_buffer(size)
-            n = llama_cpp.llama_model_meta_val_str(self._model, key.encode(), buf, size)
-            if n < 0:
-                return None
-            if n < size:
-                return buf.value.decode("utf-8", errors="replace")
-            size = n + 1
-
-    def facts(self) -> dict[str, object]:
-        """What `specgen models info` shows: the GGUF's metadata and vocabulary facts."""
-        arch = self.meta("general.architecture") or "unknown"
-        file_type = self.meta("general.file_type")
-        ctx = self.meta(f"{arch}.context_length")
-        from specgen.compat import VOCAB_TYPES
-
-        return {
-            "file": str(self.path),
-            "size_bytes": self.path.stat().st_size,
-            "name": self.meta("general.name"),
-            "architecture": arch,
-            "size_label": self.meta("general.size_label"),
-            "quantization": ftype_name(int(file_type)) if file_type else None,
-            "context_length": int(ctx) if ctx else None,
-            "vocab_type": VOCAB_TYPES.get(self.vocab_type, str(self.vocab_type)),
-            "vocab_size": self.n_vocab,
-            "bos": {"id": self.bos, "text": self.token_text(self.bos).decode("utf-8", "replace"),
-                    "added": self.adds_bos},
-            "eos": {"id": self.eos, "text": self.token_text(self.eos).decode("utf-8", "replace"),
-                    "added": self.adds_eos},
-            "chat_template": self.chat_template() is not None,
-        }
 
     def chat_template(self) -> str | None:
         raw = llama_cpp.llama_model_chat_template(self._model, None)

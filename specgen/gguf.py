@@ -146,9 +146,13 @@ class HeaderVocabulary:
         return self._tokens[token].encode("utf-8") if 0 <= token < self.n_vocab else b""
 
 
+# A flag llama.cpp sets in general.file_type when it guessed the type from the tensors.
+FILE_TYPE_GUESSED = 1024
+
+
 def file_type_code(header: Header) -> int | None:
     value = header.get("general.file_type")
-    return int(value) if isinstance(value, int) else None
+    return int(value) & ~FILE_TYPE_GUESSED if isinstance(value, int) else None
 
 
 def facts(header: Header, name: str, size: int | None) -> dict[str, object]:
