@@ -220,6 +220,7 @@ class _BenchRun:
 def _meta(choice: Choice, loaded: Pair, target_path: Path, draft_path: Path | None,
           bench_run: _BenchRun, prompts_file: Path | None) -> dict[str, object]:
     from specgen import backend
+    from specgen.selftest import cpu_name
 
     return {
         "name": choice.pair.name if choice.pair else target_path.name,
@@ -238,7 +239,7 @@ def _meta(choice: Choice, loaded: Pair, target_path: Path, draft_path: Path | No
                    "prompts_file": str(prompts_file) if prompts_file else None,
                    "chat": bench_run.use_chat, "n_ctx": loaded.target.n_ctx},
         "machine": {"platform": platform.platform(), "python": platform.python_version(),
-                    "cpu": _cpu_name(), "logical_cpus": os.cpu_count(),
+                    "cpu": cpu_name(), "logical_cpus": os.cpu_count(),
                     "target_threads": loaded.target.n_threads,
                     "draft_threads": loaded.draft.n_threads if loaded.draft else None,
                     "gpu_offload": backend.supports_gpu_offload(),
@@ -279,16 +280,6 @@ def _write_outputs(reports: list[Report], json_path: Path | None, csv_path: Path
     for path in (json_path, csv_path, plot_path):
         if path:
             err.print(f"wrote {path}", style="dim", highlight=False)
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def render(report: Report, pair: str | None, target: Path | None = None,

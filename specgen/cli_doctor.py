@@ -55,7 +55,7 @@ def facts(hub_timeout: float = 3.0) -> dict[str, Any]:
     from specgen import backend
     from specgen.fetch import cache_root
     from specgen.registry import user_models_file
-    from specgen.selftest import cpu_flags
+    from specgen.selftest import cpu_flags, cpu_name
 
     info = backend.system_info()
     flags = cpu_flags().split()
@@ -68,7 +68,7 @@ def facts(hub_timeout: float = 3.0) -> dict[str, Any]:
         "gpu_offload": backend.supports_gpu_offload(),
         "nvidia_gpu_present": Path("/proc/driver/nvidia/version").exists()
         or shutil.which("nvidia-smi") is not None,
-        "cpu": _cpu_name(),
+        "cpu": cpu_name(),
         "cpu_lists_amx": "amx_tile" in flags,
         "logical_cpus": os.cpu_count(),
         "physical_cores": cores,
@@ -136,12 +136,6 @@ def _physical_cores() -> int | None:
     cores = {(p, c) for p, c in re.findall(r"physical id\s*:\s*(\d+)\n(?:.*\n)*?core id\s*:\s*"
                                            r"(\d+)", text)}
     return len(cores) or None
-
-
-def _cpu_name() -> str:
-    from specgen.cli_bench import _cpu_name as name
-
-    return name()
 
 
 def _hf_cache() -> str:

@@ -46,9 +46,19 @@ class Verdict:
 
 
 def cpu_flags() -> str:
+    """The CPU's feature flags (Linux), else what the platform says of the processor."""
+    return _cpuinfo(("flags", "Features"))
+
+
+def cpu_name() -> str:
+    """The CPU's model name (Linux), else what the platform says of the processor."""
+    return _cpuinfo(("model name",))
+
+
+def _cpuinfo(keys: tuple[str, ...]) -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
+            if line.startswith(keys):
                 return line.split(":", 1)[1].strip()
     except OSError:
         pass
