@@ -20,7 +20,7 @@ from pathlib import Path
 
 from specgen.core.sampling import SamplingParams
 from specgen.core.speculative import Lookahead
-from specgen.engine import GenerationConfig
+from specgen.engine import DEFAULT_MAX_TOKENS, GenerationConfig
 from specgen.session import Choice, Pair, PairOptions, Prompt, Result
 
 DEFAULT_SAMPLING = SamplingParams()
@@ -30,7 +30,7 @@ DEFAULT_SAMPLING = SamplingParams()
 class Settings:
     """One request's generation settings (``specgen run``'s defaults)."""
 
-    max_tokens: int = 256
+    max_tokens: int = DEFAULT_MAX_TOKENS
     temperature: float = DEFAULT_SAMPLING.temperature
     top_k: int = DEFAULT_SAMPLING.top_k
     top_p: float = DEFAULT_SAMPLING.top_p

@@ -18,10 +18,10 @@ from rich.table import Table
 from rich.text import Text
 
 from specgen.bench import DEFAULT_VARIANTS, Report, Run, Variant
-from specgen.core.sampling import SamplingParams
 from specgen.engine import Stats
 from specgen.errors import Interrupted
 from specgen.options import (
+    RUN_SAMPLING,
     CtxOpt,
     DraftOpt,
     DraftPMinOpt,
@@ -38,8 +38,6 @@ if TYPE_CHECKING:
 
 out = Console()
 err = Console(stderr=True)
-# What `specgen run` samples with by default: bench measures the same.
-RUN_SAMPLING = SamplingParams()
 
 
 def bench(

@@ -20,10 +20,12 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from specgen.core.speculative import Lookahead
+from specgen.engine import DEFAULT_MAX_TOKENS
 from specgen.errors import EXIT_FAILED, EXIT_INTERRUPTED, Interrupted, UsageError
 from specgen.options import (
     OUTPUT,
     PERFORMANCE,
+    RUN_SAMPLING,
     SAMPLING,
     CtxOpt,
     DraftOpt,
@@ -65,12 +67,12 @@ def run(
     lookahead: LookaheadOpt = None,
     ngram: NgramOpt = None,
     draft_p_min: DraftPMinOpt = 0.0,
-    temperature: TemperatureOpt = 0.8,
-    top_k: TopKOpt = 40,
-    top_p: TopPOpt = 0.95,
-    min_p: MinPOpt = 0.05,
+    temperature: TemperatureOpt = RUN_SAMPLING.temperature,
+    top_k: TopKOpt = RUN_SAMPLING.top_k,
+    top_p: TopPOpt = RUN_SAMPLING.top_p,
+    min_p: MinPOpt = RUN_SAMPLING.min_p,
     seed: SeedOpt = None,
-    max_tokens: MaxTokensOpt = 256,
+    max_tokens: MaxTokensOpt = DEFAULT_MAX_TOKENS,
     stop: Annotated[list[str] | None, typer.Option(
         "--stop", metavar="TEXT", help="Stop when this text appears (repeatable; escapes like "
         "\\n are processed).", show_default=False, rich_help_panel=SAMPLING)] = None,

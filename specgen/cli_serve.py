@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from specgen.engine import DEFAULT_MAX_TOKENS
 from specgen.errors import UserError
 from specgen.options import (
     CtxOpt,
@@ -46,7 +47,7 @@ def serve(
                                        rich_help_panel=SERVER)] = 8,
     max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", min=1, help="New tokens per "
                                             "request when it does not say.",
-                                            rich_help_panel=SERVER)] = 256,
+                                            rich_help_panel=SERVER)] = DEFAULT_MAX_TOKENS,
     threads: ThreadsOpt = 0,
     gpu_layers: GpuLayersOpt = -1,
     ctx_size: CtxOpt = 0,

@@ -32,6 +32,9 @@ from specgen.core.text import StopMatcher, StreamDecoder
 from specgen.drafters import Drafter, Model, Proposal, reuse_prefix_cache
 from specgen.lookahead import AdaptiveLookahead, Costs, FixedLookahead, LookaheadPolicy
 
+# New tokens per generation unless told otherwise (run, batches, the API, the server).
+DEFAULT_MAX_TOKENS = 256
+
 
 class PromptTooLong(ValueError):
     """The prompt alone fills the context window."""
@@ -43,7 +46,7 @@ class GenerationConfig:
 
     lookahead: Lookahead = DEFAULT_LOOKAHEAD
     sampling: SamplingParams = field(default_factory=SamplingParams)
-    max_tokens: int = 256
+    max_tokens: int = DEFAULT_MAX_TOKENS
     stop: tuple[str, ...] = ()
     seed: int | None = None
 

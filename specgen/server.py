@@ -34,7 +34,7 @@ from prometheus_client import (
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from specgen.api import Settings, Specgen
-from specgen.engine import Stats
+from specgen.engine import DEFAULT_MAX_TOKENS, Stats
 from specgen.errors import lookup
 from specgen.prompts import MAX_SEED
 from specgen.session import Result
@@ -272,7 +272,8 @@ class Worker:
 # -- the app ----------------------------------------------------------------------------------
 
 def create_app(generator: Specgen, *, api_key: str | None = None, max_queue: int = 8,
-               max_body: int = MAX_BODY, default_max_tokens: int = 256) -> FastAPI:
+               max_body: int = MAX_BODY, default_max_tokens: int = DEFAULT_MAX_TOKENS
+               ) -> FastAPI:
     """The FastAPI app over a loaded pair."""
     app = FastAPI(title="specgen", docs_url=None, redoc_url=None)
     metrics = Metrics()
