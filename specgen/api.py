@@ -51,21 +51,24 @@ class Specgen:
     otherwise nothing is printed. ``from_bench`` takes K (and the way of drafting) from what
     ``specgen bench`` found best for these models on this machine at sampling temperatures,
     unless ``lookahead``, ``ngram`` or ``draft="ngram"`` says otherwise (``self.note`` says
-    so)."""
+    so). ``rpc`` (``"host:port,..."``) puts the target's layers on `specgen worker`s; a worker
+    that dies mid-generation ends the process with one line (ggml aborts; nothing can be
+    caught)."""
 
     def __init__(self, pair: str | None = None, target: str | Path | None = None,
                  draft: str | Path | None = None, *, lookahead: Lookahead | None = None,
                  ngram: bool | None = None, n_ctx: int = 0, threads: int = 0,
                  gpu_layers: int = -1, draft_p_min: float = 0.0, chat: bool | None = None,
                  verbose: bool = False, progress: bool = False,
-                 from_bench: bool = False) -> None:
+                 from_bench: bool = False, rpc: str | None = None,
+                 rpc_local_head: bool = True) -> None:
         from specgen.registry import NGRAM, Registry, resolve
         from specgen.selftest import ensure_cpu_works
         from specgen.session import choose, load_pair
         from specgen.session import from_bench as bench_pick
 
         choice = choose(Registry.load(), pair, None if target is None else str(target),
-                        None if draft is None else str(draft), ngram)
+                        None if draft is None else str(draft), ngram, rpc)
         self.note = ""
         if from_bench and lookahead is None and ngram is None and draft != NGRAM:
             choice, lookahead, self.note = bench_pick(choice, threads, gpu_layers,
@@ -79,7 +82,8 @@ class Specgen:
         ensure_cpu_works([p for p in (target_path, draft_path) if p is not None])
         options = PairOptions(n_ctx=n_ctx, target_threads=threads, draft_threads=threads,
                               target_gpu_layers=gpu_layers, draft_gpu_layers=gpu_layers,
-                              verbose=verbose)
+                              verbose=verbose, workers=choice.workers,
+                              local_head=rpc_local_head)
         self.choice: Choice = choice
         self.pair: Pair = load_pair(target_path, draft_path, options,
                                     ngram=choice.ngram and k != 0)

@@ -20,6 +20,7 @@ from specgen.cli_doctor import doctor
 from specgen.cli_models import app as models_app
 from specgen.cli_run import run
 from specgen.cli_serve import serve
+from specgen.cli_worker import worker
 from specgen.errors import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -60,6 +61,7 @@ app.add_typer(models_app, name="models")
 app.command("bench")(bench)
 app.command("doctor")(doctor)
 app.command("serve")(serve)
+app.command("worker")(worker)
 
 
 def main() -> None:

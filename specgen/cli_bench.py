@@ -26,7 +26,9 @@ from specgen.options import (
     DraftOpt,
     DraftPMinOpt,
     GpuLayersOpt,
+    LocalHeadOpt,
     PairOpt,
+    RpcOpt,
     SeedOpt,
     TargetOpt,
     ThreadsOpt,
@@ -75,6 +77,8 @@ def bench(
     threads: ThreadsOpt = 0,
     gpu_layers: GpuLayersOpt = -1,
     ctx_size: CtxOpt = 0,
+    rpc: RpcOpt = None,
+    rpc_local_head: LocalHeadOpt = True,
     verbose: VerboseOpt = False,
 ) -> None:
     """Measure the pair on this machine: sweep K, compare with the target alone, recommend K.
@@ -92,7 +96,7 @@ def bench(
         prompts, kinds = load_prompts(prompts_file), None
     else:
         prompts, kinds = BUILTIN_PROMPTS, BUILTIN_KINDS
-    choice = choose(Registry.load(), pair, target, draft)
+    choice = choose(Registry.load(), pair, target, draft, rpc=rpc)
     if choice.draft is None:
         if lookaheads == DEFAULT_VARIANTS:
             ks = ["ngram"]  # a target alone can still draft by prompt lookup
@@ -104,7 +108,8 @@ def bench(
     ensure_cpu_works([p for p in (target_path, draft_path) if p is not None])
     loaded = load_pair(target_path, draft_path, PairOptions(
         n_ctx=ctx_size, target_threads=threads, draft_threads=threads,
-        target_gpu_layers=gpu_layers, draft_gpu_layers=gpu_layers, verbose=verbose))
+        target_gpu_layers=gpu_layers, draft_gpu_layers=gpu_layers, verbose=verbose,
+        workers=choice.workers, local_head=rpc_local_head))
     settings = [temperature] if temperature is not None else [0.0, RUN_SAMPLING.temperature]
     bench_run = _BenchRun(loaded, prompts, kinds, ks, choice.chat, max_tokens, repeats,
                           seed if seed is not None else 0, draft_p_min)
@@ -112,10 +117,12 @@ def bench(
     if not reports:
         err.print("interrupted before anything was measured; nothing written", style="yellow")
         raise Interrupted()
-    meta = _meta(choice, loaded, target_path, draft_path, bench_run, prompts_file)
+    meta = _meta(choice, loaded, target_path, draft_path, bench_run, prompts_file,
+                 rpc_local_head)
+    where = f", target on {','.join(choice.workers)}" if choice.workers else ""
     for report in reports:
-        report.meta = {**meta, "title": f"{meta['name']}, {loaded.target.n_threads} threads, "
-                       f"T={report.meta['params']['temperature']}"  # type: ignore[index]
+        report.meta = {**meta, "title": f"{meta['name']}, {loaded.target.n_threads} threads"
+                       f"{where}, T={report.meta['params']['temperature']}"  # type: ignore[index]
                        + (" (partial: interrupted)" if report.meta.get("partial") else ""),
                        "params": {**meta["params"], **report.meta["params"]},  # type: ignore[dict-item]
                        "partial": report.meta.get("partial", False)}
@@ -216,7 +223,8 @@ class _BenchRun:
 
 
 def _meta(choice: Choice, loaded: Pair, target_path: Path, draft_path: Path | None,
-          bench_run: _BenchRun, prompts_file: Path | None) -> dict[str, object]:
+          bench_run: _BenchRun, prompts_file: Path | None, local_head: bool
+          ) -> dict[str, object]:
     from specgen import backend
     from specgen.selftest import cpu_name
 
@@ -225,7 +233,8 @@ def _meta(choice: Choice, loaded: Pair, target_path: Path, draft_path: Path | No
         "pair": choice.pair.name if choice.pair else None,
         "target": {"spec": choice.target.label(), "file": str(target_path),
                    "size_bytes": target_path.stat().st_size,
-                   "description": loaded.target.description},
+                   "description": loaded.target.description,
+                   "workers": list(choice.workers), "local_head": local_head},
         "draft": None if draft_path is None or choice.draft is None else {
             "spec": choice.draft.label(), "file": str(draft_path),
             "size_bytes": draft_path.stat().st_size,
@@ -321,8 +330,12 @@ def render(report: Report, pair: str | None, target: Path | None = None,
             f"{best.tokens_per_second:.1f} tok/s against {report.baseline_tokens_per_second:.1f})"))
         # One line however long, so a copy of it pastes as one command.
         command = (f"  specgen run {recommended_options(best.lookahead, pair, target, draft)}"
+                   f"{_workers_option(report)}"
                    f"{_temperature_option(report)} \"Your prompt\"")
         parts.append(Text(command, no_wrap=True, overflow="ignore"))
+    if _workers_option(report):
+        parts.append(Text("the target runs on RPC workers: 'verify' and the K=0 row include the "
+                          "network round trip; K was chosen against that cost", style="dim"))
     parts.append(Text("speedup: median of per-run ratios to the target alone on the same prompt; "
                       "draft: ms per guess; verify: ms per target pass; c: draft/target time "
                       "per token; pred.: E[tokens/cycle] / (K*c + verify/target) "
@@ -345,6 +358,15 @@ def recommended_options(variant: Variant, pair: str | None, target: Path | None,
     if variant == "hybrid":
         return f"{models} --ngram -k auto"
     return f"{models} --no-ngram -k {variant}"
+
+
+def _workers_option(report: Report) -> str:
+    target = report.meta.get("target")
+    workers = target.get("workers") if isinstance(target, dict) else None
+    if not workers:
+        return ""
+    return f" --rpc {','.join(workers)}" + ("" if target.get("local_head", True)  # type: ignore[union-attr]
+                                            else " --no-rpc-local-head")
 
 
 def _temperature_option(report: Report) -> str:

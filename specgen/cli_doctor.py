@@ -17,6 +17,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 out = Console()
@@ -37,12 +38,16 @@ def doctor(
                                            "JSON.")] = False,
     hub_timeout: Annotated[float, typer.Option("--hub-timeout", metavar="SECONDS", min=0.1,
                                                help="How long to wait for the Hub.")] = 3.0,
+    rpc: Annotated[str | None, typer.Option(
+        "--rpc", metavar="HOST:PORT,...", help="Also check these `specgen worker`s (default: "
+        "the workers your pairs name).", show_default=False)] = None,
 ) -> None:
     """Check this machine, and why speculative decoding may not be faster here.
 
-    The llama.cpp build, the CPU self-test, threads, caches, downloaded pairs and the Hub.
+    The llama.cpp build, the CPU self-test, threads, caches, downloaded pairs, workers and the
+    Hub.
     """
-    found = facts(hub_timeout)
+    found = facts(hub_timeout, rpc)
     tips = advice(found)
     if json_out:
         sys.stdout.write(json.dumps({**found, "advice": tips}, indent=2, default=str) + "\n")
@@ -50,7 +55,7 @@ def doctor(
     _render(found, tips)
 
 
-def facts(hub_timeout: float = 3.0) -> dict[str, Any]:
+def facts(hub_timeout: float = 3.0, rpc: str | None = None) -> dict[str, Any]:
     """Everything doctor knows about this machine, as plain data."""
     from specgen import backend
     from specgen.fetch import cache_root
@@ -80,6 +85,8 @@ def facts(hub_timeout: float = 3.0) -> dict[str, Any]:
             "Hugging Face cache": _folder(Path(_hf_cache())),
         },
         "pairs": _pairs(),
+        "rpc": backend.supports_rpc(),
+        "workers": _workers(rpc),
         "hub": _hub(hub_timeout),
     }
 
@@ -99,6 +106,13 @@ def advice(found: dict[str, Any]) -> list[str]:
     if found["gpu_offload"]:
         tips.append("a GPU build: keep the draft on the GPU too (--draft-gpu-layers -1, the "
                     "default); a draft left on the CPU often costs more than it saves")
+    for worker in found["workers"]:
+        if worker.get("error"):
+            tips.append(f"worker {worker['endpoint']}: {worker['error']}")
+        elif worker["round_trip_ms"] > 5:
+            tips.append(f"worker {worker['endpoint']}: {worker['round_trip_ms']:.0f} ms per round "
+                        f"trip, paid once per cycle: run `specgen bench --rpc "
+                        f"{worker['endpoint']}` to find the K that amortizes it")
     cores, threads = found["physical_cores"], found["default_threads"]
     if cores and threads > cores:
         tips.append(f"the default of {threads} threads is more than the {cores} physical "
@@ -205,6 +219,37 @@ def _pairs() -> list[dict[str, Any]]:
     return rows
 
 
+def _workers(rpc: str | None) -> list[dict[str, Any]]:
+    """Each worker: its protocol, the best of three handshake round trips, its devices."""
+    from specgen import backend
+    from specgen import rpc as rpc_protocol
+    from specgen.registry import Registry
+
+    if rpc is None:
+        try:
+            named = [w for pair in Registry.load().pairs.values() for w in pair.workers]
+        except Exception:
+            named = []
+    else:
+        named = [str(e) for e in rpc_protocol.parse_endpoints(rpc)]
+    rows = []
+    for endpoint in dict.fromkeys(named):
+        row: dict[str, Any] = {"endpoint": endpoint}
+        try:
+            hellos = [rpc_protocol.hello(rpc_protocol.parse_endpoint(endpoint))
+                      for _ in range(3)]
+            row["protocol"] = ".".join(map(str, hellos[0].version))
+            row["round_trip_ms"] = min(h.round_trip_s for h in hellos) * 1000
+            if not backend.supports_rpc():
+                raise rpc_protocol.WorkerError(f"this build has no RPC backend; rebuild it with: "
+                                               f"{backend.RPC_REBUILD}")
+            row["devices"] = [vars(d) for d in backend.worker_devices(endpoint)]
+        except Exception as error:  # every failure is a finding, not a crash
+            row["error"] = str(error)
+        rows.append(row)
+    return rows
+
+
 def _hub(timeout: float) -> dict[str, Any]:
     from huggingface_hub import constants
 
@@ -244,6 +289,16 @@ def _render(found: dict[str, Any], tips: list[str]) -> None:
                            + ("" if folder["writable"] else ", read-only") + ")"))
     pairs = [p["name"] for p in found["pairs"] if p["downloaded"]]
     rows.append(("pairs downloaded", ", ".join(pairs) or "none"))
+    rows.append(("RPC (workers)", "built in" if found["rpc"] else "not in this build"))
+    for worker in found["workers"]:
+        if worker.get("error"):
+            state = f"[red]{escape(worker['error'])}[/]"
+        else:
+            devices = ", ".join(f"{escape(d['name'])} {d['free_bytes'] / 2**30:.1f} GiB free of "
+                                f"{d['total_bytes'] / 2**30:.1f}" for d in worker["devices"])
+            state = (f"protocol {worker['protocol']}, {worker['round_trip_ms']:.1f} ms round "
+                     f"trip; {devices}")
+        rows.append((f"worker {worker['endpoint']}", state))
     rows.append(("Hugging Face Hub", f"{found['hub']['endpoint']}: {found['hub']['state']}"))
     if not found["gpu_offload"]:
         rows.append(("GPU builds", "; ".join(f"{k}: {v}" for k, v in GPU_BUILDS.items())))

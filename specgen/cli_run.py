@@ -31,11 +31,13 @@ from specgen.options import (
     DraftOpt,
     DraftPMinOpt,
     GpuLayersOpt,
+    LocalHeadOpt,
     LookaheadOpt,
     MaxTokensOpt,
     MinPOpt,
     NgramOpt,
     PairOpt,
+    RpcOpt,
     SeedOpt,
     TargetOpt,
     TemperatureOpt,
@@ -118,6 +120,8 @@ def run(
         "--draft-gpu-layers", "-ngld", help="Draft layers to offload (default: --gpu-layers).",
         show_default=False, rich_help_panel=PERFORMANCE)] = None,
     ctx_size: CtxOpt = 0,
+    rpc: RpcOpt = None,
+    rpc_local_head: LocalHeadOpt = True,
     verbose: VerboseOpt = False,
 ) -> None:
     """Generate text from a prompt, with speculative decoding."""
@@ -152,8 +156,9 @@ def run(
         target_gpu_layers=gpu_layers if target_gpu_layers is None else target_gpu_layers,
         draft_gpu_layers=gpu_layers if draft_gpu_layers is None else draft_gpu_layers,
         verbose=verbose,
+        local_head=rpc_local_head,
     )
-    setup = _setup(pair, target, draft, ngram, lookahead, options, config,
+    setup = _setup(pair, target, draft, ngram, lookahead, rpc, options, config,
                    quiet=no_stats or json_out)
     system_text = None if system is None else esc(system)
     use_chat = wants_chat(setup.loaded, setup.chat, chat, system_text)
@@ -250,8 +255,8 @@ class _Setup:
 
 
 def _setup(pair: str | None, target: str | None, draft: str | None, ngram: bool | None,
-           lookahead: Lookahead | None, options: PairOptions, config: GenerationConfig,
-           quiet: bool) -> _Setup:
+           lookahead: Lookahead | None, rpc: str | None, options: PairOptions,
+           config: GenerationConfig, quiet: bool) -> _Setup:
     """Choose the models and K, fetch and self-test them, load them once."""
     from dataclasses import replace
 
@@ -259,7 +264,8 @@ def _setup(pair: str | None, target: str | None, draft: str | None, ngram: bool 
     from specgen.selftest import ensure_cpu_works
     from specgen.session import choose, from_bench, load_pair
 
-    choice = choose(Registry.load(), pair, target, draft, ngram)
+    choice = choose(Registry.load(), pair, target, draft, ngram, rpc)
+    options = replace(options, workers=choice.workers)
     note = ""
     if lookahead is None and ngram is None and draft != NGRAM:
         choice, lookahead, note = from_bench(choice, options.target_threads,

@@ -14,9 +14,11 @@ from specgen.options import (
     DraftOpt,
     DraftPMinOpt,
     GpuLayersOpt,
+    LocalHeadOpt,
     LookaheadOpt,
     NgramOpt,
     PairOpt,
+    RpcOpt,
     TargetOpt,
     ThreadsOpt,
     VerboseOpt,
@@ -51,6 +53,8 @@ def serve(
     threads: ThreadsOpt = 0,
     gpu_layers: GpuLayersOpt = -1,
     ctx_size: CtxOpt = 0,
+    rpc: RpcOpt = None,
+    rpc_local_head: LocalHeadOpt = True,
     verbose: VerboseOpt = False,
 ) -> None:
     """Serve the pair over an OpenAI-compatible HTTP API (chat, completions, metrics)."""
@@ -64,7 +68,8 @@ def serve(
 
     generator = Specgen(pair, target, draft, lookahead=lookahead, ngram=ngram, n_ctx=ctx_size,
                         threads=threads, gpu_layers=gpu_layers, draft_p_min=draft_p_min,
-                        verbose=verbose, progress=True, from_bench=True)
+                        verbose=verbose, progress=True, from_bench=True, rpc=rpc,
+                        rpc_local_head=rpc_local_head)
     if generator.note:
         err.print(generator.note, style="dim", highlight=False, soft_wrap=True)
     app = create_app(generator, api_key=api_key, max_queue=queue, default_max_tokens=max_tokens)

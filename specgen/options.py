@@ -11,6 +11,7 @@ from specgen.core.speculative import MAX_LOOKAHEAD, Lookahead, parse_lookahead
 from specgen.prompts import MAX_SEED
 
 MODELS, SAMPLING, OUTPUT, PERFORMANCE = "Models", "Sampling", "Output", "Performance"
+WORKERS = "Workers (RPC)"
 HELP = {"help_option_names": ["-h", "--help"]}
 # What `specgen run` samples with by default; bench measures the same.
 RUN_SAMPLING = SamplingParams()
@@ -110,3 +111,11 @@ GpuLayersOpt = Annotated[int, typer.Option(
     "ignored by CPU builds).", rich_help_panel=PERFORMANCE)]
 VerboseOpt = Annotated[bool, typer.Option(
     "--verbose", "-v", help="Show llama.cpp's own logs.", rich_help_panel=OUTPUT)]
+RpcOpt = Annotated[str | None, typer.Option(
+    "--rpc", metavar="HOST:PORT,...", help="Put the target's layers on these `specgen worker`s "
+    "(llama.cpp RPC; the draft stays on this machine); 'none': run here even where the pair "
+    "names workers (default: the pair's own).", show_default=False, rich_help_panel=WORKERS)]
+LocalHeadOpt = Annotated[bool, typer.Option(
+    "--rpc-local-head/--no-rpc-local-head", help="With --rpc, keep the target's output layer on "
+    "this machine, so each verify sends kilobytes instead of a logit row per token.",
+    rich_help_panel=WORKERS)]

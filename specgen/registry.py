@@ -118,6 +118,7 @@ class PairSpec:
     license: str = ""
     source: str = "built-in"
     ngram: bool = False
+    workers: tuple[str, ...] = ()  # `specgen worker`s for the target's layers (host:port)
 
     def member(self, role: str) -> ModelSpec:
         spec = self.target if role == "target" else self.draft
@@ -202,7 +203,7 @@ def _pair(name: str, table: Any, source: str) -> PairSpec:
     where = f"pair {name!r}"
     if not isinstance(table, dict):
         raise ValueError(f"{where} must be a table")
-    known = {"target", "draft", "lookahead", "chat", "description", "license", "ngram"}
+    known = {"target", "draft", "lookahead", "chat", "description", "license", "ngram", "rpc"}
     unknown = set(table) - known
     if unknown:
         raise ValueError(f"{where} has unknown key(s) {', '.join(sorted(unknown))}")
@@ -226,7 +227,22 @@ def _pair(name: str, table: Any, source: str) -> PairSpec:
         description=str(table.get("description", "")),
         license=str(table.get("license", "")), source=source,
         ngram=by_ngram or table.get("ngram", HYBRID_BY_DEFAULT),
+        workers=_workers(table.get("rpc", ()), where),
     )
+
+
+def _workers(value: Any, where: str) -> tuple[str, ...]:
+    """A pair's ``rpc``: "host:port,host:port" or a list of "host:port"."""
+    from specgen.rpc import parse_endpoints
+
+    if isinstance(value, str):
+        value = [value] if value else []
+    if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+        raise ValueError(f"{where}: 'rpc' must be \"host:port\" or a list of them")
+    try:
+        return tuple(str(e) for e in parse_endpoints(",".join(value))) if value else ()
+    except UsageError as err:
+        raise ValueError(f"{where}: 'rpc': {err}") from None
 
 
 def _line_of(text: str, err: ValueError) -> int | None:

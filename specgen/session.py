@@ -22,6 +22,7 @@ from specgen.fetch import cache_root, file_key
 from specgen.interrupts import interruptible
 from specgen.prompts import Message
 from specgen.registry import NGRAM, ModelSpec, PairSpec, Registry
+from specgen.rpc import parse_endpoints, probe
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,7 @@ class Choice:
     draft: ModelSpec | None
     pair: PairSpec | None
     ngram: bool = False
+    workers: tuple[str, ...] = ()  # where the target's layers go (`specgen worker`s)
 
     @property
     def lookahead(self) -> Lookahead:
@@ -51,7 +53,7 @@ class Choice:
 
 
 def choose(registry: Registry, pair: str | None, target: str | None, draft: str | None,
-           ngram: bool | None = None) -> Choice:
+           ngram: bool | None = None, rpc: str | None = None) -> Choice:
     """The models a command runs. The rule, as the README states it:
 
     - ``--pair NAME``, or no model option at all (the default pair): both models of the pair;
@@ -61,17 +63,39 @@ def choose(registry: Registry, pair: str | None, target: str | None, draft: str 
 
     ``--draft ngram`` drafts by prompt lookup; ``ngram`` (``--ngram/--no-ngram``) adds or
     removes prompt lookup beside a draft model, where None keeps the pair's own setting.
+    ``rpc`` (``host:port,...``, or ``none``) names the workers for the target's layers, where
+    None keeps the pair's own.
     """
     if draft is not None and target is None and pair is None:
         raise UsageError("--draft needs a target: add --target FILE, or --pair NAME to use "
                          "the draft with that pair's target")
     named = registry.pair(pair) if pair or target is None else None
     target_spec = registry.spec(target) if target else named.target  # type: ignore[union-attr]
+    workers = _workers(rpc, named)
     if draft == NGRAM:
-        return Choice(target_spec, None, named, ngram=True)
+        return Choice(target_spec, None, named, ngram=True, workers=workers)
     draft_spec = registry.spec(draft) if draft else (named.draft if named else None)
     by_pair = named.ngram if named else False
-    return Choice(target_spec, draft_spec, named, by_pair if ngram is None else ngram)
+    return Choice(target_spec, draft_spec, named, by_pair if ngram is None else ngram, workers)
+
+
+def _workers(rpc: str | None, pair: PairSpec | None) -> tuple[str, ...]:
+    """The workers named, checked before anything is downloaded or loaded: this build has RPC,
+    and each worker answers the handshake (ggml would abort the process otherwise)."""
+    if rpc is None:
+        workers = pair.workers if pair else ()
+    elif rpc.strip().lower() == "none":
+        workers = ()
+    else:
+        workers = tuple(str(endpoint) for endpoint in parse_endpoints(rpc))
+    if workers:
+        from specgen.backend import RPC_REBUILD, supports_rpc
+
+        if not supports_rpc():
+            raise UserError(f"--rpc needs llama.cpp's RPC backend, which this build lacks; "
+                            f"rebuild it with: {RPC_REBUILD}")
+        probe(parse_endpoints(workers))
+    return workers
 
 
 def check_fit(target: Vocabulary, draft: Vocabulary) -> None:
@@ -100,6 +124,8 @@ class PairOptions:
     target_gpu_layers: int = -1
     draft_gpu_layers: int = -1
     verbose: bool = False
+    workers: tuple[str, ...] = ()  # `specgen worker`s that take the target's offloaded layers
+    local_head: bool = True  # with workers: keep the target's output layer here
 
 
 @dataclass
@@ -150,7 +176,8 @@ def _load(target: str | Path, draft: str | Path | None, options: PairOptions,
           ngram: bool) -> Pair:
     target_model = LlamaModel(
         _existing(target, "target"),
-        ModelOptions(options.n_ctx, options.target_threads, options.target_gpu_layers),
+        ModelOptions(options.n_ctx, options.target_threads, options.target_gpu_layers,
+                     workers=options.workers, local_head=options.local_head),
         verbose=options.verbose,
     )
     if draft is None:
@@ -300,6 +327,8 @@ def bench_memo(choice: Choice, threads: int, gpu_layers: int) -> Path:
     machine = {"cpu": platform.processor() or platform.machine(), "flags": cpu_flags(),
                "logical_cpus": os.cpu_count(), "build": build_id(),
                "threads": threads or default_threads(), "gpu_layers": gpu_layers}
+    if choice.workers:  # a verify over the network costs otherwise: K is measured apart
+        machine["workers"] = list(choice.workers)
     return memo_path(models, machine)
 
 
