@@ -324,11 +324,12 @@ def test_bench_measures_the_verify_over_the_workers(smollm2_target: Path, smollm
              "--draft", str(smollm2_draft), "-k", "2", "-n", "8", "--temperature", "0",
              "--prompts", str(prompts), "--threads", "1", "--rpc", endpoint, "--json",
              str(tmp_path / "bench.json")], capture_output=True, text=True,
-            env={**with_models_cache(), "COLUMNS": "200"}, timeout=300)
+            env=with_models_cache(), timeout=300)
     assert done.returncode == 0, done.stderr
-    assert f"target on {endpoint}" in done.stdout and "RPC workers" in done.stdout
+    shown = " ".join(done.stdout.split())  # the title wraps at the table's width
+    assert f"target on {endpoint}" in shown and "RPC workers" in shown
     report = json.loads((tmp_path / "bench.json").read_text())
-    assert report["target"]["workers"] == [endpoint]
+    assert report["meta"]["target"]["workers"] == [endpoint]
 
 
 def test_bench_s_pasteable_command_keeps_the_workers() -> None:
@@ -342,3 +343,24 @@ def test_bench_s_pasteable_command_keeps_the_workers() -> None:
     assert option({"workers": ["a:1", "b:2"], "local_head": True}) == " --rpc a:1,b:2"
     assert option({"workers": ["a:1"], "local_head": False}) == " --rpc a:1 --no-rpc-local-head"
     assert option({"workers": []}) == ""
+
+
+@pytest.mark.slow
+def test_serve_over_a_worker_answers_as_run_does_here(smollm2_target: Path,
+                                                       smollm2_draft: Path) -> None:
+    import openai
+
+    from tests.test_server import start
+
+    here = run_json(smollm2_target, smollm2_draft, "-k", "4")
+    with worker() as (endpoint, _):
+        proc, url = start(smollm2_target, smollm2_draft, "--rpc", endpoint, "-k", "4")
+        try:
+            client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
+            answer = client.completions.create(model="x", prompt="The capital of France is",
+                                               temperature=0, max_tokens=24)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=60)
+    assert answer.choices[0].text == here["text"]
+    assert answer.usage.completion_tokens == 24
