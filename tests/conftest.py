@@ -12,6 +12,7 @@ repository.
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
@@ -19,6 +20,10 @@ from typing import TypeVar
 import pytest
 
 T = TypeVar("T")
+# A shell starts background jobs with SIGINT ignored, and children inherit that: the tests that
+# press Ctrl-C on a subprocess need it delivered, so the children start with the default.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 MODELS_CACHE = Path(os.environ.get("SPECGEN_TEST_MODELS") or os.environ.get("SPECGEN_CACHE")
                     or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
                     / "specgen")
