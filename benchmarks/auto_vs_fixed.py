@@ -1,0 +1,80 @@
+"""`-k auto` against fixed K's, prompt by prompt, with the draft model alone (no n-grams): the
+13 built-in bench prompts, each at K=0, each fixed K and auto, one after the other on the same
+loaded models, each run learning its costs afresh as a new `specgen run` does. Greedy by default,
+where every variant writes the same text, so the ratios compare like with like (at T > 0 the
+sampled texts differ with K, and one prompt's ratio says more about the text than the policy).
+
+    python benchmarks/auto_vs_fixed.py TARGET.gguf DRAFT.gguf -k 4,8 [--chat] [--trace PROMPT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from dataclasses import replace
+
+from specgen.backend import LlamaModel, ModelOptions
+from specgen.bench import BUILTIN_KINDS, BUILTIN_PROMPTS
+from specgen.drafters import ModelDrafter
+from specgen.engine import CycleDone, Finished, GenerationConfig, SpeculativeEngine
+from specgen.lookahead import Costs
+from specgen.options import RUN_SAMPLING
+from specgen.session import prompt_tokens
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("target")
+    parser.add_argument("draft")
+    parser.add_argument("-k", "--lookaheads", default="4,8", help="fixed K's to compare")
+    parser.add_argument("-n", "--max-tokens", type=int, default=128)
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--chat", action="store_true", help="wrap prompts in the chat template")
+    parser.add_argument("--trace", action="store_true", help="print auto's cycles (K/kept)")
+    args = parser.parse_args()
+    target = LlamaModel(args.target, ModelOptions(n_threads=args.threads))
+    draft = LlamaModel(args.draft, ModelOptions(n_ctx=target.n_ctx, n_threads=args.threads))
+    engines = {"alone": SpeculativeEngine(target), "model": SpeculativeEngine(
+        target, ModelDrafter(draft))}
+    sampling = replace(RUN_SAMPLING, temperature=args.temperature)
+    prompts = [prompt_tokens(target, p, args.chat) for p in BUILTIN_PROMPTS]
+    fixed = [int(k) for k in args.lookaheads.split(",")]
+
+    def run(k: int | str, prompt: list[int]) -> tuple[float, list[str]]:
+        engine = engines["alone" if k == 0 else "model"]
+        engine.costs = Costs()
+        cycles = []
+        config = GenerationConfig(lookahead=k, sampling=sampling, max_tokens=args.max_tokens,
+                                  seed=0)
+        for event in engine.generate(prompt, config):
+            if isinstance(event, CycleDone):
+                cycles.append(f"{event.drafted}/{event.accepted}")
+            if isinstance(event, Finished):
+                return float(event.stats.tokens_per_second or 0.0), cycles
+        raise AssertionError("the engine always finishes")
+
+    run(max(fixed), prompts[0])  # warm-up
+    ratios: dict[str, list[float]] = {str(k): [] for k in fixed}
+    ratios["auto"], ratios["auto/best"] = [], []
+    for kind, prompt in zip(BUILTIN_KINDS, prompts, strict=True):
+        alone, _ = run(0, prompt)
+        speedups = {str(k): run(k, prompt)[0] / alone for k in fixed}
+        auto, cycles = run("auto", prompt)
+        speedups["auto"] = auto / alone
+        best = max(speedups[str(k)] for k in fixed)
+        for name, value in speedups.items():
+            ratios[name].append(value)
+        ratios["auto/best"].append(speedups["auto"] / best)
+        print(f"{kind:10s} " + " ".join(f"{name}:{value:.2f}x" for name, value in
+                                        speedups.items())
+              + f"  auto/best {speedups['auto'] / best:.2f}", flush=True)
+        if args.trace:
+            print("    " + " ".join(cycles))
+    print("median " + " ".join(f"{name}:{statistics.median(values):.3f}"
+                               for name, values in ratios.items())
+          + f"  (auto/best: min {min(ratios['auto/best']):.2f})")
+
+
+if __name__ == "__main__":
+    main()
