@@ -134,10 +134,15 @@ def served_devices() -> list[Device]:
     return [_describe_device(device) for device in _served_devices()]
 
 
-def _rpc_function(name: str, restype: object, *argtypes: object) -> ctypes._CFuncPtr:
+def require_rpc() -> None:
+    """One line, with the rebuild command, where this build has no RPC backend."""
     if not supports_rpc():
-        raise UserError(f"this build of llama.cpp has no RPC backend; rebuild it with: "
-                        f"{RPC_REBUILD}")
+        raise UserError(f"this build of llama.cpp has no RPC backend (needed by `specgen worker` "
+                        f"and --rpc); rebuild it with: {RPC_REBUILD}")
+
+
+def _rpc_function(name: str, restype: object, *argtypes: object) -> ctypes._CFuncPtr:
+    require_rpc()
     registry = _ggml("ggml_backend_reg_by_name", ctypes.c_void_p, ctypes.c_char_p)(b"RPC")
     address = _ggml("ggml_backend_reg_get_proc_address", ctypes.c_void_p, ctypes.c_void_p,
                     ctypes.c_char_p)(registry, name.encode())

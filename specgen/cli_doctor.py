@@ -240,9 +240,7 @@ def _workers(rpc: str | None) -> list[dict[str, Any]]:
                       for _ in range(3)]
             row["protocol"] = ".".join(map(str, hellos[0].version))
             row["round_trip_ms"] = min(h.round_trip_s for h in hellos) * 1000
-            if not backend.supports_rpc():
-                raise rpc_protocol.WorkerError(f"this build has no RPC backend; rebuild it with: "
-                                               f"{backend.RPC_REBUILD}")
+            backend.require_rpc()
             row["devices"] = [vars(d) for d in backend.worker_devices(endpoint)]
         except Exception as error:  # every failure is a finding, not a crash
             row["error"] = str(error)

@@ -55,9 +55,7 @@ def worker(
 
     address = rpc.listen_address(host)
     endpoint = rpc.Endpoint(address, port)
-    if not backend.supports_rpc():
-        raise UserError(f"this build of llama.cpp has no RPC backend; rebuild it with: "
-                        f"{backend.RPC_REBUILD}")
+    backend.require_rpc()
     _check_port_free(endpoint)
     if not endpoint.is_loopback:
         err.print(f"[bold yellow]warning:[/] listening on {escape(address)}: "

@@ -89,11 +89,9 @@ def _workers(rpc: str | None, pair: PairSpec | None) -> tuple[str, ...]:
     else:
         workers = tuple(str(endpoint) for endpoint in parse_endpoints(rpc))
     if workers:
-        from specgen.backend import RPC_REBUILD, supports_rpc
+        from specgen.backend import require_rpc
 
-        if not supports_rpc():
-            raise UserError(f"--rpc needs llama.cpp's RPC backend, which this build lacks; "
-                            f"rebuild it with: {RPC_REBUILD}")
+        require_rpc()
         probe(parse_endpoints(workers))
     return workers
 

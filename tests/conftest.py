@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
@@ -41,6 +42,13 @@ def isolated(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Monke
     monkeypatch.delenv("SPECGEN_DEBUG", raising=False)
     monkeypatch.setenv("SPECGEN_SELFTEST", "0")
     yield root
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on (for servers and workers the tests start)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def with_models_cache() -> dict[str, str]:

@@ -12,11 +12,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from tests.conftest import free_port
 
 
 def wait_for_worker(endpoint: str, proc: subprocess.Popen | None = None,

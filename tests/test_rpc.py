@@ -23,8 +23,8 @@ from typer.testing import CliRunner
 from specgen import cli, rpc
 from specgen.cli import app
 from specgen.errors import UsageError
-from tests.conftest import with_models_cache
-from tests.rpc_helpers import CountingProxy, free_port, wait_for_worker, worker
+from tests.conftest import free_port, with_models_cache
+from tests.rpc_helpers import CountingProxy, wait_for_worker, worker
 
 runner = CliRunner()
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,15 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import free_port
+
 pytestmark = pytest.mark.slow
 openai = pytest.importorskip("openai")
 KEY = "sk-specgen-test"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def start(target: Path, draft: Path, *extra: str) -> tuple[subprocess.Popen, str]:
