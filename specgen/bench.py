@@ -284,7 +284,7 @@ def summarize(runs: Sequence[Run], kinds: Sequence[str] | None = None) -> Report
             tokens_per_second=statistics.median(r.tokens_per_second for r in mine),
             speedup=statistics.median(ratios) if ratios else 0.0,
             accept_rate=alpha, position_accept_rates=positions,
-            tokens_per_cycle=_pooled(mine, "n_generated") / max(cycles, 1),
+            tokens_per_cycle=_pooled(mine, "n_cycle_tokens") / max(cycles, 1),
             draft_ms_per_token=None if draft_per_token is None else draft_per_token * 1000,
             verify_ms=verify * 1000, cost_ratio=cost_ratio, verify_ratio=verify_ratio,
             predicted_tokens_per_cycle=predicted_tpc, predicted_speedup=predicted,

@@ -79,16 +79,17 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
-def reuse_prefix_cache(model: Model, held: list[int], wanted: list[int]) -> int:
+def reuse_prefix_cache(model: Model, held: list[int], wanted: list[int], n_logits: int = 0
+                       ) -> tuple[int, np.ndarray]:
     """Make the model's cache hold ``wanted``, keeping the prefix it shares with ``held`` (what
-    the cache holds now; empty: start from nothing). Returns how many tokens were reused."""
-    keep = common_prefix(held, wanted)
+    the cache holds now; empty: start from nothing). Returns how many tokens were reused and
+    the logits of the last ``n_logits`` rows (those rows are always decoded again)."""
+    keep = min(common_prefix(held, wanted), len(wanted) - n_logits)
     if keep:
         model.rollback(keep)
     else:
         model.reset()
-    model.decode(wanted[keep:], 0)
-    return keep
+    return keep, model.decode(wanted[keep:], n_logits)
 
 
 class ModelDrafter:

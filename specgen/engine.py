@@ -5,9 +5,11 @@ the benchmark measures. It knows nothing of where guesses come from (``specgen.d
 how many to ask for (``specgen.lookahead``); it drives any object with the ``Model`` shape, so
 tests run it on fakes as well as on llama.cpp models from ``specgen.backend``.
 
-Cache invariant, at the start of every cycle: the target's KV cache holds every token except the
-last one (``last``). The target decodes ``[last, x_1..x_K]`` in ONE batch with logits on all K+1
-rows, keeps the guesses that survive the accept rule, and is cut back to the accepted prefix;
+The prompt's own target pass gives the first token, before the drafter reads the prompt (time to
+first token is the target's alone). Cache invariant, at the start of every cycle: the target's
+KV cache holds every token except the last one (``last``). The target decodes
+``[last, x_1..x_K]`` in ONE batch with logits on all K+1 rows, keeps the guesses that survive the
+accept rule, and is cut back to the accepted prefix;
 the drafter is told how many survived and rolls its own state back.
 """
 
@@ -19,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from specgen.core.sampling import SamplingParams, warp
+from specgen.core.sampling import SamplingParams, sample, warp
 from specgen.core.speculative import (
     DEFAULT_LOOKAHEAD,
     MAX_LOOKAHEAD,
@@ -136,8 +138,13 @@ class Stats:
         return self.n_accepted / judged if judged else None
 
     @property
+    def n_cycle_tokens(self) -> int:
+        """Tokens the cycles gave: all but the first, which the prompt's own pass gives."""
+        return self.n_generated - 1 if self.n_cycles else 0
+
+    @property
     def tokens_per_cycle(self) -> float | None:
-        return self.n_generated / self.n_cycles if self.n_cycles else None
+        return self.n_cycle_tokens / self.n_cycles if self.n_cycles else None
 
     def finish(self, reason: str) -> None:
         """Stop the generation clock; ``reason`` says why generation ended."""
@@ -209,6 +216,9 @@ class TextChunk:
 
 @dataclass(frozen=True)
 class CycleDone:
+    """The tokens one target pass added: a cycle's, or the first token (the prompt's pass,
+    ``drafted == 0``)."""
+
     drafted: int
     accepted: int
     tokens: tuple[int, ...]
@@ -268,23 +278,37 @@ class SpeculativeEngine:
         emit = _Emitter(target, config)
         tokens = list(prompt)
 
-        # 1. Prompt: the target and the drafter take every token but the last, which opens
-        #    cycle one.
+        # 1. Prompt: one target pass over all of it gives the first token at once; the drafter
+        #    catches up only after that token is out (time to first token is the target's).
         started = time.perf_counter()
         if len(tokens) > target.n_ctx:
             raise PromptTooLong(f"the prompt ({len(tokens)} tokens) does not fit the context "
                                 f"({target.n_ctx} tokens); raise --ctx-size")
         held = self._context[: target.n_past] if reuse_prefix and self._clean else []
         self._context, self._clean = tokens, False
-        stats.n_prompt_cached = reuse_prefix_cache(target, held, tokens[:-1])
-        if drafter is not None:
-            drafter.begin(tokens, reuse_prefix)
+        stats.n_prompt_cached, rows = reuse_prefix_cache(target, held, tokens, 1)
+        first = (int(np.argmax(rows[0])) if sampling.greedy
+                 else sample(warp(rows[0], sampling), rng))
+        tokens.append(first)
+        self._clean = True  # the cache holds every token of the context but the last
         policy.begin()
-        stats.n_prompt = len(tokens)
+        stats.n_prompt = len(prompt)
         stats.prompt_seconds = time.perf_counter() - started
         stats.gen_started = time.perf_counter()
+        yield CycleDone(0, 0, (first,))
+        text = emit.tokens([first], stats)
+        if text:
+            yield TextChunk(text)
 
+        drafter_ready = drafter is None
         while emit.reason is None:
+            if not drafter_ready:  # the drafter's prompt work counts as prompt time
+                caught_up = time.perf_counter()
+                drafter.begin(tokens, reuse_prefix)  # type: ignore[union-attr]
+                caught_up = time.perf_counter() - caught_up
+                stats.prompt_seconds += caught_up
+                stats.gen_started += caught_up
+                drafter_ready = True
             if target.n_past + 1 > target.n_ctx:
                 emit.reason = "context_full"
                 break

@@ -35,6 +35,7 @@ def fake_runner(alpha: float | Callable[[int], float], cycles: int = 4000,
         rng = np.random.default_rng(seed * 1000 + prompt * 10 + k)
         stats = Stats(lookahead=k, seed=seed)
         stats.reached_at, stats.accepted_at = [0] * k, [0] * k
+        stats.n_generated = 1  # the prompt's own pass gives the first token
         for _ in range(cycles):
             n = 0
             while n < k and rng.random() < survive(n):

@@ -61,12 +61,13 @@ class ScriptedDrafter:
 def test_engine_drives_any_drafter_through_the_protocol() -> None:
     target = FakeModel()
     alone, _ = run(SpeculativeEngine(FakeModel()), GenerationConfig(0, GREEDY, 20), [1, 2, 3])
-    drafter = ScriptedDrafter(alone[:3])  # right for the first cycle, then wrong
+    drafter = ScriptedDrafter(alone[1:4])  # right for the first cycle, then wrong
     tokens, stats = run(SpeculativeEngine(target, drafter), GenerationConfig(3, GREEDY, 20),
                         [1, 2, 3])
     assert tokens == alone
-    assert drafter.calls[0] == ("begin", 3)
-    assert drafter.calls[1:3] == [("propose", 3, 3), ("settle", 3)]
+    # The prompt's pass gives the first token; the drafter begins after it, with it.
+    assert drafter.calls[0] == ("begin", 4)
+    assert drafter.calls[1:3] == [("propose", 4, 3), ("settle", 3)]
     assert stats.by_source["script"].accepted >= 3
     proposals = [c for c in drafter.calls if c[0] == "propose"]
     settles = [c for c in drafter.calls if c[0] == "settle"]
@@ -126,29 +127,35 @@ def test_greedy_ngram_is_the_target_alone_and_needs_few_cycles() -> None:
         assert stats.n_cycles < base.n_cycles / 2
 
 
-@pytest.mark.parametrize("make", ["ngram", "hybrid"])
-def test_ngram_and_hybrid_guesses_keep_the_target_distribution(make: str) -> None:
-    """Chi-square on (x1, x2) against the target's p(x1) p(x2 | x1), the prompt full of repeats so
-    that n-gram guesses (point masses) are made at both positions."""
-    prompt = [1, 2, 3, 1, 2, 3, 1, 2]
+@pytest.mark.parametrize(("make", "lookahead"), [("ngram", 3), ("hybrid", 3), ("hybrid", "auto")])
+def test_ngram_and_hybrid_guesses_keep_the_target_distribution(make: str, lookahead) -> None:
+    """Chi-square on (x2, x3) against the target's sum over x1 of p(x1) p(x2 | x1) p(x3 | x1 x2).
+    x1 comes from the prompt's own pass, the guesses from the first cycle on; the prompt holds
+    "1 2 x" for every x, so whatever x1 is, the text ends in a 3-gram seen before and n-gram
+    guesses (point masses) are made at both positions."""
+    prompt = [t for x in range(16) for t in (1, 2, x)] + [1, 2]
     ref = FakeModel(sharpness=0.7)
-    p1 = warp(ref.logits_after(prompt), SAMPLING).dense(16)
-    joint = np.array([p1[a] * warp(ref.logits_after([*prompt, a]), SAMPLING).dense(16)
-                      for a in range(16)])
+
+    def p(context: list[int]) -> np.ndarray:
+        return warp(ref.logits_after([*prompt, *context]), SAMPLING).dense(16)
+
+    joint = sum(p([])[a] * np.array([p([a])[b] * p([a, b]) for b in range(16)])
+                for a in range(16))
     target = FakeModel(sharpness=0.7)
-    if make == "ngram":
-        drafter, lookahead = NgramDrafter(), 3
-    else:
-        drafter = HybridDrafter(ModelDrafter(FakeModel(sharpness=0.7, noise=1.0, salt=9)))
-        lookahead = "auto"
+    drafter = (NgramDrafter() if make == "ngram" else
+               HybridDrafter(ModelDrafter(FakeModel(sharpness=0.7, noise=1.0, salt=9))))
     engine = SpeculativeEngine(target, drafter)
     counts = np.zeros((16, 16))
-    n, sources = 3000, set()
+    n, drafted = 3000, {"ngram": 0, "model": 0}
     for seed in range(n):
-        tokens, stats = run(engine, GenerationConfig(lookahead, SAMPLING, 2, seed=seed), prompt)
-        counts[tokens[0], tokens[1]] += 1
-        sources |= set(stats.by_source)
-    assert "ngram" in sources
+        tokens, stats = run(engine, GenerationConfig(lookahead, SAMPLING, 4, seed=seed), prompt)
+        counts[tokens[1], tokens[2]] += 1
+        for source, mine in stats.by_source.items():
+            drafted[source] += mine.drafted
+    if lookahead == 3:  # the 3-gram comes first: n-gram guesses in every run
+        assert drafted["ngram"] >= 2 * n
+    else:  # auto weighs the two: both are used
+        assert drafted["ngram"] > 0 and drafted["model"] > 0
     assert pooled_chisquare_pvalue(counts, joint * n) > 1e-3
 
 

@@ -94,22 +94,41 @@ def test_sampling_reproducible_with_seed() -> None:
 
 
 @pytest.mark.parametrize("lookahead, p_min", [(0, 0.0), (3, 0.0), (3, 0.2)])
-def test_first_two_tokens_follow_target_distribution(lookahead: int, p_min: float) -> None:
-    """Chi-square on (x1, x2) against the target's own p(x1) p(x2 | x1)."""
+def test_tokens_two_and_three_follow_target_distribution(lookahead: int, p_min: float) -> None:
+    """Chi-square on (x2, x3), the first cycle's guess positions (x1 comes from the prompt's own
+    pass), against the target's sum over x1 of p(x1) p(x2 | x1) p(x3 | x1 x2)."""
     sampling = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
     ref = FakeModel(sharpness=0.7)
-    p1 = warp(ref.logits_after(PROMPT), sampling).dense(16)
-    joint = np.array([p1[a] * warp(ref.logits_after([*PROMPT, a]), sampling).dense(16)
-                      for a in range(16)])
+
+    def p(context: list[int]) -> np.ndarray:
+        return warp(ref.logits_after([*PROMPT, *context]), sampling).dense(16)
+
+    joint = sum(p([])[a] * np.array([p([a])[b] * p([a, b]) for b in range(16)])
+                for a in range(16))
     counts = np.zeros((16, 16))
     target, draft = FakeModel(sharpness=0.7), FakeModel(sharpness=0.7, noise=1.0, salt=9)
     engine = spec(target, draft, p_min)
     n = 3000
     for seed in range(n):
         tokens, _, _ = run(engine, GenerationConfig(lookahead=lookahead, sampling=sampling,
-                                                    max_tokens=lookahead + 2, seed=seed))
-        counts[tokens[0], tokens[1]] += 1
+                                                    max_tokens=lookahead + 3, seed=seed))
+        counts[tokens[1], tokens[2]] += 1
     assert pooled_chisquare_pvalue(counts, joint * n) > 1e-3
+
+
+def test_the_first_token_is_out_before_the_drafter_reads_the_prompt() -> None:
+    """Time to first token is the target's prompt pass alone: the draft model catches up on the
+    prompt after the first token is yielded, and the output is the target's all the same."""
+    prompt = PROMPT * 10
+    alone, _, _ = run(SpeculativeEngine(FakeModel()), GenerationConfig(0, GREEDY, 30), prompt)
+    target, draft = pair()
+    events = spec(target, draft).generate(prompt, GenerationConfig(4, GREEDY, 30))
+    first = next(events)
+    assert isinstance(first, CycleDone) and first.drafted == 0 and first.tokens == (alone[0],)
+    assert target.decode_calls == [(len(prompt), 1)] and draft.decode_calls == []
+    rest = [t for e in events if isinstance(e, CycleDone) for t in e.tokens]
+    assert [alone[0], *rest][:30] == alone
+    assert draft.decode_calls[0] == (len(prompt), 0)  # the whole prompt, in one batch
 
 
 def test_stop_string_spanning_tokens_is_not_printed() -> None:
@@ -221,7 +240,7 @@ def test_a_chat_that_goes_on_reuses_the_cached_prefix(lookahead) -> None:
     stats = events[-1].stats
     kept = len(PROMPT) + len(first) - 1  # all but the last token of turn one's context
     assert stats.n_prompt_cached == kept
-    assert target.decode_calls[0][0] == len(turn_two) - 1 - kept  # only the new tokens
+    assert target.decode_calls[0][0] == len(turn_two) - kept  # only the new tokens
     if lookahead != 0:  # the draft ran in turn one: its cache is reused too
         assert draft.decode_calls[0][0] < len(turn_two) - 1 - len(PROMPT)
     fresh_target, fresh_draft = pair()
