@@ -1,10 +1,13 @@
 """`-k auto` against fixed K's, prompt by prompt, with the draft model alone (no n-grams): the
 13 built-in bench prompts, each at K=0, each fixed K and auto, one after the other on the same
-loaded models, each run learning its costs afresh as a new `specgen run` does. Greedy by default,
+loaded models. Each auto run learns its costs afresh, as the first `specgen run` on a pair does;
+with --remember it starts from what the previous auto run left, as every later one does (the
+costs are kept between processes). Greedy by default,
 where every variant writes the same text, so the ratios compare like with like (at T > 0 the
 sampled texts differ with K, and one prompt's ratio says more about the text than the policy).
 
-    python benchmarks/auto_vs_fixed.py TARGET.gguf DRAFT.gguf -k 4,8 [--chat] [--trace PROMPT]
+    python benchmarks/auto_vs_fixed.py TARGET.gguf DRAFT.gguf -k 4,8 [--chat] [--remember]
+        [--trace] [--only 0,5]
 """
 
 from __future__ import annotations
@@ -32,6 +35,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--chat", action="store_true", help="wrap prompts in the chat template")
     parser.add_argument("--trace", action="store_true", help="print auto's cycles (K/kept)")
+    parser.add_argument("--only", help="prompt numbers to run (0-based, comma-separated)")
+    parser.add_argument("--remember", action="store_true",
+                        help="auto starts from the costs the previous auto run left, as "
+                             "`specgen run` does once it has run on these models here")
     args = parser.parse_args()
     target = LlamaModel(args.target, ModelOptions(n_threads=args.threads))
     draft = LlamaModel(args.draft, ModelOptions(n_ctx=target.n_ctx, n_threads=args.threads))
@@ -41,9 +48,12 @@ def main() -> None:
     prompts = [prompt_tokens(target, p, args.chat) for p in BUILTIN_PROMPTS]
     fixed = [int(k) for k in args.lookaheads.split(",")]
 
+    remembered: dict = {}
+
     def run(k: int | str, prompt: list[int]) -> tuple[float, list[str]]:
+        nonlocal remembered
         engine = engines["alone" if k == 0 else "model"]
-        engine.costs = Costs()
+        engine.costs = Costs.restore(remembered) if args.remember and k == "auto" else Costs()
         cycles = []
         config = GenerationConfig(lookahead=k, sampling=sampling, max_tokens=args.max_tokens,
                                   seed=0)
@@ -51,13 +61,20 @@ def main() -> None:
             if isinstance(event, CycleDone):
                 cycles.append(f"{event.drafted}/{event.accepted}")
             if isinstance(event, Finished):
+                if k == "auto":
+                    remembered = engine.costs.snapshot()
                 return float(event.stats.tokens_per_second or 0.0), cycles
         raise AssertionError("the engine always finishes")
 
     run(max(fixed), prompts[0])  # warm-up
+    if args.remember:
+        run("auto", prompts[0])  # what an earlier `specgen run` on these models left
     ratios: dict[str, list[float]] = {str(k): [] for k in fixed}
     ratios["auto"], ratios["auto/best"] = [], []
-    for kind, prompt in zip(BUILTIN_KINDS, prompts, strict=True):
+    chosen = {int(i) for i in args.only.split(",")} if args.only else set(range(len(prompts)))
+    for number, (kind, prompt) in enumerate(zip(BUILTIN_KINDS, prompts, strict=True)):
+        if number not in chosen:
+            continue
         alone, _ = run(0, prompt)
         speedups = {str(k): run(k, prompt)[0] / alone for k in fixed}
         auto, cycles = run("auto", prompt)

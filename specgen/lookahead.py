@@ -103,14 +103,24 @@ class FixedLookahead:
 @dataclass
 class _Ema:
     """An exponentially weighted mean whose first sample is dropped once a second comes: the
-    first decode of a batch shape runs cold (llama.cpp builds its graph), often twice as slow."""
+    first decode of a batch shape runs cold (llama.cpp builds its graph), often twice as slow.
+    A mean remembered from an earlier process counts as one trusted sample, and this process's
+    first (cold) sample is dropped instead."""
 
     memory: float
     weight: float = 0.0
     total: float = 0.0
     count: int = 0
+    cold_pending: bool = False
+
+    @classmethod
+    def remembered(cls, memory: float, mean: float) -> _Ema:
+        return cls(memory, weight=1.0, total=mean, count=2, cold_pending=True)
 
     def add(self, value: float) -> None:
+        if self.cold_pending:
+            self.cold_pending = False
+            return
         self.count += 1
         if self.count == 2:
             self.weight = self.total = 0.0
@@ -129,15 +139,34 @@ class Costs:
 
     per_guess: dict[str, _Ema] = field(default_factory=dict)
     verify_by_n: dict[int, _Ema] = field(default_factory=dict)
+    observations: int = 0  # cycles observed, to tell whether anything new was measured
 
     # The line fitted through the verify costs (mean n, mean seconds, slope, floor), kept
     # until the next observation: ``auto`` asks for it many times a cycle.
     _line: tuple[float, float, float, float] | None = field(default=None, init=False,
                                                               repr=False)
 
+    def snapshot(self) -> dict[str, dict[str, float]]:
+        """The means, to be remembered (``restore``) by a later process on these models."""
+        return {"per_guess": {s: e.mean for s, e in self.per_guess.items() if e.weight},
+                "verify_by_n": {str(n): e.mean for n, e in self.verify_by_n.items()
+                                if e.weight}}
+
+    @classmethod
+    def restore(cls, snapshot: dict[str, dict[str, float]]) -> Costs:
+        """Costs as an earlier process left them: trusted at once, so ``auto`` needs no timing
+        cycles, and followed as this process measures (each counts as one sample)."""
+        costs = cls()
+        for source, mean in snapshot.get("per_guess", {}).items():
+            costs.per_guess[source] = _Ema.remembered(COST_MEMORY, float(mean))
+        for n, mean in snapshot.get("verify_by_n", {}).items():
+            costs.verify_by_n[int(n)] = _Ema.remembered(COST_MEMORY, float(mean))
+        return costs
+
     def observe(self, source: str | None, drafted: int, draft_seconds: float,
                 verify_seconds: float) -> None:
         self._line = None
+        self.observations += 1
         self.verify_by_n.setdefault(drafted + 1, _Ema(COST_MEMORY)).add(verify_seconds)
         if source is not None and drafted:
             self.per_guess.setdefault(source, _Ema(COST_MEMORY)).add(draft_seconds / drafted)

@@ -18,8 +18,9 @@ from specgen.core.speculative import DEFAULT_LOOKAHEAD, Lookahead
 from specgen.drafters import Drafter, HybridDrafter, ModelDrafter, NgramDrafter
 from specgen.engine import Finished, GenerationConfig, SpeculativeEngine, Stats, TextChunk
 from specgen.errors import UsageError, UserError
-from specgen.fetch import cache_root, file_key
+from specgen.fetch import cache_root, file_key, text_key
 from specgen.interrupts import interruptible
+from specgen.lookahead import Costs
 from specgen.prompts import Message
 from specgen.registry import NGRAM, ModelSpec, PairSpec, Registry
 from specgen.rpc import parse_endpoints, probe
@@ -128,12 +129,31 @@ class PairOptions:
 
 @dataclass
 class Pair:
-    """Loaded models; ``ngram`` drafts by prompt lookup (alone, or beside the draft model)."""
+    """Loaded models; ``ngram`` drafts by prompt lookup (alone, or beside the draft model).
+
+    ``costs`` are what ``-k auto`` measured on these models here (seconds per guess, the verify
+    pass by length). They are kept in ``costs_file`` between processes, so a new run starts
+    from them instead of spending its first cycles timing.
+    """
 
     target: LlamaModel
     draft: LlamaModel | None
     ngram: bool = False
+    costs_file: Path | None = None
+    costs: Costs = field(default_factory=Costs)
     _engines: dict[float, SpeculativeEngine] = field(default_factory=dict, repr=False)
+    _saved: int = field(default=0, repr=False)
+
+    def __post_init__(self) -> None:
+        self.costs = load_costs(self.costs_file)
+        self._saved = self.costs.observations
+
+    def remember_costs(self) -> None:
+        """Write the costs for the next process when anything new was measured."""
+        if self.costs_file is None or self.costs.observations == self._saved:
+            return
+        save_costs(self.costs_file, self.costs)
+        self._saved = self.costs.observations
 
     def drafter(self, draft_p_min: float = 0.0) -> Drafter | None:
         if self.draft is None:
@@ -145,8 +165,52 @@ class Pair:
         """The pair's engine, kept from one generation to the next, so the costs ``-k auto``
         learns carry over (a batch or a server pays the learning once)."""
         if draft_p_min not in self._engines:
-            self._engines[draft_p_min] = SpeculativeEngine(self.target, self.drafter(draft_p_min))
+            engine = SpeculativeEngine(self.target, self.drafter(draft_p_min))
+            engine.costs = self.costs
+            self._engines[draft_p_min] = engine
         return self._engines[draft_p_min]
+
+
+def costs_path(target: LlamaModel, draft: LlamaModel | None, options: PairOptions) -> Path:
+    """Where the costs ``-k auto`` measured for these model files on this machine, with these
+    threads, GPU layers and workers, are kept."""
+    import json
+
+    from specgen.selftest import build_id, cpu_flags
+
+    files = [target.path] if draft is None else [target.path, draft.path]
+    machine = [cpu_flags(), build_id(), target.n_threads, draft.n_threads if draft else 0,
+               options.target_gpu_layers, options.draft_gpu_layers, list(options.workers),
+               options.local_head]
+    key = file_key(*files) + "-" + text_key(json.dumps(machine, default=str))
+    return cache_root() / "costs" / f"{key}.json"
+
+
+def load_costs(path: Path | None) -> Costs:
+    """The costs an earlier process kept at ``path`` (none, or unreadable: start afresh)."""
+    import json
+
+    if path is None:
+        return Costs()
+    try:
+        return Costs.restore(json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return Costs()
+
+
+def save_costs(path: Path, costs: Costs) -> None:
+    """Keep ``costs`` at ``path`` (written whole, then renamed: a reader never sees half);
+    a read-only cache only means the next process times again."""
+    import json
+    import os
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_text(json.dumps(costs.snapshot()))
+        partial.replace(path)
+    except OSError:
+        pass
 
 
 def bench_engines(pair: Pair, draft_p_min: float = 0.0) -> dict[str, SpeculativeEngine]:
@@ -179,14 +243,14 @@ def _load(target: str | Path, draft: str | Path | None, options: PairOptions,
         verbose=options.verbose,
     )
     if draft is None:
-        return Pair(target_model, None, ngram)
+        return Pair(target_model, None, ngram, costs_path(target_model, None, options))
     draft_model = LlamaModel(
         _existing(draft, "draft"),
         ModelOptions(target_model.n_ctx, options.draft_threads, options.draft_gpu_layers),
         verbose=options.verbose,
     )
     check_fit(target_model, draft_model)
-    return Pair(target_model, draft_model, ngram)
+    return Pair(target_model, draft_model, ngram, costs_path(target_model, draft_model, options))
 
 
 def _existing(path: str | Path, role: str) -> Path:
@@ -276,6 +340,7 @@ def stream(
                 break
     finally:
         events.close()
+        pair.remember_costs()
     yield Result("".join(pieces), stats)
 
 

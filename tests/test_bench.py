@@ -202,6 +202,23 @@ def test_real_short_bench_writes_every_field(tmp_path: Path, smollm2_target: Pat
 
 
 @pytest.mark.slow
+def test_bench_leaves_the_costs_auto_learned_for_run(tmp_path: Path, smollm2_target: Path,
+                                                    smollm2_draft: Path) -> None:
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("List three colours:\n")
+    env = with_models_cache()
+    costs = Path(env["SPECGEN_CACHE"]) / "costs"
+    done = subprocess.run(
+        [sys.executable, "-m", "specgen", "bench", "--pair", "smollm2-135m-demo", "-k", "auto",
+         "-n", "12", "--prompts", str(prompts), "--threads", "2", "--temperature", "0"],
+        capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stderr
+    (kept,) = costs.glob("*.json")
+    learned = json.loads(kept.read_text())
+    assert learned["verify_by_n"]["1"] > 0 and learned["per_guess"]["model"] > 0
+
+
+@pytest.mark.slow
 def test_interrupted_bench_prints_and_writes_what_it_measured(tmp_path: Path) -> None:
     """A real SIGINT part-way: the partial table, the partial JSON and CSV, exit 130."""
     import fcntl

@@ -269,6 +269,30 @@ def test_auto_lookahead_starts_by_timing_the_target_then_the_source() -> None:
     assert policy.plan([MODEL], 1).lookahead == 1
 
 
+def test_remembered_costs_need_no_timing_cycles_and_drop_this_process_cold_sample() -> None:
+    """Costs kept by an earlier process (a JSON round trip) are trusted at once: the first
+    cycle drafts. Each remembered cost then follows this process, whose first (cold) sample
+    of it is dropped."""
+    import json
+
+    learned = Costs()
+    for _ in range(3):
+        learned.observe(None, 0, 0.0, 1.0)
+        learned.observe("model", 4, 4 * 0.3, cpu_verify(5))
+    snapshot = json.loads(json.dumps(learned.snapshot()))
+    costs = Costs.restore(snapshot)
+    assert costs.verify(1) == pytest.approx(1.0) and costs.guess("model") == pytest.approx(0.3)
+    assert costs.verify(5) == pytest.approx(cpu_verify(5))
+    first = AdaptiveLookahead(costs).plan([MODEL], 100)
+    assert first.offer == MODEL and first.lookahead >= 1 and not first.probe  # no timing
+    assert AdaptiveLookahead(Costs()).plan([MODEL], 100) == TARGET_ALONE  # fresh: timing
+    costs.observe(None, 0, 0.0, 3.0)  # this process's first, cold, target step: dropped
+    assert costs.verify(1) == pytest.approx(1.0)
+    costs.observe(None, 0, 0.0, 2.0)  # then followed, the remembered mean one sample
+    assert costs.verify(1) == pytest.approx((0.8 * 1.0 + 2.0) / 1.8)
+    assert Costs.restore({}).verify(1) is None
+
+
 def test_auto_lookahead_picks_the_better_source_per_cycle() -> None:
     policy = AdaptiveLookahead(Costs())
     ngram = Offer("ngram", "ngram4", 16)

@@ -11,6 +11,7 @@ from specgen.backend import LlamaModel, ModelOptions
 from specgen.core.sampling import SamplingParams, warp
 from specgen.drafters import HybridDrafter, ModelDrafter, NgramDrafter
 from specgen.engine import CycleDone, Finished, GenerationConfig, SpeculativeEngine
+from specgen.lookahead import TIMING_LOOKAHEAD, AdaptiveLookahead, Costs
 from tests.stats_helpers import pooled_chisquare_pvalue
 
 pytestmark = pytest.mark.slow
@@ -237,3 +238,36 @@ def test_first_guessed_token_of_ngram_guesses_follows_target_distribution(smol, 
     assert set(counts) <= set(p.ids.tolist())
     observed = np.array([counts.get(int(t), 0) for t in p.ids])
     assert pooled_chisquare_pvalue(observed, n * p.probs) > 1e-3
+
+
+def test_auto_remembers_its_costs_for_the_next_process(smollm2_target: Path,
+                                                       smollm2_draft: Path) -> None:
+    """What `-k auto` measured is kept per model files, machine and threads: the next load
+    starts from it (no timing cycles), other threads start afresh, a broken file is ignored."""
+    from specgen.session import PairOptions, load_pair, stream
+
+    options = PairOptions(n_ctx=256, target_threads=2, draft_threads=2)
+    first = load_pair(smollm2_target, smollm2_draft, options)
+    assert first.costs_file is not None and not first.costs_file.exists()
+    config = GenerationConfig(lookahead="auto", sampling=GREEDY, max_tokens=32)
+    *_, result = stream(first, "The history of the Roman Empire", config)
+    assert result.stats.k_counts.get(0, 0) >= 2  # nothing known: the target alone is timed
+    assert first.costs_file.exists()
+    learned = first.costs.snapshot()
+    assert "1" in learned["verify_by_n"] and "model" in learned["per_guess"]
+
+    again = load_pair(smollm2_target, smollm2_draft, options)
+    assert again.costs_file == first.costs_file
+    assert again.costs.snapshot() == learned  # JSON keeps floats exact
+    offers = again.drafter().offers([1, 2, 3])
+    plan = again.engine().policy("auto").plan(offers, 100)
+    timing = plan.probe and plan.lookahead == TIMING_LOOKAHEAD
+    assert plan.lookahead >= 1 and not timing  # drafts from the first cycle, untimed
+    assert AdaptiveLookahead(Costs()).plan(offers, 100).lookahead == 0  # unlike a fresh start
+
+    other = load_pair(smollm2_target, smollm2_draft,
+                      PairOptions(n_ctx=256, target_threads=1, draft_threads=1))
+    assert other.costs_file != first.costs_file and not other.costs.verify_by_n
+
+    first.costs_file.write_text("{not json")
+    assert not load_pair(smollm2_target, smollm2_draft, options).costs.verify_by_n
