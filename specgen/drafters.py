@@ -13,6 +13,7 @@ that depends only on the past keeps the output exact.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -50,6 +51,9 @@ class Proposal:
 
     tokens: list[int] = field(default_factory=list)
     q: list[Dist] = field(default_factory=list)
+    # Seconds the drafter spent reading text it had not seen (what the target decoded alone
+    # while speculation was off): a cost of having been off, not of these guesses.
+    catch_up_seconds: float = 0.0
 
 
 class Drafter(Protocol):
@@ -124,8 +128,15 @@ class ModelDrafter:
         self._base = len(context)
         self._context = context
         # Catch up on what was accepted since this draft last ran (one batch), then one token a
-        # step: the last guess is never decoded, since nothing would read its logits.
+        # step: the last guess is never decoded, since nothing would read its logits. Usually
+        # that is the last cycle's drawn token (and its last kept guess); anything more is text
+        # the target decoded alone, read in a batch of its own and timed apart.
         feed = list(context[model.n_past :])
+        if len(feed) > 2:
+            started = time.perf_counter()
+            model.decode(feed[:-1], 0)
+            out.catch_up_seconds = time.perf_counter() - started
+            feed = feed[-1:]
         for i in range(k):
             logits = model.decode(feed, 1)[0]
             if sampling.greedy:

@@ -336,7 +336,8 @@ class SpeculativeEngine:
             stats.draft_seconds += t1 - t0
             stats.target_seconds += t2 - t1
             new = [*guesses[: verdict.n_accepted], verdict.next_token]
-            policy.observe(plan, len(guesses), verdict.n_accepted, t1 - t0, t2 - t1, offers, new)
+            policy.observe(plan, len(guesses), verdict.n_accepted,
+                           t1 - t0 - proposal.catch_up_seconds, t2 - t1, offers, new)
             stats.record_cycle(plan.offer.source if plan.offer and guesses else None,
                                plan.lookahead, len(guesses), verdict.n_accepted, plan.probe)
             tokens.extend(new)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from specgen.core.speculative import MAX_LOOKAHEAD, expected_tokens_by_position
 
@@ -34,6 +35,9 @@ from specgen.core.speculative import MAX_LOOKAHEAD, expected_tokens_by_position
 AUTO_MAX_LOOKAHEAD = 32
 # Forgetting per cycle: an observation ten cycles old weighs a third of a new one.
 ACCEPT_MEMORY = 0.9
+# The typical acceptance by position of a source on this pair, kept across generations (and
+# processes): it is where a generation's estimate starts, forgetting over ~100 cycles.
+TYPICAL_MEMORY = 0.99
 COST_MEMORY = 0.8
 # Each position's rate is shrunk toward the key's pooled rate by this many observations; the
 # pooled rate starts from FIRST_PRIOR, worth one observation.
@@ -104,23 +108,32 @@ class FixedLookahead:
 class _Ema:
     """An exponentially weighted mean whose first sample is dropped once a second comes: the
     first decode of a batch shape runs cold (llama.cpp builds its graph), often twice as slow.
-    A mean remembered from an earlier process counts as one trusted sample, and this process's
-    first (cold) sample is dropped instead."""
+    A mean remembered from an earlier process is trusted until this process measures: its first
+    sample is dropped where it is slower (cold), and the first one kept replaces the remembered
+    mean. ``seen_here`` says whether this process measured anything."""
 
     memory: float
     weight: float = 0.0
     total: float = 0.0
     count: int = 0
     cold_pending: bool = False
+    remembered_only: bool = False
+    seen_here: bool = False
 
     @classmethod
     def remembered(cls, memory: float, mean: float) -> _Ema:
-        return cls(memory, weight=1.0, total=mean, count=2, cold_pending=True)
+        return cls(memory, weight=1.0, total=mean, count=2, cold_pending=True,
+                   remembered_only=True)
 
     def add(self, value: float) -> None:
+        self.seen_here = True
         if self.cold_pending:
             self.cold_pending = False
-            return
+            if value >= self.mean:  # a cold decode only runs slower: keep what was known
+                return
+        if self.remembered_only:  # measured here now: that replaces what was remembered
+            self.remembered_only = False
+            self.weight = self.total = 0.0
         self.count += 1
         if self.count == 2:
             self.weight = self.total = 0.0
@@ -135,10 +148,13 @@ class _Ema:
 
 @dataclass
 class Costs:
-    """Seconds per draft guess for each source, and the verify pass's seconds by tokens."""
+    """What ``auto`` keeps from one generation to the next: seconds per draft guess for each
+    source, the verify pass's seconds by tokens, and each key's typical acceptance by position
+    (the prior a generation's own estimate starts from)."""
 
     per_guess: dict[str, _Ema] = field(default_factory=dict)
     verify_by_n: dict[int, _Ema] = field(default_factory=dict)
+    typical: dict[str, _Acceptance] = field(default_factory=dict)
     observations: int = 0  # cycles observed, to tell whether anything new was measured
 
     # The line fitted through the verify costs (mean n, mean seconds, slope, floor), kept
@@ -146,14 +162,15 @@ class Costs:
     _line: tuple[float, float, float, float] | None = field(default=None, init=False,
                                                               repr=False)
 
-    def snapshot(self) -> dict[str, dict[str, float]]:
-        """The means, to be remembered (``restore``) by a later process on these models."""
+    def snapshot(self) -> dict[str, dict[str, Any]]:
+        """What to remember (``restore``) in a later process on these models."""
         return {"per_guess": {s: e.mean for s, e in self.per_guess.items() if e.weight},
                 "verify_by_n": {str(n): e.mean for n, e in self.verify_by_n.items()
-                                if e.weight}}
+                                if e.weight},
+                "typical": {key: [a.kept, a.reached] for key, a in self.typical.items()}}
 
     @classmethod
-    def restore(cls, snapshot: dict[str, dict[str, float]]) -> Costs:
+    def restore(cls, snapshot: dict[str, dict[str, Any]]) -> Costs:
         """Costs as an earlier process left them: trusted at once, so ``auto`` needs no timing
         cycles, and followed as this process measures (each counts as one sample)."""
         costs = cls()
@@ -161,6 +178,9 @@ class Costs:
             costs.per_guess[source] = _Ema.remembered(COST_MEMORY, float(mean))
         for n, mean in snapshot.get("verify_by_n", {}).items():
             costs.verify_by_n[int(n)] = _Ema.remembered(COST_MEMORY, float(mean))
+        for key, (kept, reached) in snapshot.get("typical", {}).items():
+            costs.typical[key] = _Acceptance(TYPICAL_MEMORY, [float(x) for x in kept],
+                                             [float(x) for x in reached])
         return costs
 
     def observe(self, source: str | None, drafted: int, draft_seconds: float,
@@ -174,6 +194,11 @@ class Costs:
     def timings(self, source: str) -> int:
         ema = self.per_guess.get(source)
         return 0 if ema is None else ema.count
+
+    def timed_here(self, source: str) -> bool:
+        """Whether this process measured the source's guesses (not only remembered them)."""
+        ema = self.per_guess.get(source)
+        return ema is not None and ema.seen_here
 
     def guess(self, source: str) -> float | None:
         ema = self.per_guess.get(source)
@@ -210,9 +235,12 @@ class _Acceptance:
     rejection does not condemn a position for long.
     """
 
-    def __init__(self) -> None:
-        self.reached: list[float] = []
-        self.kept: list[float] = []
+    def __init__(self, memory: float = ACCEPT_MEMORY, kept: list[float] | None = None,
+                 reached: list[float] | None = None) -> None:
+        self.memory = memory
+        self.kept: list[float] = kept or []
+        self.reached: list[float] = reached or []
+        assert len(self.kept) == len(self.reached)
 
     def observe(self, drafted: int, accepted: int) -> None:
         judged = min(drafted, accepted + 1)
@@ -220,8 +248,8 @@ class _Acceptance:
             self.reached.append(0.0)
             self.kept.append(0.0)
         for i in range(len(self.reached)):
-            self.reached[i] *= ACCEPT_MEMORY
-            self.kept[i] *= ACCEPT_MEMORY
+            self.reached[i] *= self.memory
+            self.kept[i] *= self.memory
         for i in range(judged):
             self.reached[i] += 1.0
             self.kept[i] += i < accepted
@@ -230,17 +258,24 @@ class _Acceptance:
         """(kept, reached) over all positions."""
         return sum(self.kept), sum(self.reached)
 
-    def rates(self, n: int, prior: float) -> list[float]:
-        """a_1..a_n: each position shrunk toward this key's pooled rate, which is shrunk toward
-        ``prior`` (the source's pooled rate) by one observation."""
+    def rates(self, n: int, prior: float, typical: _Acceptance | None = None) -> list[float]:
+        """a_1..a_n: each position shrunk toward what is typical of it on this pair (where
+        known), else toward this key's pooled rate, itself shrunk toward ``prior`` (the
+        source's pooled rate) by one observation."""
         kept, reached = self.pooled()
         pooled = (kept + prior) / (reached + 1.0)
-        out = []
-        for i in range(n):
-            reached_i = self.reached[i] if i < len(self.reached) else 0.0
-            kept_i = self.kept[i] if i < len(self.kept) else 0.0
-            out.append((kept_i + PRIOR_WEIGHT * pooled) / (reached_i + PRIOR_WEIGHT))
-        return out
+        start = [pooled] * n if typical is None else typical.rates_at(n, pooled)
+        return [(self.at(i)[0] + PRIOR_WEIGHT * start[i]) / (self.at(i)[1] + PRIOR_WEIGHT)
+                for i in range(n)]
+
+    def at(self, i: int) -> tuple[float, float]:
+        """(kept, reached) at position i (0-based)."""
+        return (self.kept[i], self.reached[i]) if i < len(self.reached) else (0.0, 0.0)
+
+    def rates_at(self, n: int, fallback: float) -> list[float]:
+        """Each position's own rate, shrunk toward ``fallback`` where it has little evidence."""
+        return [(self.at(i)[0] + PRIOR_WEIGHT * fallback) / (self.at(i)[1] + PRIOR_WEIGHT)
+                for i in range(n)]
 
 
 class AdaptiveLookahead:
@@ -286,18 +321,23 @@ class AdaptiveLookahead:
         if untimed and not best.lookahead:
             return self._probe(untimed[0], room, TIMING_LOOKAHEAD)
         # Explore: an offer left alone for a while that would win if its guesses survived
-        # (an n-gram match; the draft model while speculation is off). Each probe that does
-        # not win doubles the wait before the next one.
+        # (the draft model while speculation is off). Each probe that does not win doubles the
+        # wait before the next one. Free offers (n-gram matches) are never probed: every cycle
+        # they are offered in scores them in hindsight.
         chosen = best.offer.key if best.offer else None
         for offer in timed:
             idle = self._cycle - self._tried.get(offer.key, -PROBE_GAP_MAX)
-            if offer.key == chosen or idle < self._gap.get(offer.key, PROBE_GAP_FIRST):
+            if offer.key == chosen or offer.preview or \
+                    idle < self._gap.get(offer.key, PROBE_GAP_FIRST):
                 continue
             _, hope = self._best_lookahead(offer, room, optimistic=True)
             self._tried[offer.key] = self._cycle  # checked: look again after the gap
-            # Costs alone rule it out even if every guess survived: skip it until then.
+            # Costs alone rule it out even if every guess survived: skip it until then. A cost
+            # only remembered from another process is timed here before it rules anything out.
             self._hopeless.discard(offer.key)
             if hope <= 1.0 / target_step:
+                if not offer.preview and not self.costs.timed_here(offer.source):
+                    return self._probe(offer, room, TIMING_LOOKAHEAD)
                 self._hopeless.add(offer.key)
             if hope > best_rate:
                 self._gap[offer.key] = min(2 * self._gap.get(offer.key, PROBE_GAP_FIRST),
@@ -321,7 +361,7 @@ class AdaptiveLookahead:
             rates = [1.0] * limit
         else:
             rates = self.acceptance.get(offer.key, _Acceptance()).rates(
-                limit, self._source_prior(offer.source))
+                limit, self._source_prior(offer.source), self.costs.typical.get(offer.key))
         expected = expected_tokens_by_position(rates)
         best_k, best_rate = 0, 0.0
         for k in range(1, limit + 1):
@@ -365,6 +405,8 @@ class AdaptiveLookahead:
         self._tried[offer.key] = self._cycle
         self._source_of[offer.key] = offer.source
         self.acceptance.setdefault(offer.key, _Acceptance()).observe(drafted, accepted)
+        self.costs.typical.setdefault(offer.key, _Acceptance(TYPICAL_MEMORY)).observe(
+            drafted, accepted)
 
 
 LookaheadPolicy = FixedLookahead | AdaptiveLookahead

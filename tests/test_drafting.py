@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 
 import numpy as np
@@ -255,6 +256,35 @@ def test_auto_lookahead_comes_back_when_the_text_gets_easy() -> None:
     assert rate >= 0.8 * exact_rate([0.95], 8, 0.1, cpu_verify)
 
 
+@pytest.mark.parametrize("accept, draft", [
+    ([0.98], 0.42),                                  # long cycles pay
+    ([0.9, 0.85, 0.8, 0.75, 0.7, 0.6, 0.5], 0.2),   # falling along the cycle
+])
+def test_a_new_generation_starts_from_the_typical_acceptance(accept, draft) -> None:
+    """Acceptance by position is learned afresh each generation, starting from what is typical
+    of the pair (kept with the costs): short answers run near the best K from their first
+    cycle instead of climbing to it; the first plan is already near the optimum."""
+    best = max(exact_rate(accept, k, draft, cpu_verify) for k in range(1, 33))
+
+    def short_answers(keep_typical: bool) -> float:
+        costs, rates = Costs(), []
+        for generation in range(30):
+            if not keep_typical:
+                costs.typical.clear()
+            policy = AdaptiveLookahead(costs)
+            rates.append(simulate(policy, accept, draft, cpu_verify, cycles=8,
+                                  seed=generation)[0])
+        return float(np.mean(rates[5:]))  # the costs are known by then either way
+
+    with_typical, without = short_answers(True), short_answers(False)
+    assert with_typical >= 0.9 * best and with_typical > without
+    costs = Costs()
+    simulate(AdaptiveLookahead(costs), accept, draft, cpu_verify, cycles=400)
+    restored = Costs.restore(json.loads(json.dumps(costs.snapshot())))
+    first = AdaptiveLookahead(restored).plan([MODEL], 10_000).lookahead
+    assert exact_rate(accept, first, draft, cpu_verify) >= 0.95 * best, first
+
+
 def test_auto_lookahead_starts_by_timing_the_target_then_the_source() -> None:
     policy = AdaptiveLookahead()
     assert policy.plan([MODEL], 100) == TARGET_ALONE
@@ -273,8 +303,6 @@ def test_remembered_costs_need_no_timing_cycles_and_drop_this_process_cold_sampl
     """Costs kept by an earlier process (a JSON round trip) are trusted at once: the first
     cycle drafts. Each remembered cost then follows this process, whose first (cold) sample
     of it is dropped."""
-    import json
-
     learned = Costs()
     for _ in range(3):
         learned.observe(None, 0, 0.0, 1.0)
@@ -288,9 +316,45 @@ def test_remembered_costs_need_no_timing_cycles_and_drop_this_process_cold_sampl
     assert AdaptiveLookahead(Costs()).plan([MODEL], 100) == TARGET_ALONE  # fresh: timing
     costs.observe(None, 0, 0.0, 3.0)  # this process's first, cold, target step: dropped
     assert costs.verify(1) == pytest.approx(1.0)
-    costs.observe(None, 0, 0.0, 2.0)  # then followed, the remembered mean one sample
-    assert costs.verify(1) == pytest.approx((0.8 * 1.0 + 2.0) / 1.8)
+    costs.observe(None, 0, 0.0, 2.0)  # then measured here: that replaces the remembered mean
+    assert costs.verify(1) == pytest.approx(2.0)
+    costs.observe(None, 0, 0.0, 1.0)  # and is followed
+    assert costs.verify(1) == pytest.approx((0.8 * 2.0 + 1.0) / 1.8)
     assert Costs.restore({}).verify(1) is None
+
+
+def test_a_remembered_cost_that_rules_a_draft_out_is_timed_here_first() -> None:
+    """A draft remembered as too slow to ever pay is timed once in this process before it is
+    given up (another process's figure may be stale); timed slow again, it is left alone."""
+    remembered = {"per_guess": {"model": 5.0}, "verify_by_n": {"1": 1.0, "4": 1.45}}
+    policy = AdaptiveLookahead(Costs.restore(remembered))
+    timing = policy.plan([MODEL], 100)
+    assert timing.probe and timing.lookahead == TIMING_LOOKAHEAD
+    policy.observe(timing, 1, 1, 5.0, cpu_verify(2))  # slow here too
+    chosen = {policy.plan([MODEL], 100).lookahead for _ in range(300)}
+    assert chosen == {0}
+    faster_now = AdaptiveLookahead(Costs.restore(remembered))
+    timing = faster_now.plan([MODEL], 100)
+    faster_now.observe(timing, 1, 1, 0.1, cpu_verify(2))  # the machine is faster today
+    rate, chosen = simulate(faster_now, [0.9], 0.1, cpu_verify, cycles=300)
+    assert chosen.get(0, 0) < 30 and rate > 1.5
+
+
+def test_the_draft_reads_text_it_missed_apart_from_its_guesses() -> None:
+    """After the target ran alone, the draft model catches up in one batch, timed apart: that
+    time is not a cost of the guesses that follow."""
+    draft = FakeModel(call_seconds=0.0, token_seconds=0.002)
+    drafter = ModelDrafter(draft)
+    prompt = [1, 2, 3]
+    drafter.begin([*prompt, 4])
+    context = [*prompt, *range(4, 40)]  # 35 tokens the draft has not seen
+    proposal = drafter.propose(context, MODEL, 3, GREEDY, np.random.default_rng(0))
+    assert draft.decode_calls[1] == (35, 0) and proposal.catch_up_seconds >= 0.002 * 35
+    assert draft.cache[: len(context)] == context and len(proposal.tokens) == 3
+    drafter.settle(1)
+    usual = drafter.propose(context + [proposal.tokens[0], 9], MODEL, 2, GREEDY,
+                            np.random.default_rng(0))
+    assert usual.catch_up_seconds == 0.0  # one kept guess and a drawn token: the usual feed
 
 
 def test_auto_lookahead_picks_the_better_source_per_cycle() -> None:
