@@ -110,7 +110,7 @@ class _Ema:
     first decode of a batch shape runs cold (llama.cpp builds its graph), often twice as slow.
     A mean remembered from an earlier process is trusted until this process measures: its first
     sample is dropped where it is slower (cold), and the first one kept replaces the remembered
-    mean. ``seen_here`` says whether this process measured anything."""
+    mean. ``seen_here`` counts what this process measured."""
 
     memory: float
     weight: float = 0.0
@@ -118,15 +118,16 @@ class _Ema:
     count: int = 0
     cold_pending: bool = False
     remembered_only: bool = False
-    seen_here: bool = False
+    remembered_mean: float | None = None
+    seen_here: int = 0
 
     @classmethod
     def remembered(cls, memory: float, mean: float) -> _Ema:
         return cls(memory, weight=1.0, total=mean, count=2, cold_pending=True,
-                   remembered_only=True)
+                   remembered_only=True, remembered_mean=mean)
 
     def add(self, value: float) -> None:
-        self.seen_here = True
+        self.seen_here += 1
         if self.cold_pending:
             self.cold_pending = False
             if value >= self.mean:  # a cold decode only runs slower: keep what was known
@@ -198,7 +199,27 @@ class Costs:
     def timed_here(self, source: str) -> bool:
         """Whether this process measured the source's guesses (not only remembered them)."""
         ema = self.per_guess.get(source)
-        return ema is not None and ema.seen_here
+        return ema is not None and ema.seen_here > 0
+
+    def as_remembered(self) -> bool | None:
+        """Whether the target runs here as fast as when the costs were remembered (within a
+        quarter), so the rest of them can be trusted untimed; None until it was timed twice."""
+        ema = self.verify_by_n.get(1)
+        if ema is None or ema.remembered_mean is None:
+            return True
+        if ema.seen_here < 2:
+            return None
+        return abs(ema.mean / ema.remembered_mean - 1.0) <= 0.25
+
+    def forget_remembered(self) -> None:
+        """The machine runs otherwise than when the costs were kept: drop every cost not yet
+        measured here (they are learned afresh) and stop comparing."""
+        for table in (self.per_guess, self.verify_by_n):
+            for key in [k for k, ema in table.items() if ema.remembered_only]:
+                del table[key]  # type: ignore[attr-defined]
+            for ema in table.values():  # type: ignore[attr-defined]
+                ema.remembered_mean = None
+        self._line = None
 
     def guess(self, source: str) -> float | None:
         ema = self.per_guess.get(source)
@@ -304,6 +325,9 @@ class AdaptiveLookahead:
         if alone is None or alone.count < 2:
             return TARGET_ALONE  # the first two cycles time the target alone (one runs cold)
         target_step = alone.mean
+        same_speed = self.costs.as_remembered()
+        if same_speed is False:
+            self.costs.forget_remembered()
         # Free guesses (an n-gram's continuation) need no timing: they cost a lookup. A draft
         # model is timed twice (its first step runs cold) before its costs are trusted.
         timed = [offer for offer in offers
@@ -333,11 +357,13 @@ class AdaptiveLookahead:
             _, hope = self._best_lookahead(offer, room, optimistic=True)
             self._tried[offer.key] = self._cycle  # checked: look again after the gap
             # Costs alone rule it out even if every guess survived: skip it until then. A cost
-            # only remembered from another process is timed here before it rules anything out.
+            # only remembered from another process rules it out once the target is seen to run
+            # as fast as it did then (otherwise the remembered costs were dropped above).
             self._hopeless.discard(offer.key)
             if hope <= 1.0 / target_step:
-                if not offer.preview and not self.costs.timed_here(offer.source):
-                    return self._probe(offer, room, TIMING_LOOKAHEAD)
+                if same_speed is None and not self.costs.timed_here(offer.source):
+                    self._tried[offer.key] = self._cycle - PROBE_GAP_MAX  # next cycle
+                    continue
                 self._hopeless.add(offer.key)
             if hope > best_rate:
                 self._gap[offer.key] = min(2 * self._gap.get(offer.key, PROBE_GAP_FIRST),

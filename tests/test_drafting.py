@@ -323,21 +323,28 @@ def test_remembered_costs_need_no_timing_cycles_and_drop_this_process_cold_sampl
     assert Costs.restore({}).verify(1) is None
 
 
-def test_a_remembered_cost_that_rules_a_draft_out_is_timed_here_first() -> None:
-    """A draft remembered as too slow to ever pay is timed once in this process before it is
-    given up (another process's figure may be stale); timed slow again, it is left alone."""
+def test_a_remembered_cost_that_rules_a_draft_out_holds_only_on_the_same_speed() -> None:
+    """A draft remembered as too slow to ever pay stays off, with no probe, while the target
+    runs as fast as when the costs were kept; on a machine running otherwise now, the draft is
+    timed here before it is given up (another process's figure may be stale)."""
     remembered = {"per_guess": {"model": 5.0}, "verify_by_n": {"1": 1.0, "4": 1.45}}
     policy = AdaptiveLookahead(Costs.restore(remembered))
-    timing = policy.plan([MODEL], 100)
-    assert timing.probe and timing.lookahead == TIMING_LOOKAHEAD
-    policy.observe(timing, 1, 1, 5.0, cpu_verify(2))  # slow here too
-    chosen = {policy.plan([MODEL], 100).lookahead for _ in range(300)}
-    assert chosen == {0}
+    chosen = []
+    for _ in range(300):
+        plan = policy.plan([MODEL], 100)
+        chosen.append(plan.lookahead)
+        policy.observe(plan, plan.lookahead, 0, 5.0 * plan.lookahead, cpu_verify(1))
+    assert set(chosen) == {0}
     faster_now = AdaptiveLookahead(Costs.restore(remembered))
+    for _ in range(2):  # the target runs twice as fast as remembered: the costs are stale
+        assert faster_now.plan([MODEL], 100) == TARGET_ALONE
+        faster_now.observe(TARGET_ALONE, 0, 0, 0.0, 0.5)
     timing = faster_now.plan([MODEL], 100)
-    faster_now.observe(timing, 1, 1, 0.1, cpu_verify(2))  # the machine is faster today
-    rate, chosen = simulate(faster_now, [0.9], 0.1, cpu_verify, cycles=300)
-    assert chosen.get(0, 0) < 30 and rate > 1.5
+    assert timing.probe and timing.lookahead == TIMING_LOOKAHEAD
+    faster_now.observe(timing, 1, 1, 0.05, 0.6)
+    half = lambda n: cpu_verify(n) / 2  # noqa: E731
+    rate, chosen_k = simulate(faster_now, [0.9], 0.05, half, cycles=300)
+    assert chosen_k.get(0, 0) < 30 and rate > 1.5 * 2
 
 
 def test_the_draft_reads_text_it_missed_apart_from_its_guesses() -> None:
