@@ -20,7 +20,8 @@ pays; then it probes a source now and then (ever more rarely while probes keep f
 stops probing a source whose costs alone rule it out even if every guess survived.
 
 Costs are facts of the machine and the models, so they outlive a generation (an engine keeps
-them); acceptance is a fact of the text, so it starts afresh with every generation.
+them, and ``specgen.session`` keeps them between processes); acceptance is a fact of the text,
+so each generation learns its own, starting from what is typical of the pair (``Costs.typical``).
 """
 
 from __future__ import annotations
