@@ -140,9 +140,9 @@ class Pair:
     draft: LlamaModel | None
     ngram: bool = False
     costs_file: Path | None = None
-    costs: Costs = field(default_factory=Costs)
+    costs: Costs = field(init=False)  # loaded from ``costs_file``
     _engines: dict[float, SpeculativeEngine] = field(default_factory=dict, repr=False)
-    _saved: int = field(default=0, repr=False)
+    _saved: int = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.costs = load_costs(self.costs_file)
