@@ -14,7 +14,7 @@ that depends only on the past keeps the output exact.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -27,6 +27,9 @@ from specgen.lookahead import Offer
 NGRAM_MAX, NGRAM_MIN = 4, 1
 # The longest continuation an n-gram offer reads out of the earlier text.
 NGRAM_SPAN = 32
+# A draft model that fell behind (speculation off, or n-grams drafting) reads at most this many
+# of the tokens it missed, the latest.
+CATCH_UP_WINDOW = 32
 # With a fixed K, a hybrid trusts an n-gram match of at least this many tokens over the model.
 HYBRID_MIN_MATCH = 3
 
@@ -54,6 +57,25 @@ class Proposal:
     # Seconds the drafter spent reading text it had not seen (what the target decoded alone
     # while speculation was off): a cost of having been off, not of these guesses.
     catch_up_seconds: float = 0.0
+    # A hybrid's model run that found its own guesses earlier in the text ends in prompt lookup:
+    # the last ``looked_up`` guesses then come, at no cost, from ``switched_to`` (that match).
+    switched_to: Offer | None = None
+    looked_up: int = 0
+
+    @property
+    def paid(self) -> int:
+        """Guesses the offer the policy chose made (the rest were looked up)."""
+        return len(self.tokens) - self.looked_up
+
+    @property
+    def switch(self) -> tuple[Offer, int] | None:
+        """(the match switched to, its guesses), for the policy and the stats; None if none."""
+        return (self.switched_to, self.looked_up) if self.switched_to and self.looked_up \
+            else None
+
+
+# Given the context and a model run's guesses so far, a match to finish the run with, or None.
+FollowUp = Callable[[Sequence[int], Sequence[int]], Offer | None]
 
 
 class Drafter(Protocol):
@@ -111,30 +133,40 @@ class ModelDrafter:
         self.p_min = p_min
         self._base = 0
         self._context: Sequence[int] = ()  # the engine's live context, as last seen
+        # Context tokens the draft skipped when it caught up (its cache holds the context
+        # minus those): its cache position i holds context token i + _skipped past the gap.
+        self._skipped = 0
 
     def begin(self, prompt: Sequence[int], reuse_prefix: bool = False) -> None:
         # The engine holds the prompt's last token back to open cycle one; so does the draft.
-        held = list(self._context[: self.model.n_past]) if reuse_prefix else []
-        self._context = ()
+        held = list(self._context[: self.model.n_past]) if reuse_prefix and not self._skipped \
+            else []
+        self._context, self._skipped = (), 0
         reuse_prefix_cache(self.model, held, list(prompt[:-1]))
 
     def offers(self, context: Sequence[int]) -> list[Offer]:
-        room = self.model.n_ctx - len(context) + 1
+        room = self.model.n_ctx - (len(context) - self._skipped) + 1
         return [Offer("model", "model", room)] if room > 0 else []
 
     def propose(self, context: Sequence[int], offer: Offer, k: int, sampling: SamplingParams,
-                rng: np.random.Generator) -> Proposal:
+                rng: np.random.Generator, follow: FollowUp | None = None) -> Proposal:
+        """Up to ``k`` guesses; after each, ``follow`` may finish the run with free guesses."""
         model, out = self.model, Proposal()
         self._base = len(context)
         self._context = context
         # Catch up on what was accepted since this draft last ran (one batch), then one token a
         # step: the last guess is never decoded, since nothing would read its logits. Usually
         # that is the last cycle's drawn token (and its last kept guess); anything more is text
-        # the target decoded alone, read in a batch of its own and timed apart.
-        feed = list(context[model.n_past :])
+        # the target decoded alone or took from n-grams, read in a batch of its own and timed
+        # apart. Of a long stretch only the last CATCH_UP_WINDOW tokens are read: reading costs
+        # the draft about what verifying it cost the target, and the draft's guesses need not
+        # come from the whole text to be exact, only from the q they report.
+        feed = list(context[model.n_past + self._skipped :])
         if len(feed) > 2:
+            skip = max(0, len(feed) - 1 - CATCH_UP_WINDOW)
+            self._skipped += skip
             started = time.perf_counter()
-            model.decode(feed[:-1], 0)
+            model.decode(feed[skip:-1], 0)
             out.catch_up_seconds = time.perf_counter() - started
             feed = feed[-1:]
         for i in range(k):
@@ -153,13 +185,22 @@ class ModelDrafter:
             # A guess past the end of generation would never be printed: stop drafting there.
             if model.is_eog(guess) or i == k - 1:
                 break
+            # The rest from a match is a point mass that depends only on the text before it,
+            # as every guess's q may: still exact.
+            match = follow(context, out.tokens) if follow is not None else None
+            if match is not None:
+                extra = list(match.preview[: k - len(out.tokens)])
+                out.tokens += extra
+                out.q += [] if sampling.greedy else [Dist.one_hot(t) for t in extra]
+                out.switched_to, out.looked_up = match, len(extra)
+                break
             feed = [guess]
         return out
 
     def settle(self, n_accepted: int) -> None:
         # The context grows by the kept guesses and one drawn token, which the draft has not
         # seen: keep the kept guesses it already holds, drop the rest.
-        self.model.rollback(min(self.model.n_past, self._base + n_accepted))
+        self.model.rollback(min(self.model.n_past, self._base - self._skipped + n_accepted))
 
 
 class NgramDrafter:
@@ -186,20 +227,29 @@ class NgramDrafter:
                     self._index[tuple(context[end + 1 - n : end + 1])] = end
         self._indexed = max(self._indexed, len(context) - 1)
 
-    def lookup(self, context: Sequence[int]) -> tuple[int, int]:
-        """(match length, end of the earlier occurrence) of the longest suffix seen before."""
+    def lookup(self, context: Sequence[int], guesses: Sequence[int] = ()) -> tuple[int, int]:
+        """(match length, end of the earlier occurrence) of the longest suffix seen before.
+
+        ``guesses`` (not yet verified) extend the suffix looked for, never the index."""
         self._extend_index(context)
-        for n in range(min(NGRAM_MAX, len(context) - 1), NGRAM_MIN - 1, -1):
-            end = self._index.get(tuple(context[-n:]))
+        tail = [*context[-NGRAM_MAX:], *guesses]
+        for n in range(min(NGRAM_MAX, len(context) + len(guesses) - 1), NGRAM_MIN - 1, -1):
+            end = self._index.get(tuple(tail[-n:]))
             if end is not None:
                 return n, end
         return 0, -1
 
-    def offers(self, context: Sequence[int]) -> list[Offer]:
-        n, end = self.lookup(context)
+    def offers(self, context: Sequence[int], guesses: Sequence[int] = ()) -> list[Offer]:
+        n, end = self.lookup(context, guesses)
         if not n:
             return []
-        preview = tuple(context[end + 1 : end + 1 + NGRAM_SPAN])
+        # What followed the earlier occurrence, up to the end of the text (and its guesses)...
+        follows = (*context[end + 1 : end + 1 + NGRAM_SPAN], *guesses)[:NGRAM_SPAN]
+        # ...and on from there as the text did after it: a text that repeats itself every P
+        # tokens (the match lies P back) is guessed to go on doing so.
+        period = len(context) + len(guesses) - 1 - end
+        preview = tuple(follows[i % period] for i in range(NGRAM_SPAN)) \
+            if period < NGRAM_SPAN else follows
         return [Offer("ngram", f"ngram{n}", len(preview), preview)]
 
     def propose(self, context: Sequence[int], offer: Offer, k: int, sampling: SamplingParams,
@@ -216,7 +266,9 @@ class HybridDrafter:
     """A draft model and prompt lookup together: each cycle takes whichever the policy prefers.
 
     Offers are ordered for a fixed K: a long n-gram match first (free guesses), else the model.
-    The adaptive policy compares them by expected tokens per second instead.
+    The adaptive policy compares them by expected tokens per second instead. A model run whose
+    guesses lead into a long n-gram match stops there and takes the match's continuation: the
+    text has come back to something it said before, and those guesses cost nothing.
     """
 
     def __init__(self, model: ModelDrafter, ngram: NgramDrafter | None = None) -> None:
@@ -236,8 +288,19 @@ class HybridDrafter:
 
     def propose(self, context: Sequence[int], offer: Offer, k: int, sampling: SamplingParams,
                 rng: np.random.Generator) -> Proposal:
-        self._last = self.ngram if offer.source == "ngram" else self.model
-        return self._last.propose(context, offer, k, sampling, rng)
+        if offer.source == "ngram":
+            self._last = self.ngram
+            return self.ngram.propose(context, offer, k, sampling, rng)
+        self._last = self.model
+        return self.model.propose(context, offer, k, sampling, rng, follow=self._strong_match)
+
+    def _strong_match(self, context: Sequence[int], guesses: Sequence[int]) -> Offer | None:
+        """A long n-gram match that the model's guesses so far have led into: the model's run
+        ends there and the match's continuation (free) fills the rest of the cycle."""
+        for offer in self.ngram.offers(context, guesses):
+            if int(offer.key.removeprefix("ngram")) >= HYBRID_MIN_MATCH:
+                return offer
+        return None
 
     def settle(self, n_accepted: int) -> None:
         self._last.settle(n_accepted)

@@ -32,7 +32,13 @@ from specgen.core.speculative import (
 )
 from specgen.core.text import StopMatcher, StreamDecoder
 from specgen.drafters import Drafter, Model, Proposal, reuse_prefix_cache
-from specgen.lookahead import AdaptiveLookahead, Costs, FixedLookahead, LookaheadPolicy
+from specgen.lookahead import (
+    AdaptiveLookahead,
+    Costs,
+    FixedLookahead,
+    LookaheadPolicy,
+    Offer,
+)
 
 # New tokens per generation unless told otherwise (run, batches, the API, the server).
 DEFAULT_MAX_TOKENS = 256
@@ -62,7 +68,9 @@ class GenerationConfig:
 
 @dataclass
 class SourceStats:
-    """What one source of guesses (``model``, ``ngram``) did in a generation."""
+    """What one source of guesses (``model``, ``ngram``) did in a generation: the cycles it
+    opened, and its guesses (an n-gram match that finished a model run counts its guesses,
+    not the cycle)."""
 
     cycles: int = 0
     drafted: int = 0
@@ -101,8 +109,9 @@ class Stats:
     stop_reason: str | None = None
 
     def record_cycle(self, source: str | None, lookahead: int, drafted: int, accepted: int,
-                     probe: bool) -> None:
-        """Count one verified cycle: ``drafted`` guesses, the first ``accepted`` kept."""
+                     probe: bool, switch: tuple[Offer, int] | None = None) -> None:
+        """Count one verified cycle: ``drafted`` guesses, the first ``accepted`` kept; with
+        ``switch``, the last of them came from that offer (a model run ended in a match)."""
         self.n_cycles += 1
         self.current_lookahead = lookahead
         self.k_counts[lookahead] = self.k_counts.get(lookahead, 0) + 1
@@ -111,10 +120,10 @@ class Stats:
         self.n_accepted += accepted
         self.n_rejected += accepted < drafted
         if source is not None:
-            mine = self.by_source.setdefault(source, SourceStats())
-            mine.cycles += 1
-            mine.drafted += drafted
-            mine.accepted += accepted
+            paid = drafted - (switch[1] if switch else 0)
+            self._count(source, paid, min(accepted, paid), True)
+            if switch:
+                self._count(switch[0].source, switch[1], max(accepted - paid, 0), False)
         judged = min(accepted + 1, drafted)
         while len(self.reached_at) < judged:
             self.reached_at.append(0)
@@ -122,6 +131,12 @@ class Stats:
         for i in range(judged):
             self.reached_at[i] += 1
             self.accepted_at[i] += i < accepted
+
+    def _count(self, source: str, drafted: int, accepted: int, cycle: bool) -> None:
+        mine = self.by_source.setdefault(source, SourceStats())
+        mine.cycles += cycle
+        mine.drafted += drafted
+        mine.accepted += accepted
 
     @property
     def accept_rate(self) -> float | None:
@@ -337,9 +352,11 @@ class SpeculativeEngine:
             stats.target_seconds += t2 - t1
             new = [*guesses[: verdict.n_accepted], verdict.next_token]
             policy.observe(plan, len(guesses), verdict.n_accepted,
-                           t1 - t0 - proposal.catch_up_seconds, t2 - t1, offers, new)
+                           t1 - t0 - proposal.catch_up_seconds, t2 - t1, offers, new,
+                           proposal.switch)
             stats.record_cycle(plan.offer.source if plan.offer and guesses else None,
-                               plan.lookahead, len(guesses), verdict.n_accepted, plan.probe)
+                               plan.lookahead, len(guesses), verdict.n_accepted, plan.probe,
+                               proposal.switch)
             tokens.extend(new)
             self._clean = True  # the cache holds every token of the context but the last
             yield CycleDone(len(guesses), verdict.n_accepted, tuple(new))

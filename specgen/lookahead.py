@@ -101,7 +101,7 @@ class FixedLookahead:
 
     def observe(self, plan: Plan, drafted: int, accepted: int, draft_seconds: float,
                 verify_seconds: float, offers: Sequence[Offer] = (),
-                produced: Sequence[int] = ()) -> None:
+                produced: Sequence[int] = (), switch: tuple[Offer, int] | None = None) -> None:
         """Fixed K learns nothing."""
 
 
@@ -186,12 +186,15 @@ class Costs:
         return costs
 
     def observe(self, source: str | None, drafted: int, draft_seconds: float,
-                verify_seconds: float) -> None:
+                verify_seconds: float, paid: int | None = None) -> None:
+        """One cycle's costs: ``paid`` of the ``drafted`` guesses (default all) cost
+        ``draft_seconds``; the rest were free."""
         self._line = None
         self.observations += 1
         self.verify_by_n.setdefault(drafted + 1, _Ema(COST_MEMORY)).add(verify_seconds)
-        if source is not None and drafted:
-            self.per_guess.setdefault(source, _Ema(COST_MEMORY)).add(draft_seconds / drafted)
+        paid = drafted if paid is None else paid
+        if source is not None and paid:
+            self.per_guess.setdefault(source, _Ema(COST_MEMORY)).add(draft_seconds / paid)
 
     def timings(self, source: str) -> int:
         ema = self.per_guess.get(source)
@@ -410,13 +413,17 @@ class AdaptiveLookahead:
 
     def observe(self, plan: Plan, drafted: int, accepted: int, draft_seconds: float,
                 verify_seconds: float, offers: Sequence[Offer] = (),
-                produced: Sequence[int] = ()) -> None:
+                produced: Sequence[int] = (), switch: tuple[Offer, int] | None = None) -> None:
         """Learn from one cycle: its costs, its acceptance, and in hindsight the acceptance of
-        the free offers not taken (the cycle's ``produced`` tokens are the target's own)."""
+        the free offers not taken (the cycle's ``produced`` tokens are the target's own).
+        With ``switch`` (offer, n), the last n guesses came free from that offer."""
         source = plan.offer.source if plan.offer else None
-        self.costs.observe(source, drafted, draft_seconds, verify_seconds)
-        if plan.offer is not None and drafted:
-            self._learn(plan.offer, drafted, accepted)
+        paid = drafted - (switch[1] if switch else 0)
+        self.costs.observe(source, drafted, draft_seconds, verify_seconds, paid)
+        if plan.offer is not None and paid:
+            self._learn(plan.offer, paid, min(accepted, paid))
+        if switch is not None and accepted >= paid:  # the switch's guesses were judged
+            self._learn(switch[0], switch[1], accepted - paid)
         for offer in offers:
             if offer == plan.offer or not offer.preview or not produced:
                 continue

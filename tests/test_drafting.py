@@ -10,7 +10,14 @@ import pytest
 
 from specgen.core.sampling import SamplingParams, warp
 from specgen.core.speculative import expected_tokens_by_position
-from specgen.drafters import HybridDrafter, ModelDrafter, NgramDrafter, Proposal
+from specgen.drafters import (
+    CATCH_UP_WINDOW,
+    NGRAM_SPAN,
+    HybridDrafter,
+    ModelDrafter,
+    NgramDrafter,
+    Proposal,
+)
 from specgen.engine import CycleDone, Finished, GenerationConfig, SpeculativeEngine
 from specgen.lookahead import (
     TARGET_ALONE,
@@ -99,9 +106,39 @@ def test_ngram_index_grows_with_the_context() -> None:
     assert drafter.offers(context) == []
     context += [9, 1, 2]
     (offer,) = drafter.offers(context)
-    assert offer.key == "ngram2" and offer.limit == 5
+    # "1 2" occurred 5 tokens back: what followed it, then round again, as a text that
+    # repeats itself every 5 tokens would go on.
+    assert offer.key == "ngram2" and offer.limit == NGRAM_SPAN
     assert drafter.propose(context, offer, 8, GREEDY, np.random.default_rng()).tokens == \
-        [3, 4, 9, 1, 2]
+        [3, 4, 9, 1, 2, 3, 4, 9]
+    # Guesses not yet verified extend the suffix looked up, never the index.
+    (offer,) = drafter.offers(context, [3, 4])
+    assert offer.key == "ngram4" and offer.preview[:3] == (9, 1, 2)
+    assert drafter.lookup([*context, 3]) == (3, 2)
+
+
+def test_a_hybrid_model_run_ends_where_its_guesses_lead_into_a_long_match() -> None:
+    """Once the model's guesses make the text end in a long match, the match's continuation
+    (free) fills the cycle instead of more model steps."""
+    prompt = [7, 8, 1, 2, 3, 4, 5, 6, 9, 10, 11, 12, 13]
+
+    class Counts(FakeModel):  # a draft that guesses t + 1 after t
+        def logits_after(self, prefix: list[int]) -> np.ndarray:
+            out = np.zeros(16, dtype=np.float32)
+            out[(prefix[-1] + 1) % 16] = 5.0
+            return out
+
+    draft = Counts()
+    hybrid = HybridDrafter(ModelDrafter(draft))
+    context = [*prompt, 1]
+    hybrid.begin(context)
+    # Only "1" matches (weak): the model is offered first.
+    assert [o.key for o in hybrid.offers(context)] == ["model", "ngram1"]
+    proposal = hybrid.propose(context, MODEL, 6, GREEDY, np.random.default_rng(0))
+    # The model guesses 2 ("1 2": a weak match), then 3: "1 2 3" was seen, followed by 4 5 6 9.
+    assert proposal.tokens == [2, 3, 4, 5, 6, 9] and proposal.paid == 2
+    assert proposal.switched_to is not None and proposal.switched_to.key == "ngram3"
+    assert draft.decode_calls[1:] == [(1, 1), (1, 1)]  # two model steps, no more
 
 
 def repeating_target() -> FakeModel:
@@ -157,6 +194,38 @@ def test_ngram_and_hybrid_guesses_keep_the_target_distribution(make: str, lookah
         assert drafted["ngram"] >= 2 * n
     else:  # auto weighs the two: both are used
         assert drafted["ngram"] > 0 and drafted["model"] > 0
+    assert pooled_chisquare_pvalue(counts, joint * n) > 1e-3
+
+
+def test_a_model_run_that_ends_in_a_match_keeps_the_target_distribution() -> None:
+    """A hybrid's model guess that leads into a long n-gram match hands the rest of the cycle
+    to the match (point masses): chi-square on (x2, x3), x2 the model's guess, x3 the match's.
+
+    The prompt holds "9 x y" for every x, y below 15 and ends in "15 9", seen nowhere else: at
+    the first cycle only weak matches exist, so the model guesses first; after its guess g the
+    text ends in "9 x1 g", a 3-gram seen before, and the match continues it."""
+    prompt = [t for x in range(15) for y in range(15) for t in (9, x, y)] + [15, 9]
+    ref = FakeModel(sharpness=0.7, n_ctx=1024)
+
+    def p(context: list[int]) -> np.ndarray:
+        return warp(ref.logits_after([*prompt, *context]), SAMPLING).dense(16)
+
+    joint = sum(p([])[a] * np.array([p([a])[b] * p([a, b]) for b in range(16)])
+                for a in range(16))
+    draft = FakeModel(sharpness=0.7, noise=1.0, salt=9, n_ctx=1024)
+    engine = SpeculativeEngine(FakeModel(sharpness=0.7, n_ctx=1024),
+                               HybridDrafter(ModelDrafter(draft)))
+    counts, n, switched = np.zeros((16, 16)), 3000, 0
+    for seed in range(n):
+        config = GenerationConfig(3, SAMPLING, 4, seed=seed)
+        events = list(engine.generate(prompt, config, reuse_prefix=True))
+        tokens = [t for e in events if isinstance(e, CycleDone) for t in e.tokens]
+        counts[tokens[1], tokens[2]] += 1
+        by_source = events[-1].stats.by_source
+        # Guesses from n-grams with no n-gram cycle: the model's run switched to a match.
+        switched += "ngram" in by_source and by_source["ngram"].cycles == 0 and \
+            by_source["ngram"].drafted > 0
+    assert switched > n / 2
     assert pooled_chisquare_pvalue(counts, joint * n) > 1e-3
 
 
@@ -354,14 +423,37 @@ def test_the_draft_reads_text_it_missed_apart_from_its_guesses() -> None:
     drafter = ModelDrafter(draft)
     prompt = [1, 2, 3]
     drafter.begin([*prompt, 4])
-    context = [*prompt, *range(4, 40)]  # 35 tokens the draft has not seen
+    context = [*prompt, *range(4, 30)]  # 25 tokens the draft has not seen
     proposal = drafter.propose(context, MODEL, 3, GREEDY, np.random.default_rng(0))
-    assert draft.decode_calls[1] == (35, 0) and proposal.catch_up_seconds >= 0.002 * 35
+    assert draft.decode_calls[1] == (25, 0) and proposal.catch_up_seconds >= 0.002 * 25
     assert draft.cache[: len(context)] == context and len(proposal.tokens) == 3
     drafter.settle(1)
     usual = drafter.propose(context + [proposal.tokens[0], 9], MODEL, 2, GREEDY,
                             np.random.default_rng(0))
     assert usual.catch_up_seconds == 0.0  # one kept guess and a drawn token: the usual feed
+
+
+def test_the_draft_reads_only_the_latest_of_a_long_stretch_it_missed() -> None:
+    """Of a stretch longer than CATCH_UP_WINDOW the draft reads the latest part (its cache then
+    skips the rest), and from there it follows the context as usual, rollbacks included."""
+    draft = FakeModel(call_seconds=0.0, token_seconds=0.002)
+    drafter = ModelDrafter(draft)
+    drafter.begin([1, 2, 3, 4])
+    missed = list(range(4, 4 + CATCH_UP_WINDOW + 20))
+    context = [1, 2, 3, *missed]
+    proposal = drafter.propose(context, MODEL, 3, GREEDY, np.random.default_rng(0))
+    assert draft.decode_calls[1] == (CATCH_UP_WINDOW, 0)
+    assert draft.cache == [1, 2, 3, *missed[-CATCH_UP_WINDOW - 1 :], *proposal.tokens[:2]]
+    drafter.settle(1)  # the first guess survived, then the target drew 9
+    assert draft.cache[-2:] == [missed[-1], proposal.tokens[0]]
+    context += [proposal.tokens[0], 9]
+    usual = drafter.propose(context, MODEL, 2, GREEDY, np.random.default_rng(0))
+    assert usual.catch_up_seconds == 0.0 and draft.decode_calls[-2][0] == 1  # only the 9
+    drafter.settle(0)
+    assert draft.cache[-3:] == [missed[-1], proposal.tokens[0], 9]
+    # A new generation that shares the prompt cannot reuse a cache with a gap: it reads anew.
+    drafter.begin([1, 2, 3, 4, 5], reuse_prefix=True)
+    assert draft.cache == [1, 2, 3, 4]
 
 
 def test_auto_lookahead_picks_the_better_source_per_cycle() -> None:
