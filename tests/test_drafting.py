@@ -456,6 +456,23 @@ def test_the_draft_reads_only_the_latest_of_a_long_stretch_it_missed() -> None:
     assert draft.cache == [1, 2, 3, 4]
 
 
+def test_a_model_run_that_switched_to_a_match_is_learned_under_both_keys() -> None:
+    """The model's guesses teach the model's key and its cost per guess; the match's free
+    guesses teach the match's key and cost nothing."""
+    policy = AdaptiveLookahead(Costs())
+    match = Offer("ngram", "ngram3", 8, (5, 6, 7))
+    # 2 model guesses (0.2 s) then 3 from the match; the first 4 of the 5 survived.
+    policy.observe(Plan(MODEL, 5), 5, 4, 0.2, 1.0, switch=(match, 3))
+    assert policy.costs.guess("model") == pytest.approx(0.1)
+    assert policy.costs.guess("ngram") is None and 6 in policy.costs.verify_by_n
+    assert policy.acceptance["model"].pooled() == (2.0, 2.0)
+    assert policy.acceptance["ngram3"].pooled() == (2.0, 3.0)
+    # A rejection among the model's guesses: the match's guesses were never judged.
+    policy.observe(Plan(MODEL, 5), 5, 1, 0.2, 1.0, switch=(match, 3))
+    assert policy.acceptance["ngram3"].pooled() == (2.0, 3.0)  # nothing learned about it
+    assert policy.acceptance["model"].kept[:2] == pytest.approx([1.9, 0.9])
+
+
 def test_auto_lookahead_picks_the_better_source_per_cycle() -> None:
     policy = AdaptiveLookahead(Costs())
     ngram = Offer("ngram", "ngram4", 16)
