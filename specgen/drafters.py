@@ -58,20 +58,8 @@ class Proposal:
     # while speculation was off): a cost of having been off, not of these guesses.
     catch_up_seconds: float = 0.0
     # A hybrid's model run that found its own guesses earlier in the text ends in prompt lookup:
-    # the last ``looked_up`` guesses then come, at no cost, from ``switched_to`` (that match).
-    switched_to: Offer | None = None
-    looked_up: int = 0
-
-    @property
-    def paid(self) -> int:
-        """Guesses the offer the policy chose made (the rest were looked up)."""
-        return len(self.tokens) - self.looked_up
-
-    @property
-    def switch(self) -> tuple[Offer, int] | None:
-        """(the match switched to, its guesses), for the policy and the stats; None if none."""
-        return (self.switched_to, self.looked_up) if self.switched_to and self.looked_up \
-            else None
+    # (that match, n): the last n guesses came from it, at no cost.
+    switch: tuple[Offer, int] | None = None
 
 
 # Given the context and a model run's guesses so far, a match to finish the run with, or None.
@@ -192,7 +180,7 @@ class ModelDrafter:
                 extra = list(match.preview[: k - len(out.tokens)])
                 out.tokens += extra
                 out.q += [] if sampling.greedy else [Dist.one_hot(t) for t in extra]
-                out.switched_to, out.looked_up = match, len(extra)
+                out.switch = (match, len(extra))
                 break
             feed = [guess]
         return out
@@ -282,7 +270,7 @@ class HybridDrafter:
 
     def offers(self, context: Sequence[int]) -> list[Offer]:
         ngram, model = self.ngram.offers(context), self.model.offers(context)
-        strong = [o for o in ngram if int(o.key.removeprefix("ngram")) >= HYBRID_MIN_MATCH]
+        strong = [o for o in ngram if _is_strong(o)]
         weak = [o for o in ngram if o not in strong]
         return strong + model + weak
 
@@ -297,13 +285,15 @@ class HybridDrafter:
     def _strong_match(self, context: Sequence[int], guesses: Sequence[int]) -> Offer | None:
         """A long n-gram match that the model's guesses so far have led into: the model's run
         ends there and the match's continuation (free) fills the rest of the cycle."""
-        for offer in self.ngram.offers(context, guesses):
-            if int(offer.key.removeprefix("ngram")) >= HYBRID_MIN_MATCH:
-                return offer
-        return None
+        return next((o for o in self.ngram.offers(context, guesses) if _is_strong(o)), None)
 
     def settle(self, n_accepted: int) -> None:
         self._last.settle(n_accepted)
+
+
+def _is_strong(offer: Offer) -> bool:
+    """An n-gram match long enough for a hybrid to take over the model (``ngram3`` and up)."""
+    return int(offer.key.removeprefix("ngram")) >= HYBRID_MIN_MATCH
 
 
 def _top_probability(logits: np.ndarray) -> float:

@@ -136,8 +136,9 @@ def test_a_hybrid_model_run_ends_where_its_guesses_lead_into_a_long_match() -> N
     assert [o.key for o in hybrid.offers(context)] == ["model", "ngram1"]
     proposal = hybrid.propose(context, MODEL, 6, GREEDY, np.random.default_rng(0))
     # The model guesses 2 ("1 2": a weak match), then 3: "1 2 3" was seen, followed by 4 5 6 9.
-    assert proposal.tokens == [2, 3, 4, 5, 6, 9] and proposal.paid == 2
-    assert proposal.switched_to is not None and proposal.switched_to.key == "ngram3"
+    assert proposal.tokens == [2, 3, 4, 5, 6, 9]
+    assert proposal.switch is not None and proposal.switch[0].key == "ngram3"
+    assert proposal.switch[1] == 4  # two guesses from the model, four looked up
     assert draft.decode_calls[1:] == [(1, 1), (1, 1)]  # two model steps, no more
 
 
