@@ -128,11 +128,10 @@ def bench(
                        "partial": report.meta.get("partial", False)}
         out.print(render(report, choice.pair.name if choice.pair else None, target_path,
                          draft_path), crop=False)
-    if bench_run.costs_file is not None and bench_run.remembered["verify_by_n"]:
-        from specgen.lookahead import Costs
+    if bench_run.costs_file is not None and bench_run.remembered.observations:
         from specgen.session import save_costs
 
-        save_costs(bench_run.costs_file, Costs.restore(bench_run.remembered))
+        save_costs(bench_run.costs_file, bench_run.remembered)
     if not interrupted:
         from specgen.bench import remember
 
@@ -159,7 +158,7 @@ class _BenchRun:
         self.engines = bench_engines(loaded, draft_p_min)
         # What `-k auto` has measured of these models here: each adaptive run starts from it,
         # as `specgen run` does, and leaves what it learned for the next.
-        self.costs_file, self.remembered = loaded.costs_file, loaded.costs.snapshot()
+        self.costs_file, self.remembered = loaded.costs_file, loaded.costs
         self.kinds, self.ks, self.max_tokens = kinds, ks, max_tokens
         self.repeats, self.seed, self.draft_p_min = repeats, seed, draft_p_min
 
@@ -198,25 +197,26 @@ class _BenchRun:
 
         from specgen.bench import sweep
         from specgen.engine import Finished, GenerationConfig
-        from specgen.lookahead import Costs
+        from specgen.lookahead import CostBook
 
         sampling = replace(RUN_SAMPLING, temperature=temperature)
 
         def run_one(prompt: int, k: Variant, run_seed: int) -> Stats:
             engine = self.engines["alone" if k == 0 else k if isinstance(k, str) else "model"]
             adaptive = isinstance(k, str)
-            engine.costs = Costs.restore(self.remembered) if adaptive else Costs()
+            engine.costs = CostBook.restore(self.remembered.snapshot()) if adaptive \
+                else CostBook()
             config = GenerationConfig(lookahead="auto" if adaptive else k, sampling=sampling,
                                       max_tokens=self.max_tokens, seed=run_seed)
             for event in engine.generate(self.encoded[prompt], config):
                 if isinstance(event, Finished):
                     if adaptive:
-                        self.remembered = engine.costs.snapshot()
+                        self.remembered = engine.costs
                     return event.stats
             raise AssertionError("the engine always finishes")
 
         adaptive = [k for k in self.ks if isinstance(k, str)]
-        if adaptive and not self.remembered["verify_by_n"]:
+        if adaptive and not self.remembered.of(sampling.greedy).verify_by_n:
             # Nothing measured here yet: the warm-up learns the costs, as a first `specgen run`
             # would, so the rows show auto as every later run uses it.
             run_one(0, adaptive[0], self.seed)

@@ -34,7 +34,7 @@ from specgen.core.text import StopMatcher, StreamDecoder
 from specgen.drafters import Drafter, Model, Proposal, reuse_prefix_cache
 from specgen.lookahead import (
     AdaptiveLookahead,
-    Costs,
+    CostBook,
     FixedLookahead,
     LookaheadPolicy,
     Offer,
@@ -252,22 +252,25 @@ class SpeculativeEngine:
     """Generates with a target model, sped up by a drafter's guesses when one is given.
 
     The costs ``-k auto`` measures (seconds per guess, the verify pass by length) belong to the
-    machine and the models, so the engine keeps them from one generation to the next.
+    machine, the models and the mode (greedy or sampled), so the engine keeps them from one
+    generation to the next.
     """
 
     def __init__(self, target: Model, drafter: Drafter | None = None) -> None:
         self.target = target
         self.drafter = drafter
-        self.costs = Costs()
+        self.costs = CostBook()
         # What the target's cache holds between generations (for ``reuse_prefix``): the last
         # context, trusted only when that generation stopped between two cycles.
         self._context: list[int] = []
         self._clean = False
 
-    def policy(self, lookahead: Lookahead) -> LookaheadPolicy:
+    def policy(self, lookahead: Lookahead, greedy: bool) -> LookaheadPolicy:
         if self.drafter is None:
             return FixedLookahead(0)
-        return AdaptiveLookahead(self.costs) if lookahead == "auto" else FixedLookahead(lookahead)
+        if lookahead == "auto":
+            return AdaptiveLookahead(self.costs.of(greedy))
+        return FixedLookahead(lookahead)
 
     def generate(
         self, prompt: Sequence[int], config: GenerationConfig, stats: Stats | None = None,
@@ -282,7 +285,7 @@ class SpeculativeEngine:
         """
         assert len(prompt) > 0, "the prompt must hold at least one token"
         target, drafter, sampling = self.target, self.drafter, config.sampling
-        policy = self.policy(config.lookahead)
+        policy = self.policy(config.lookahead, sampling.greedy)
         lookahead = config.lookahead if drafter is not None else 0
         seed = config.seed if config.seed is not None else int(np.random.SeedSequence().entropy
                                                                 % 2**32)

@@ -19,9 +19,10 @@ and picks the K that maximizes expected tokens per second,
 pays; then it probes a source now and then (ever more rarely while probes keep failing), and
 stops probing a source whose costs alone rule it out even if every guess survived.
 
-Costs are facts of the machine and the models, so they outlive a generation (an engine keeps
-them, and ``specgen.session`` keeps them between processes); acceptance is a fact of the text,
-so each generation learns its own, starting from what is typical of the pair (``Costs.typical``).
+Costs are facts of the machine, the models and the way of decoding (greedy or sampled), so they
+outlive a generation (an engine keeps them, one ``Costs`` per mode in a ``CostBook``, and
+``specgen.session`` keeps them between processes); acceptance is a fact of the text, so each
+generation learns its own, starting from what is typical of the pair (``Costs.typical``).
 """
 
 from __future__ import annotations
@@ -250,6 +251,33 @@ class Costs:
             self._line = (mean_n, mean_t, slope, min(t for _, t in points))
         mean_n, mean_t, slope, floor = self._line
         return max(mean_t + slope * (n - mean_n), floor)
+
+
+@dataclass
+class CostBook:
+    """The costs ``auto`` keeps, apart for greedy and for sampled decoding: a sampled verify
+    pass warps every row and a sampled draft returns each guess's q (both cost more), and a
+    pair agrees far more often greedy than sampled, so one mode's figures would mislead the
+    other's first cycles."""
+
+    greedy: Costs = field(default_factory=Costs)
+    sampled: Costs = field(default_factory=Costs)
+
+    def of(self, greedy: bool) -> Costs:
+        return self.greedy if greedy else self.sampled
+
+    @property
+    def observations(self) -> int:
+        return self.greedy.observations + self.sampled.observations
+
+    def snapshot(self) -> dict[str, dict[str, dict[str, Any]]]:
+        return {"greedy": self.greedy.snapshot(), "sampled": self.sampled.snapshot()}
+
+    @classmethod
+    def restore(cls, snapshot: dict[str, dict[str, dict[str, Any]]]) -> CostBook:
+        """A book as ``snapshot`` left it; a mode it lacks starts afresh."""
+        return cls(Costs.restore(snapshot.get("greedy", {})),
+                   Costs.restore(snapshot.get("sampled", {})))
 
 
 class _Acceptance:

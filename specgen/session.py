@@ -20,7 +20,7 @@ from specgen.engine import Finished, GenerationConfig, SpeculativeEngine, Stats,
 from specgen.errors import UsageError, UserError
 from specgen.fetch import cache_root, file_key, text_key
 from specgen.interrupts import interruptible
-from specgen.lookahead import Costs
+from specgen.lookahead import CostBook
 from specgen.prompts import Message
 from specgen.registry import NGRAM, ModelSpec, PairSpec, Registry
 from specgen.rpc import parse_endpoints, probe
@@ -132,15 +132,15 @@ class Pair:
     """Loaded models; ``ngram`` drafts by prompt lookup (alone, or beside the draft model).
 
     ``costs`` are what ``-k auto`` measured on these models here (seconds per guess, the verify
-    pass by length). They are kept in ``costs_file`` between processes, so a new run starts
-    from them instead of spending its first cycles timing.
+    pass by length; greedy and sampled apart). They are kept in ``costs_file`` between
+    processes, so a new run starts from them instead of spending its first cycles timing.
     """
 
     target: LlamaModel
     draft: LlamaModel | None
     ngram: bool = False
     costs_file: Path | None = None
-    costs: Costs = field(init=False)  # loaded from ``costs_file``
+    costs: CostBook = field(init=False)  # loaded from ``costs_file``
     _engines: dict[float, SpeculativeEngine] = field(default_factory=dict, repr=False)
     _saved: int = field(init=False, repr=False)
 
@@ -186,19 +186,19 @@ def costs_path(target: LlamaModel, draft: LlamaModel | None, options: PairOption
     return cache_root() / "costs" / f"{key}.json"
 
 
-def load_costs(path: Path | None) -> Costs:
+def load_costs(path: Path | None) -> CostBook:
     """The costs an earlier process kept at ``path`` (none, or unreadable: start afresh)."""
     import json
 
     if path is None:
-        return Costs()
+        return CostBook()
     try:
-        return Costs.restore(json.loads(path.read_text()))
+        return CostBook.restore(json.loads(path.read_text()))
     except (OSError, ValueError, TypeError, AttributeError):
-        return Costs()
+        return CostBook()
 
 
-def save_costs(path: Path, costs: Costs) -> None:
+def save_costs(path: Path, costs: CostBook) -> None:
     """Keep ``costs`` at ``path`` (written whole, then renamed: a reader never sees half);
     a read-only cache only means the next process times again."""
     import json

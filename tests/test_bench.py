@@ -215,7 +215,9 @@ def test_bench_leaves_the_costs_auto_learned_for_run(tmp_path: Path, smollm2_tar
     assert done.returncode == 0, done.stderr
     (kept,) = costs.glob("*.json")
     learned = json.loads(kept.read_text())
-    assert learned["verify_by_n"]["1"] > 0 and learned["per_guess"]["model"] > 0
+    greedy = learned["greedy"]
+    assert greedy["verify_by_n"]["1"] > 0 and greedy["per_guess"]["model"] > 0
+    assert not learned["sampled"]["verify_by_n"]  # only greedy was measured
 
 
 @pytest.mark.slow
