@@ -128,10 +128,12 @@ def bench(
                        "partial": report.meta.get("partial", False)}
         out.print(render(report, choice.pair.name if choice.pair else None, target_path,
                          draft_path), crop=False)
-    if bench_run.costs_file is not None and bench_run.remembered.observations:
+    learned = bench_run.remembered
+    if bench_run.costs_file is not None and (learned.greedy.verify_by_n
+                                             or learned.sampled.verify_by_n):
         from specgen.session import save_costs
 
-        save_costs(bench_run.costs_file, bench_run.remembered)
+        save_costs(bench_run.costs_file, learned)
     if not interrupted:
         from specgen.bench import remember
 
