@@ -17,7 +17,8 @@ and picks the K that maximizes expected tokens per second,
 
 (Leviathan et al. 2023, Chen et al. 2023, with per-position rates). K = 0 wins when nothing
 pays; then it probes a source now and then (ever more rarely while probes keep failing), and
-stops probing a source whose costs alone rule it out even if every guess survived.
+stops probing a source whose costs alone rule it out even if every guess survived (once this
+process has timed it: a cost remembered from another process is checked first).
 
 Costs are facts of the machine, the models and the way of decoding (greedy or sampled), so they
 outlive a generation (an engine keeps them, one ``Costs`` per mode in a ``CostBook``, and
@@ -389,13 +390,16 @@ class AdaptiveLookahead:
             _, hope = self._best_lookahead(offer, room, optimistic=True)
             self._tried[offer.key] = self._cycle  # checked: look again after the gap
             # Costs alone rule it out even if every guess survived: skip it until then. A cost
-            # only remembered from another process rules it out once the target is seen to run
-            # as fast as it did then (otherwise the remembered costs were dropped above).
+            # only remembered from another process rules nothing out before this process timed
+            # the source once: it may have been measured in a busy moment, and a source never
+            # run again would never correct it (nor the file that keeps it).
             self._hopeless.discard(offer.key)
             if hope <= 1.0 / target_step:
-                if same_speed is None and not self.costs.timed_here(offer.source):
-                    self._tried[offer.key] = self._cycle - PROBE_GAP_MAX  # next cycle
-                    continue
+                if not self.costs.timed_here(offer.source):
+                    if same_speed is None:  # wait until the target's own speed is known
+                        self._tried[offer.key] = self._cycle - PROBE_GAP_MAX  # next cycle
+                        continue
+                    return self._probe(offer, room, TIMING_LOOKAHEAD)
                 self._hopeless.add(offer.key)
             if hope > best_rate:
                 self._gap[offer.key] = min(2 * self._gap.get(offer.key, PROBE_GAP_FIRST),

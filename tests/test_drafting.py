@@ -393,18 +393,25 @@ def test_remembered_costs_need_no_timing_cycles_and_drop_this_process_cold_sampl
     assert Costs.restore({}).verify(1) is None
 
 
-def test_a_remembered_cost_that_rules_a_draft_out_holds_only_on_the_same_speed() -> None:
-    """A draft remembered as too slow to ever pay stays off, with no probe, while the target
-    runs as fast as when the costs were kept; on a machine running otherwise now, the draft is
-    timed here before it is given up (another process's figure may be stale)."""
+def test_a_remembered_cost_that_rules_a_draft_out_is_timed_once_before_it_holds() -> None:
+    """A draft remembered as too slow to ever pay is timed once in this process (one guess),
+    then stays off with no probe for the rest of the process while it measures as slow; on a
+    machine running otherwise now, the draft is timed here before it is given up."""
     remembered = {"per_guess": {"model": 5.0}, "verify_by_n": {"1": 1.0, "4": 1.45}}
-    policy = AdaptiveLookahead(Costs.restore(remembered))
+    costs = Costs.restore(remembered)
+    policy = AdaptiveLookahead(costs)
     chosen = []
     for _ in range(300):
         plan = policy.plan([MODEL], 100)
         chosen.append(plan.lookahead)
         policy.observe(plan, plan.lookahead, 0, 5.0 * plan.lookahead, cpu_verify(1))
-    assert set(chosen) == {0}
+    assert sorted(chosen)[-2:] == [0, TIMING_LOOKAHEAD]  # one timing cycle, at the start
+    assert chosen.index(TIMING_LOOKAHEAD) < 5
+    policy.begin()  # the next generation in this process: the draft was timed, no probe
+    for _ in range(300):
+        plan = policy.plan([MODEL], 100)
+        assert plan == TARGET_ALONE
+        policy.observe(plan, 0, 0, 0.0, cpu_verify(1))
     faster_now = AdaptiveLookahead(Costs.restore(remembered))
     for _ in range(2):  # the target runs twice as fast as remembered: the costs are stale
         assert faster_now.plan([MODEL], 100) == TARGET_ALONE
@@ -415,6 +422,19 @@ def test_a_remembered_cost_that_rules_a_draft_out_holds_only_on_the_same_speed()
     half = lambda n: cpu_verify(n) / 2  # noqa: E731
     rate, chosen_k = simulate(faster_now, [0.9], 0.05, half, cycles=300)
     assert chosen_k.get(0, 0) < 30 and rate > 1.5 * 2
+
+
+def test_a_draft_remembered_too_slow_by_a_busy_moment_speculates_again() -> None:
+    """A draft cost remembered from a busy moment (six times its true cost, enough to rule
+    the draft out) does not turn speculation off for good: the process times the draft, finds
+    it fast, and speculates; the costs it keeps hold the corrected figure."""
+    remembered = {"per_guess": {"model": 1.8}, "verify_by_n": {"1": 1.0, "5": cpu_verify(5)}}
+    policy = AdaptiveLookahead(Costs.restore(remembered))
+    rate, chosen_k = simulate(policy, [0.9], 0.3, cpu_verify, cycles=200)
+    assert chosen_k.get(0, 0) < 20, chosen_k
+    assert policy.costs.guess("model") == pytest.approx(0.3)
+    assert json.loads(json.dumps(policy.costs.snapshot()))["per_guess"]["model"] == \
+        pytest.approx(0.3)
 
 
 def test_the_draft_reads_text_it_missed_apart_from_its_guesses() -> None:
