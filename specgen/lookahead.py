@@ -17,8 +17,8 @@ and picks the K that maximizes expected tokens per second,
 
 (Leviathan et al. 2023, Chen et al. 2023, with per-position rates). K = 0 wins when nothing
 pays; then it probes a source now and then (ever more rarely while probes keep failing), and
-stops probing a source whose costs alone rule it out even if every guess survived (once this
-process has timed it: a cost remembered from another process is checked first).
+stops probing a source whose costs alone rule it out even if every guess survived (a cost
+remembered from another process that does so is timed again every RECHECK_AFTER generations).
 
 Costs are facts of the machine, the models and the way of decoding (greedy or sampled), so they
 outlive a generation (an engine keeps them, one ``Costs`` per mode in a ``CostBook``, and
@@ -52,6 +52,10 @@ FIRST_PRIOR = 0.5
 TIMING_LOOKAHEAD = 1
 PROBE_LOOKAHEAD = 3
 PROBE_GAP_FIRST, PROBE_GAP_MAX = 8, 128
+# Generations that may leave a source off on a cost remembered from another process alone,
+# never timing it here, before one times it: a cost measured in a busy moment must not turn
+# speculation off for good, and a source that truly cannot pay costs one guess now and then.
+RECHECK_AFTER = 8
 
 
 @dataclass(frozen=True)
@@ -123,6 +127,7 @@ class _Ema:
     remembered_only: bool = False
     remembered_mean: float | None = None
     seen_here: int = 0
+    fastest_here: float = float("inf")  # a spike only slows a sample: the least is robust
 
     @classmethod
     def remembered(cls, memory: float, mean: float) -> _Ema:
@@ -131,6 +136,7 @@ class _Ema:
 
     def add(self, value: float) -> None:
         self.seen_here += 1
+        self.fastest_here = min(self.fastest_here, value)
         if self.cold_pending:
             self.cold_pending = False
             if value >= self.mean:  # a cold decode only runs slower: keep what was known
@@ -159,6 +165,8 @@ class Costs:
     per_guess: dict[str, _Ema] = field(default_factory=dict)
     verify_by_n: dict[int, _Ema] = field(default_factory=dict)
     typical: dict[str, _Acceptance] = field(default_factory=dict)
+    # Per source: generations in a row that left it off on a remembered cost alone.
+    unchecked: dict[str, int] = field(default_factory=dict)
     observations: int = 0  # cycles observed, to tell whether anything new was measured
 
     # The line fitted through the verify costs (mean n, mean seconds, slope, floor), kept
@@ -171,7 +179,8 @@ class Costs:
         return {"per_guess": {s: e.mean for s, e in self.per_guess.items() if e.weight},
                 "verify_by_n": {str(n): e.mean for n, e in self.verify_by_n.items()
                                 if e.weight},
-                "typical": {key: [a.kept, a.reached] for key, a in self.typical.items()}}
+                "typical": {key: [a.kept, a.reached] for key, a in self.typical.items()},
+                "unchecked": dict(self.unchecked)}
 
     @classmethod
     def restore(cls, snapshot: dict[str, dict[str, Any]]) -> Costs:
@@ -185,6 +194,7 @@ class Costs:
         for key, (kept, reached) in snapshot.get("typical", {}).items():
             costs.typical[key] = _Acceptance(TYPICAL_MEMORY, [float(x) for x in kept],
                                              [float(x) for x in reached])
+        costs.unchecked = {s: int(n) for s, n in snapshot.get("unchecked", {}).items()}
         return costs
 
     def observe(self, source: str | None, drafted: int, draft_seconds: float,
@@ -197,6 +207,7 @@ class Costs:
         paid = drafted if paid is None else paid
         if source is not None and paid:
             self.per_guess.setdefault(source, _Ema(COST_MEMORY)).add(draft_seconds / paid)
+            self.unchecked.pop(source, None)
 
     def timings(self, source: str) -> int:
         ema = self.per_guess.get(source)
@@ -208,14 +219,16 @@ class Costs:
         return ema is not None and ema.seen_here > 0
 
     def as_remembered(self) -> bool | None:
-        """Whether the target runs here as fast as when the costs were remembered (within a
-        quarter), so the rest of them can be trusted untimed; None until it was timed twice."""
+        """Whether the target runs here as fast as when the costs were remembered (its
+        fastest step here within a quarter of the remembered mean: one step slowed by something
+        else running must not throw the costs away), so the rest of them can be trusted
+        untimed; None until it was timed twice."""
         ema = self.verify_by_n.get(1)
         if ema is None or ema.remembered_mean is None:
             return True
         if ema.seen_here < 2:
             return None
-        return abs(ema.mean / ema.remembered_mean - 1.0) <= 0.25
+        return abs(ema.fastest_here / ema.remembered_mean - 1.0) <= 0.25
 
     def forget_remembered(self) -> None:
         """The machine runs otherwise than when the costs were kept: drop every cost not yet
@@ -349,6 +362,7 @@ class AdaptiveLookahead:
         self._tried: dict[str, int] = {}  # key -> the last cycle it drafted
         self._gap: dict[str, int] = {}  # key -> cycles to wait before probing it again
         self._hopeless: set[str] = set()  # keys whose costs alone rule them out, for now
+        self._unchecked: set[str] = set()  # sources left off untimed in this generation
 
     def plan(self, offers: Sequence[Offer], room: int) -> Plan:
         self._cycle += 1
@@ -390,16 +404,22 @@ class AdaptiveLookahead:
             _, hope = self._best_lookahead(offer, room, optimistic=True)
             self._tried[offer.key] = self._cycle  # checked: look again after the gap
             # Costs alone rule it out even if every guess survived: skip it until then. A cost
-            # only remembered from another process rules nothing out before this process timed
-            # the source once: it may have been measured in a busy moment, and a source never
-            # run again would never correct it (nor the file that keeps it).
+            # only remembered from another process rules it out once the target is seen to run
+            # as fast as it did then (otherwise the remembered costs were dropped above), and
+            # for RECHECK_AFTER generations: then one times it, for it may have been measured
+            # in a busy moment, and a source never run would never correct it.
             self._hopeless.discard(offer.key)
             if hope <= 1.0 / target_step:
                 if not self.costs.timed_here(offer.source):
                     if same_speed is None:  # wait until the target's own speed is known
                         self._tried[offer.key] = self._cycle - PROBE_GAP_MAX  # next cycle
                         continue
-                    return self._probe(offer, room, TIMING_LOOKAHEAD)
+                    if offer.source not in self._unchecked:  # once a generation
+                        left_off = self.costs.unchecked.get(offer.source, 0)
+                        if left_off >= RECHECK_AFTER:
+                            return self._probe(offer, room, TIMING_LOOKAHEAD)
+                        self._unchecked.add(offer.source)
+                        self.costs.unchecked[offer.source] = left_off + 1
                 self._hopeless.add(offer.key)
             if hope > best_rate:
                 self._gap[offer.key] = min(2 * self._gap.get(offer.key, PROBE_GAP_FIRST),

@@ -20,6 +20,7 @@ from specgen.drafters import (
 )
 from specgen.engine import CycleDone, Finished, GenerationConfig, SpeculativeEngine
 from specgen.lookahead import (
+    RECHECK_AFTER,
     TARGET_ALONE,
     TIMING_LOOKAHEAD,
     AdaptiveLookahead,
@@ -393,25 +394,41 @@ def test_remembered_costs_need_no_timing_cycles_and_drop_this_process_cold_sampl
     assert Costs.restore({}).verify(1) is None
 
 
-def test_a_remembered_cost_that_rules_a_draft_out_is_timed_once_before_it_holds() -> None:
-    """A draft remembered as too slow to ever pay is timed once in this process (one guess),
-    then stays off with no probe for the rest of the process while it measures as slow; on a
+def generations(costs: Costs, n: int, draft: float, cycles: int = 100) -> list[list[int]]:
+    """The K's chosen in ``n`` generations that share ``costs``, each through a JSON round
+    trip of them (a process each); every guess is rejected and costs ``draft``."""
+    chosen = []
+    for _ in range(n):
+        costs = Costs.restore(json.loads(json.dumps(costs.snapshot())))
+        policy = AdaptiveLookahead(costs)
+        ks = []
+        for _ in range(cycles):
+            plan = policy.plan([MODEL], 100)
+            ks.append(plan.lookahead)
+            policy.observe(plan, plan.lookahead, 0, draft * plan.lookahead, cpu_verify(1))
+        chosen.append(ks)
+    return chosen
+
+
+def test_a_remembered_cost_that_rules_a_draft_out_holds_and_is_timed_now_and_then() -> None:
+    """A draft remembered as too slow to ever pay stays off with no probe while the target runs
+    as fast as when the costs were kept, for RECHECK_AFTER processes in a row; the next one
+    times it with one guess (it still measures too slow: off again, counting afresh). On a
     machine running otherwise now, the draft is timed here before it is given up."""
     remembered = {"per_guess": {"model": 5.0}, "verify_by_n": {"1": 1.0, "4": 1.45}}
-    costs = Costs.restore(remembered)
-    policy = AdaptiveLookahead(costs)
-    chosen = []
-    for _ in range(300):
-        plan = policy.plan([MODEL], 100)
-        chosen.append(plan.lookahead)
-        policy.observe(plan, plan.lookahead, 0, 5.0 * plan.lookahead, cpu_verify(1))
-    assert sorted(chosen)[-2:] == [0, TIMING_LOOKAHEAD]  # one timing cycle, at the start
-    assert chosen.index(TIMING_LOOKAHEAD) < 5
-    policy.begin()  # the next generation in this process: the draft was timed, no probe
-    for _ in range(300):
-        plan = policy.plan([MODEL], 100)
-        assert plan == TARGET_ALONE
-        policy.observe(plan, 0, 0, 0.0, cpu_verify(1))
+    chosen = generations(Costs.restore(remembered), 2 * RECHECK_AFTER + 2, draft=5.0)
+    timed = [i for i, ks in enumerate(chosen) if any(ks)]
+    assert timed == [RECHECK_AFTER, 2 * RECHECK_AFTER + 1]
+    assert chosen[RECHECK_AFTER].count(TIMING_LOOKAHEAD) == 1 and max(chosen[RECHECK_AFTER]) == 1
+    costs = Costs.restore(remembered)  # one process (a server), many generations: one timing
+    drafted = []
+    for _ in range(3 * RECHECK_AFTER):
+        policy = AdaptiveLookahead(costs)
+        for _ in range(100):
+            plan = policy.plan([MODEL], 100)
+            drafted.append(plan.lookahead)
+            policy.observe(plan, plan.lookahead, 0, 5.0 * plan.lookahead, cpu_verify(1))
+    assert sum(drafted) == TIMING_LOOKAHEAD
     faster_now = AdaptiveLookahead(Costs.restore(remembered))
     for _ in range(2):  # the target runs twice as fast as remembered: the costs are stale
         assert faster_now.plan([MODEL], 100) == TARGET_ALONE
@@ -424,17 +441,38 @@ def test_a_remembered_cost_that_rules_a_draft_out_is_timed_once_before_it_holds(
     assert chosen_k.get(0, 0) < 30 and rate > 1.5 * 2
 
 
+def test_one_slow_target_step_does_not_throw_the_remembered_costs_away() -> None:
+    """The target's speed is compared with the remembered one by its fastest step here: a
+    step slowed by something else running keeps the costs; a machine that runs otherwise
+    (every step slower, or faster) drops them."""
+    remembered = {"per_guess": {"model": 0.3}, "verify_by_n": {"1": 1.0, "5": cpu_verify(5)}}
+    for steps, same in [((1.0, 1.6), True), ((1.7, 1.02), True), ((1.5, 1.4), False),
+                        ((0.6, 0.62), False)]:
+        costs = Costs.restore(remembered)
+        assert costs.as_remembered() is None
+        for seconds in steps:
+            costs.observe(None, 0, 0.0, seconds)
+        assert costs.as_remembered() is same, steps
+
+
 def test_a_draft_remembered_too_slow_by_a_busy_moment_speculates_again() -> None:
     """A draft cost remembered from a busy moment (six times its true cost, enough to rule
-    the draft out) does not turn speculation off for good: the process times the draft, finds
-    it fast, and speculates; the costs it keeps hold the corrected figure."""
+    the draft out) does not turn speculation off for good: within RECHECK_AFTER + 1
+    generations one times the draft, finds it fast, and speculates; the costs kept from then
+    on hold the corrected figure."""
     remembered = {"per_guess": {"model": 1.8}, "verify_by_n": {"1": 1.0, "5": cpu_verify(5)}}
-    policy = AdaptiveLookahead(Costs.restore(remembered))
+    costs = Costs.restore(remembered)
+    for _ in range(RECHECK_AFTER):
+        policy = AdaptiveLookahead(costs)
+        rate, chosen_k = simulate(policy, [0.9], 0.3, cpu_verify, cycles=50)
+        assert chosen_k == {0: 50}
+        costs = Costs.restore(json.loads(json.dumps(costs.snapshot())))
+    policy = AdaptiveLookahead(costs)
     rate, chosen_k = simulate(policy, [0.9], 0.3, cpu_verify, cycles=200)
     assert chosen_k.get(0, 0) < 20, chosen_k
     assert policy.costs.guess("model") == pytest.approx(0.3)
-    assert json.loads(json.dumps(policy.costs.snapshot()))["per_guess"]["model"] == \
-        pytest.approx(0.3)
+    kept = Costs.restore(json.loads(json.dumps(policy.costs.snapshot())))
+    assert kept.guess("model") == pytest.approx(0.3) and kept.unchecked == {}
 
 
 def test_the_draft_reads_text_it_missed_apart_from_its_guesses() -> None:
