@@ -20,7 +20,7 @@ from specgen.backend import LlamaModel, ModelOptions
 from specgen.bench import BUILTIN_KINDS, BUILTIN_PROMPTS
 from specgen.drafters import ModelDrafter
 from specgen.engine import CycleDone, Finished, GenerationConfig, SpeculativeEngine
-from specgen.lookahead import Costs
+from specgen.lookahead import CostBook
 from specgen.options import RUN_SAMPLING
 from specgen.session import prompt_tokens
 
@@ -53,7 +53,8 @@ def main() -> None:
     def run(k: int | str, prompt: list[int]) -> tuple[float, list[str]]:
         nonlocal remembered
         engine = engines["alone" if k == 0 else "model"]
-        engine.costs = Costs.restore(remembered) if args.remember and k == "auto" else Costs()
+        engine.costs = CostBook.restore(remembered) if args.remember and k == "auto" \
+            else CostBook()
         cycles = []
         config = GenerationConfig(lookahead=k, sampling=sampling, max_tokens=args.max_tokens,
                                   seed=0)
