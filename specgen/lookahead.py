@@ -56,6 +56,12 @@ PROBE_GAP_FIRST, PROBE_GAP_MAX = 8, 128
 # never timing it here, before one times it: a cost measured in a busy moment must not turn
 # speculation off for good, and a source that truly cannot pay costs one guess now and then.
 RECHECK_AFTER = 8
+# A cycle of paid guesses is a bet: K draft steps are spent whether the guesses survive or not,
+# and past the longest run this text has shown survive, acceptance is known from other texts
+# only. So K for paid guesses is at most GROWTH_RATE times that run (from GROWTH_FIRST): on a
+# CPU the rate is nearly flat past K = 8-12 when every guess survives, so the ramp costs little,
+# while one long cycle that fails early costs as much as several short ones.
+GROWTH_FIRST, GROWTH_RATE = 8, 2
 
 
 @dataclass(frozen=True)
@@ -173,6 +179,7 @@ class Costs:
     # until the next observation: ``auto`` asks for it many times a cycle.
     _line: tuple[float, float, float, float] | None = field(default=None, init=False,
                                                               repr=False)
+    _speed: float | None = field(default=None, init=False, repr=False)
 
     def snapshot(self) -> dict[str, dict[str, Any]]:
         """What to remember (``restore``) in a later process on these models."""
@@ -201,7 +208,7 @@ class Costs:
                 verify_seconds: float, paid: int | None = None) -> None:
         """One cycle's costs: ``paid`` of the ``drafted`` guesses (default all) cost
         ``draft_seconds``; the rest were free."""
-        self._line = None
+        self._line = self._speed = None
         self.observations += 1
         self.verify_by_n.setdefault(drafted + 1, _Ema(COST_MEMORY)).add(verify_seconds)
         paid = drafted if paid is None else paid
@@ -238,7 +245,21 @@ class Costs:
                 del table[key]  # type: ignore[attr-defined]
             for ema in table.values():  # type: ignore[attr-defined]
                 ema.remembered_mean = None
-        self._line = None
+        self._line = self._speed = None
+
+    def _verify_mean(self, ema: _Ema) -> float:
+        """A verify cost measured here as it is; one only remembered, scaled by how fast the
+        target runs here against then (the median ratio over the lengths measured both then and
+        here): auto picks among lengths measured here and lengths remembered, and a machine
+        faster or slower now made it stick to the ones it had measured (a remembered figure is
+        corrected only at lengths it picks)."""
+        if not ema.remembered_only:
+            return ema.mean
+        if self._speed is None:
+            ratios = sorted(e.mean / e.remembered_mean for e in self.verify_by_n.values()
+                            if e.remembered_mean and not e.remembered_only)
+            self._speed = ratios[len(ratios) // 2] if ratios else 1.0
+        return ema.mean * self._speed
 
     def guess(self, source: str) -> float | None:
         ema = self.per_guess.get(source)
@@ -252,11 +273,11 @@ class Costs:
         """
         ema = self.verify_by_n.get(n)
         if ema is not None:
-            return ema.mean
+            return self._verify_mean(ema)
         if not self.verify_by_n:
             return None
         if self._line is None:
-            points = [(m, e.mean) for m, e in self.verify_by_n.items()]
+            points = [(m, self._verify_mean(e)) for m, e in self.verify_by_n.items()]
             mean_n = sum(m for m, _ in points) / len(points)
             mean_t = sum(t for _, t in points) / len(points)
             spread = sum((m - mean_n) ** 2 for m, _ in points)
@@ -363,6 +384,7 @@ class AdaptiveLookahead:
         self._gap: dict[str, int] = {}  # key -> cycles to wait before probing it again
         self._hopeless: set[str] = set()  # keys whose costs alone rule them out, for now
         self._unchecked: set[str] = set()  # sources left off untimed in this generation
+        self._longest: dict[str, int] = {}  # key -> most guesses kept in one cycle
 
     def plan(self, offers: Sequence[Offer], room: int) -> Plan:
         self._cycle += 1
@@ -439,6 +461,9 @@ class AdaptiveLookahead:
         """The K in 1..limit with the most expected tokens per second, and that rate."""
         guess = self.costs.guess(offer.source) or 0.0
         limit = min(offer.limit, room, self.max_lookahead)
+        if not offer.preview and not optimistic and GROWTH_FIRST:
+            longest = self._longest.get(offer.key, 0)
+            limit = min(limit, max(GROWTH_FIRST, GROWTH_RATE * longest))
         if optimistic:
             rates = [1.0] * limit
         else:
@@ -488,6 +513,7 @@ class AdaptiveLookahead:
             self._learn(offer, judged, matched)
 
     def _learn(self, offer: Offer, drafted: int, accepted: int) -> None:
+        self._longest[offer.key] = max(self._longest.get(offer.key, 0), accepted)
         self._tried[offer.key] = self._cycle
         self._source_of[offer.key] = offer.source
         self.acceptance.setdefault(offer.key, _Acceptance()).observe(drafted, accepted)

@@ -20,6 +20,7 @@ from specgen.drafters import (
 )
 from specgen.engine import CycleDone, Finished, GenerationConfig, SpeculativeEngine
 from specgen.lookahead import (
+    GROWTH_FIRST,
     RECHECK_AFTER,
     TARGET_ALONE,
     TIMING_LOOKAHEAD,
@@ -354,6 +355,49 @@ def test_a_new_generation_starts_from_the_typical_acceptance(accept, draft) -> N
     restored = Costs.restore(json.loads(json.dumps(costs.snapshot())))
     first = AdaptiveLookahead(restored).plan([MODEL], 10_000).lookahead
     assert exact_rate(accept, first, draft, cpu_verify) >= 0.95 * best, first
+
+
+def test_paid_guesses_grow_to_twice_the_longest_run_this_text_kept() -> None:
+    """Where every guess survives and long cycles pay most, K for a draft model still ramps up
+    (8, then twice the longest run kept: 16, 32), so one long cycle that fails early cannot cost
+    much more than the cycles before it saved; a rejection early on holds it; free n-gram
+    guesses are not held back."""
+    costs = Costs()
+    simulate(AdaptiveLookahead(costs), [1.0], 0.05, cpu_verify, cycles=200)  # learns: long pays
+    assert AdaptiveLookahead(costs).plan([MODEL], 10_000).lookahead == GROWTH_FIRST
+    policy = AdaptiveLookahead(costs)
+    ks = []
+    for _ in range(4):
+        plan = policy.plan([MODEL], 10_000)
+        ks.append(plan.lookahead)
+        policy.observe(plan, plan.lookahead, plan.lookahead, 0.05 * plan.lookahead,
+                       cpu_verify(plan.lookahead + 1))
+    assert ks == [8, 16, 32, 32]
+    policy = AdaptiveLookahead(costs)
+    plan = policy.plan([MODEL], 10_000)
+    policy.observe(plan, plan.lookahead, 3, 0.05 * plan.lookahead, cpu_verify(9))
+    assert policy.plan([MODEL], 10_000).lookahead <= GROWTH_FIRST
+    ngram = Offer("ngram", "ngram4", 32, tuple(range(32)))
+    costs.typical["ngram4"] = costs.typical["model"]
+    assert AdaptiveLookahead(costs).plan([ngram], 10_000).lookahead > 2 * GROWTH_FIRST
+
+
+def test_remembered_verify_costs_follow_the_speed_measured_here() -> None:
+    """A verify length only remembered is scaled by how fast the target runs here against
+    then (the median ratio over lengths measured both then and here), so lengths measured
+    here do not look cheap beside remembered ones on a machine faster now."""
+    remembered = {"verify_by_n": {"1": 1.0, "5": 2.0, "9": 3.0, "13": 4.0}}
+    costs = Costs.restore(remembered)
+    costs.observe(None, 4, 0.0, 2.5)  # cold: slower than remembered, dropped
+    assert costs.verify(9) == pytest.approx(3.0)
+    costs.observe(None, 4, 0.0, 1.0)  # the target runs twice as fast here
+    assert costs.verify(5) == pytest.approx(1.0)
+    assert costs.verify(9) == pytest.approx(1.5) and costs.verify(1) == pytest.approx(0.5)
+    assert costs.verify(11) == pytest.approx(1.75)  # the line through them, scaled too
+    costs.observe(None, 8, 0.0, 3.0)  # cold at 9
+    costs.observe(None, 8, 0.0, 3.0)  # 9 measured as remembered: median ratio (0.5, 1) ->
+    assert costs.verify(13) == pytest.approx(4.0 * 1.0)  # the upper of the two
+    assert Costs.restore(remembered).verify(9) == pytest.approx(3.0)  # none measured: as then
 
 
 def test_auto_lookahead_starts_by_timing_the_target_then_the_source() -> None:
