@@ -15,10 +15,12 @@ and picks the K that maximizes expected tokens per second,
 
     E[tokens](K) / (K * draft cost + verify(K + 1)),   E[tokens](K) = 1 + sum_j prod_{i<=j} a_i
 
-(Leviathan et al. 2023, Chen et al. 2023, with per-position rates). K = 0 wins when nothing
-pays; then it probes a source now and then (ever more rarely while probes keep failing), and
-stops probing a source whose costs alone rule it out even if every guess survived (a cost
-remembered from another process that does so is timed again every RECHECK_AFTER generations).
+(Leviathan et al. 2023, Chen et al. 2023, with per-position rates), a draft model's K at most
+twice the longest run of guesses this generation kept (GROWTH_FIRST to begin). K = 0 wins when
+nothing pays; then it probes a source now and then (ever more rarely while probes keep
+failing), and stops probing a source whose costs alone rule it out even if every guess survived
+(a cost remembered from another process that does so is timed again every RECHECK_AFTER
+generations).
 
 Costs are facts of the machine, the models and the way of decoding (greedy or sampled), so they
 outlive a generation (an engine keeps them, one ``Costs`` per mode in a ``CostBook``, and
