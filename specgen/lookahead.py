@@ -385,7 +385,7 @@ class AdaptiveLookahead:
         self._tried: dict[str, int] = {}  # key -> the last cycle it drafted
         self._gap: dict[str, int] = {}  # key -> cycles to wait before probing it again
         self._hopeless: set[str] = set()  # keys whose costs alone rule them out, for now
-        self._unchecked: set[str] = set()  # sources left off untimed in this generation
+        self._left_off: set[str] = set()  # sources left off untimed in this generation
         self._longest: dict[str, int] = {}  # key -> most guesses kept in one cycle
 
     def plan(self, offers: Sequence[Offer], room: int) -> Plan:
@@ -438,11 +438,11 @@ class AdaptiveLookahead:
                     if same_speed is None:  # wait until the target's own speed is known
                         self._tried[offer.key] = self._cycle - PROBE_GAP_MAX  # next cycle
                         continue
-                    if offer.source not in self._unchecked:  # once a generation
+                    if offer.source not in self._left_off:  # once a generation
                         left_off = self.costs.unchecked.get(offer.source, 0)
                         if left_off >= RECHECK_AFTER:
                             return self._probe(offer, room, TIMING_LOOKAHEAD)
-                        self._unchecked.add(offer.source)
+                        self._left_off.add(offer.source)
                         self.costs.unchecked[offer.source] = left_off + 1
                 self._hopeless.add(offer.key)
             if hope > best_rate:
@@ -463,7 +463,7 @@ class AdaptiveLookahead:
         """The K in 1..limit with the most expected tokens per second, and that rate."""
         guess = self.costs.guess(offer.source) or 0.0
         limit = min(offer.limit, room, self.max_lookahead)
-        if not offer.preview and not optimistic and GROWTH_FIRST:
+        if not offer.preview and not optimistic:
             longest = self._longest.get(offer.key, 0)
             limit = min(limit, max(GROWTH_FIRST, GROWTH_RATE * longest))
         if optimistic:
