@@ -438,12 +438,15 @@ def test_remembered_costs_need_no_timing_cycles_and_drop_this_process_cold_sampl
     assert Costs.restore({}).verify(1) is None
 
 
-def generations(costs: Costs, n: int, draft: float, cycles: int = 100) -> list[list[int]]:
+def generations(costs: Costs, n: int, draft: float, cycles: int = 100,
+                processes: bool = True) -> list[list[int]]:
     """The K's chosen in ``n`` generations that share ``costs``, each through a JSON round
-    trip of them (a process each); every guess is rejected and costs ``draft``."""
+    trip of them (a process each) unless not ``processes`` (one process, as a server); every
+    guess is rejected and costs ``draft``."""
     chosen = []
     for _ in range(n):
-        costs = Costs.restore(json.loads(json.dumps(costs.snapshot())))
+        if processes:
+            costs = Costs.restore(json.loads(json.dumps(costs.snapshot())))
         policy = AdaptiveLookahead(costs)
         ks = []
         for _ in range(cycles):
@@ -464,15 +467,9 @@ def test_a_remembered_cost_that_rules_a_draft_out_holds_and_is_timed_now_and_the
     timed = [i for i, ks in enumerate(chosen) if any(ks)]
     assert timed == [RECHECK_AFTER, 2 * RECHECK_AFTER + 1]
     assert chosen[RECHECK_AFTER].count(TIMING_LOOKAHEAD) == 1 and max(chosen[RECHECK_AFTER]) == 1
-    costs = Costs.restore(remembered)  # one process (a server), many generations: one timing
-    drafted = []
-    for _ in range(3 * RECHECK_AFTER):
-        policy = AdaptiveLookahead(costs)
-        for _ in range(100):
-            plan = policy.plan([MODEL], 100)
-            drafted.append(plan.lookahead)
-            policy.observe(plan, plan.lookahead, 0, 5.0 * plan.lookahead, cpu_verify(1))
-    assert sum(drafted) == TIMING_LOOKAHEAD
+    # One process (a server), many generations: timed once at most.
+    in_one = generations(Costs.restore(remembered), 3 * RECHECK_AFTER, 5.0, processes=False)
+    assert sum(map(sum, in_one)) == TIMING_LOOKAHEAD
     faster_now = AdaptiveLookahead(Costs.restore(remembered))
     for _ in range(2):  # the target runs twice as fast as remembered: the costs are stale
         assert faster_now.plan([MODEL], 100) == TARGET_ALONE
