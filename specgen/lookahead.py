@@ -10,7 +10,8 @@ a function of the text so far, like the guesses themselves.
   once guesses 1..i-1 did; it falls along the cycle, so one alpha misfits), with older cycles
   forgotten geometrically so the estimate follows the text;
 - the costs: seconds per guess for each source, and the target's verify pass over n tokens as a
-  function of n (a line fitted through the n's seen, exact where an n was seen);
+  function of n (each length's figure leaning on a robust line through all of them, and never
+  falling as n grows);
 and picks the K that maximizes expected tokens per second,
 
     E[tokens](K) / (K * draft cost + verify(K + 1)),   E[tokens](K) = 1 + sum_j prod_{i<=j} a_i
@@ -30,6 +31,7 @@ generation learns its own, starting from what is typical of the pair (``Costs.ty
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,6 +46,8 @@ ACCEPT_MEMORY = 0.9
 # processes): it is where a generation's estimate starts, forgetting over ~100 cycles.
 TYPICAL_MEMORY = 0.99
 COST_MEMORY = 0.8
+# A verify length's cost leans on the line through all lengths as much as on one sample of it.
+LINE_WEIGHT = 1.0
 # Each position's rate is shrunk toward the key's pooled rate by this many observations; the
 # pooled rate starts from FIRST_PRIOR, worth one observation.
 PRIOR_WEIGHT = 2.0
@@ -138,8 +142,8 @@ class _Ema:
     fastest_here: float = float("inf")  # a spike only slows a sample: the least is robust
 
     @classmethod
-    def remembered(cls, memory: float, mean: float) -> _Ema:
-        return cls(memory, weight=1.0, total=mean, count=2, cold_pending=True,
+    def remembered(cls, memory: float, mean: float, weight: float = 1.0) -> _Ema:
+        return cls(memory, weight=weight, total=mean * weight, count=2, cold_pending=True,
                    remembered_only=True, remembered_mean=mean)
 
     def add(self, value: float) -> None:
@@ -177,17 +181,20 @@ class Costs:
     unchecked: dict[str, int] = field(default_factory=dict)
     observations: int = 0  # cycles observed, to tell whether anything new was measured
 
-    # The line fitted through the verify costs (mean n, mean seconds, slope, floor), kept
-    # until the next observation: ``auto`` asks for it many times a cycle.
-    _line: tuple[float, float, float, float] | None = field(default=None, init=False,
-                                                              repr=False)
+    # The verify costs fitted (seconds by each n seen, never falling as n grows; and the line
+    # through them: intercept, slope), kept until the next observation: ``auto`` asks for them
+    # many times a cycle.
+    _fit: tuple[dict[int, float], tuple[float, float]] | None = field(
+        default=None, init=False, repr=False)
     _speed: float | None = field(default=None, init=False, repr=False)
 
     def snapshot(self) -> dict[str, dict[str, Any]]:
         """What to remember (``restore``) in a later process on these models."""
+        # A length decoded once here is known only by its cold first decode.
+        verify = {n: e for n, e in self.verify_by_n.items() if e.weight and e.count >= 2}
         return {"per_guess": {s: e.mean for s, e in self.per_guess.items() if e.weight},
-                "verify_by_n": {str(n): e.mean for n, e in self.verify_by_n.items()
-                                if e.weight},
+                "verify_by_n": {str(n): e.mean for n, e in verify.items()},
+                "verify_weight": {str(n): round(e.weight, 3) for n, e in verify.items()},
                 "typical": {key: [a.kept, a.reached] for key, a in self.typical.items()},
                 "unchecked": dict(self.unchecked)}
 
@@ -198,8 +205,10 @@ class Costs:
         costs = cls()
         for source, mean in snapshot.get("per_guess", {}).items():
             costs.per_guess[source] = _Ema.remembered(COST_MEMORY, float(mean))
+        weights = snapshot.get("verify_weight", {})
         for n, mean in snapshot.get("verify_by_n", {}).items():
-            costs.verify_by_n[int(n)] = _Ema.remembered(COST_MEMORY, float(mean))
+            costs.verify_by_n[int(n)] = _Ema.remembered(COST_MEMORY, float(mean),
+                                                        float(weights.get(n, 1.0)))
         for key, (kept, reached) in snapshot.get("typical", {}).items():
             costs.typical[key] = _Acceptance(TYPICAL_MEMORY, [float(x) for x in kept],
                                              [float(x) for x in reached])
@@ -210,7 +219,7 @@ class Costs:
                 verify_seconds: float, paid: int | None = None) -> None:
         """One cycle's costs: ``paid`` of the ``drafted`` guesses (default all) cost
         ``draft_seconds``; the rest were free."""
-        self._line = self._speed = None
+        self._fit = self._speed = None
         self.observations += 1
         self.verify_by_n.setdefault(drafted + 1, _Ema(COST_MEMORY)).add(verify_seconds)
         paid = drafted if paid is None else paid
@@ -247,7 +256,7 @@ class Costs:
                 del table[key]  # type: ignore[attr-defined]
             for ema in table.values():  # type: ignore[attr-defined]
                 ema.remembered_mean = None
-        self._line = self._speed = None
+        self._fit = self._speed = None
 
     def _verify_mean(self, ema: _Ema) -> float:
         """A verify cost measured here as it is; one only remembered, scaled by how fast the
@@ -268,26 +277,46 @@ class Costs:
         return None if ema is None else ema.mean
 
     def verify(self, n: int) -> float | None:
-        """Seconds to verify n tokens: as measured at n, else from a line through the n's seen.
+        """Seconds to verify n tokens: from what was measured at n and a line through every
+        length, and never less than for a shorter pass. None until anything was seen.
 
-        With one n seen, the line is flat (a GPU's verify pass is nearly so; on a CPU the next
-        measurement fixes the slope). None until anything was seen.
+        On a CPU the pass grows near linearly with n (on a GPU it is nearly flat), so each
+        length's figure leans on the line through all of them (fitted by the median of the
+        slopes between every two lengths) as much as one sample, and is held to the cheapest
+        longer pass (more tokens never take less time). A figure far off, from a busy moment
+        or one cold first decode (a length decoded once here is not taken as measured), would
+        otherwise keep ``auto`` off that length, and off the ones below a cheaper-looking
+        longer pass, for good: nothing corrects a length ``auto`` never picks.
         """
-        ema = self.verify_by_n.get(n)
-        if ema is not None:
-            return self._verify_mean(ema)
         if not self.verify_by_n:
             return None
-        if self._line is None:
-            points = [(m, self._verify_mean(e)) for m, e in self.verify_by_n.items()]
-            mean_n = sum(m for m, _ in points) / len(points)
-            mean_t = sum(t for _, t in points) / len(points)
-            spread = sum((m - mean_n) ** 2 for m, _ in points)
-            slope = max(0.0, sum((m - mean_n) * (t - mean_t) for m, t in points) / spread
-                        ) if spread else 0.0
-            self._line = (mean_n, mean_t, slope, min(t for _, t in points))
-        mean_n, mean_t, slope, floor = self._line
-        return max(mean_t + slope * (n - mean_n), floor)
+        if self._fit is None:
+            self._fit = self._fit_verify()
+        fitted, (intercept, slope) = self._fit
+        if n in fitted:
+            return fitted[n]
+        below = max((t for m, t in fitted.items() if m < n), default=min(fitted.values()))
+        above = min((t for m, t in fitted.items() if m > n), default=float("inf"))
+        return min(max(intercept + slope * n, below), above)
+
+    def _fit_verify(self) -> tuple[dict[int, float], tuple[float, float]]:
+        points = {m: self._verify_mean(ema) for m, ema in self.verify_by_n.items()}
+        ns = sorted(points)
+        slopes = [(points[b] - points[a]) / (b - a) for i, a in enumerate(ns) for b in ns[i + 1:]]
+        slope = max(0.0, statistics.median(slopes)) if slopes else 0.0
+        intercept = statistics.median(points[m] - slope * m for m in ns)
+        # Each length shrunk toward the line, weighing its samples against the line's one, then
+        # held to the cheapest longer pass: a timing is only ever slowed (a busy moment, a cold
+        # decode), so where a shorter pass looks dearer, the shorter one is the one off.
+        fitted: dict[int, float] = {}
+        cheapest = float("inf")
+        for m in reversed(ns):
+            ema = self.verify_by_n[m]
+            weight = ema.weight if ema.count >= 2 else 0.0
+            shrunk = (points[m] * weight + LINE_WEIGHT * (intercept + slope * m)) / (
+                weight + LINE_WEIGHT)
+            fitted[m] = cheapest = min(shrunk, cheapest)
+        return fitted, (intercept, slope)
 
 
 @dataclass

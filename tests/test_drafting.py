@@ -607,6 +607,45 @@ def test_verify_cost_is_measured_where_seen_and_fitted_elsewhere() -> None:
     assert costs.guess("model") == pytest.approx(0.4)
 
 
+def test_verify_costs_never_fall_as_the_pass_grows() -> None:
+    """A length measured slow in a busy moment is held to the cheapest longer pass: otherwise
+    auto would avoid that length, and the ones below a cheaper-looking longer pass, and never
+    measure it again."""
+    costs = Costs()
+    for seconds, n, times in ((1.0, 1, 2), (3.0, 7, 2), (2.0, 9, 5)):
+        for _ in range(times):  # each n's first sample runs cold and is dropped
+            costs.observe(None, n - 1, 0.0, seconds)
+    # The line: the median of the slopes (1/3, 1/8, -1/2) is 1/8; 9 lies on it, 7 far above.
+    assert costs.verify(9) == pytest.approx(2.0)
+    assert costs.verify(7) == pytest.approx(2.0) and costs.verify(8) == pytest.approx(2.0)
+    assert costs.verify(1) == pytest.approx(1.0)
+    assert costs.verify(4) == pytest.approx(0.875 + 0.125 * 4)  # the line, within neighbours
+    assert costs.verify(30) == pytest.approx(0.875 + 0.125 * 30)  # past the longest
+    steps = [costs.verify(n) for n in range(1, 33)]
+    assert all(a <= b for a, b in zip(steps, steps[1:]))
+
+
+def test_a_far_off_remembered_or_cold_verify_figure_gives_way_to_the_line() -> None:
+    """Each length leans on the line through all lengths (the median of the slopes) as much
+    as on one sample of it: one figure far off, remembered or a cold first decode here, moves
+    the line little, and a length decoded once is neither trusted nor remembered."""
+    remembered = {"verify_by_n": {"1": 1.0, "5": 2.0, "6": 9.0, "9": 3.0, "13": 4.0}}
+    costs = Costs.restore(remembered)  # the line: 0.75 + 0.25 n, through all but 6
+    assert costs.verify(6) == pytest.approx(3.0)  # halfway to the line, held to 9's
+    assert costs.verify(9) == pytest.approx(3.0) and costs.verify(17) == pytest.approx(5.0)
+    costs.observe(None, 19, 0.0, 12.0)  # n = 20 decoded once: its cold first decode
+    assert costs.verify(20) == pytest.approx(5.75)
+    assert "20" not in costs.snapshot()["verify_by_n"]
+    costs.observe(None, 19, 0.0, 6.0)  # decoded again, warm: one sample against the line's
+    assert costs.verify(20) == pytest.approx((6.0 + 5.75) / 2)
+    for _ in range(20):  # many samples: the measurement outweighs the line
+        costs.observe(None, 19, 0.0, 6.0)
+    assert 5.9 < costs.verify(20) < 6.0
+    snapshot = json.loads(json.dumps(costs.snapshot()))
+    assert snapshot["verify_by_n"]["20"] == pytest.approx(6.0)
+    assert Costs.restore(snapshot).verify(20) == pytest.approx(costs.verify(20))  # its weight
+
+
 def test_auto_on_the_engine_is_exact_in_greedy_and_reports_its_choices() -> None:
     target, draft = FakeModel(), FakeModel(noise=0.3, salt=7)
     alone, _ = run(SpeculativeEngine(FakeModel()), GenerationConfig(0, GREEDY, 120), [1, 2, 3])
