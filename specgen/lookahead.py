@@ -163,6 +163,11 @@ class _Ema:
         self.total = self.memory * self.total + value
 
     @property
+    def warm(self) -> bool:
+        """Whether it holds more than a first (cold) sample: a remembered mean, or a second."""
+        return self.count >= 2
+
+    @property
     def mean(self) -> float:
         assert self.weight, "an average is read only after a sample was added"
         return self.total / self.weight
@@ -191,7 +196,7 @@ class Costs:
     def snapshot(self) -> dict[str, dict[str, Any]]:
         """What to remember (``restore``) in a later process on these models."""
         # A length decoded once here is known only by its cold first decode.
-        verify = {n: e for n, e in self.verify_by_n.items() if e.weight and e.count >= 2}
+        verify = {n: e for n, e in self.verify_by_n.items() if e.weight and e.warm}
         return {"per_guess": {s: e.mean for s, e in self.per_guess.items() if e.weight},
                 "verify_by_n": {str(n): e.mean for n, e in verify.items()},
                 "verify_weight": {str(n): round(e.weight, 3) for n, e in verify.items()},
@@ -312,7 +317,7 @@ class Costs:
         cheapest = float("inf")
         for m in reversed(ns):
             ema = self.verify_by_n[m]
-            weight = ema.weight if ema.count >= 2 else 0.0
+            weight = ema.weight if ema.warm else 0.0
             shrunk = (points[m] * weight + LINE_WEIGHT * (intercept + slope * m)) / (
                 weight + LINE_WEIGHT)
             fitted[m] = cheapest = min(shrunk, cheapest)
@@ -422,7 +427,7 @@ class AdaptiveLookahead:
         if not offers or room <= 0:
             return TARGET_ALONE
         alone = self.costs.verify_by_n.get(1)
-        if alone is None or alone.count < 2:
+        if alone is None or not alone.warm:
             return TARGET_ALONE  # the first two cycles time the target alone (one runs cold)
         target_step = alone.mean
         same_speed = self.costs.as_remembered()
