@@ -7,8 +7,9 @@ a function of the text so far, like the guesses themselves.
 
 ``AdaptiveLookahead`` (``-k auto``) measures, as it goes:
 - acceptance by position for each source, a_1, a_2, ... (a_i: the chance that guess i survives
-  once guesses 1..i-1 did; it falls along the cycle, so one alpha misfits), with older cycles
-  forgotten geometrically so the estimate follows the text;
+  once guesses 1..i-1 did; it falls along the cycle, so one alpha misfits): the shape typical
+  of the pair, moved by one shift fitted to this generation's guesses (older cycles forgotten
+  geometrically so the estimate follows the text);
 - the costs: seconds per guess for each source, and the target's verify pass over n tokens as a
   function of n (each length's figure leaning on a robust line through all of them, and never
   falling as n grows);
@@ -31,6 +32,7 @@ generation learns its own, starting from what is typical of the pair (``Costs.ty
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -52,6 +54,12 @@ LINE_WEIGHT = 1.0
 # pooled rate starts from FIRST_PRIOR, worth one observation.
 PRIOR_WEIGHT = 2.0
 FIRST_PRIOR = 0.5
+# Where the pair's typical acceptance is known, a generation moves that shape by one shift on
+# the logit scale, held near 0 by a normal prior of this spread (a shift of 0.6 takes 0.97 to
+# 0.95 or 0.98); rates are kept this far off 0 and 1.
+SHIFT_SPREAD = 0.6
+SHIFT_STEPS = 20
+RATE_FLOOR = 1e-4
 # A source is first timed with one guess (a draft slower than the target costs little to find
 # out); a probe of an offer left alone takes a few, and the gaps (in cycles) before an offer
 # left alone is probed again double while probes fail.
@@ -354,9 +362,11 @@ class CostBook:
 class _Acceptance:
     """Acceptance by position for one key, older cycles forgotten geometrically.
 
-    A position with little evidence leans on the key's pooled rate (all positions together),
-    so a position never reached is assumed as good as the key's average, and one unlucky
-    rejection does not condemn a position for long.
+    Kept across generations, it is what is typical of the pair (its shape along the cycle);
+    a generation's own counts move that shape by one shift, so a few cycles (a short answer)
+    are read as "easier or harder than usual" rather than position by position, where one
+    unlucky rejection cut K for many cycles. With nothing typical known, a position with
+    little evidence leans on the key's pooled rate (all positions together).
     """
 
     def __init__(self, memory: float = ACCEPT_MEMORY, kept: list[float] | None = None,
@@ -383,14 +393,38 @@ class _Acceptance:
         return sum(self.kept), sum(self.reached)
 
     def rates(self, n: int, prior: float, typical: _Acceptance | None = None) -> list[float]:
-        """a_1..a_n: each position shrunk toward what is typical of it on this pair (where
-        known), else toward this key's pooled rate, itself shrunk toward ``prior`` (the
-        source's pooled rate) by one observation."""
+        """a_1..a_n. Where the pair's typical acceptance is known, its shape along the cycle,
+        shifted (on the logit scale) by how this generation's guesses fared against it at every
+        position together; else each position shrunk toward this key's pooled rate, itself
+        shrunk toward ``prior`` (the source's pooled rate) by one observation."""
         kept, reached = self.pooled()
-        pooled = (kept + prior) / (reached + 1.0)
-        start = [pooled] * n if typical is None else typical.rates_at(n, pooled)
-        return [(self.at(i)[0] + PRIOR_WEIGHT * start[i]) / (self.at(i)[1] + PRIOR_WEIGHT)
-                for i in range(n)]
+        if typical is not None and typical.reached:
+            shape = typical.rates_at(max(n, len(self.reached)), typical.pooled_rate())
+            shift = self._shift([_logit(a) for a in shape])
+            return [_sigmoid(_logit(a) + shift) for a in shape[:n]]
+        return self.rates_at(n, (kept + prior) / (reached + 1.0))
+
+    def _shift(self, logits: list[float]) -> float:
+        """The logit shift of the typical shape that best fits this generation's own counts,
+        under a normal prior (spread SHIFT_SPREAD) that holds it near 0 on little evidence:
+        one early rejection in a text the pair usually gets right says little about the
+        next cycle."""
+        shift = 0.0
+        for _ in range(SHIFT_STEPS):  # Newton's method on a concave log-posterior
+            gradient, curvature = -shift / SHIFT_SPREAD**2, 1.0 / SHIFT_SPREAD**2
+            for logit, kept, reached in zip(logits, self.kept, self.reached):
+                a = _sigmoid(logit + shift)
+                gradient += kept - reached * a
+                curvature += reached * a * (1.0 - a)
+            step = max(-2.0, min(2.0, gradient / curvature))  # damped: no overshoot
+            shift += step
+            if abs(step) < 1e-4:
+                break
+        return shift
+
+    def pooled_rate(self) -> float:
+        kept, reached = self.pooled()
+        return (kept + FIRST_PRIOR) / (reached + 1.0)
 
     def at(self, i: int) -> tuple[float, float]:
         """(kept, reached) at position i (0-based)."""
@@ -421,6 +455,9 @@ class AdaptiveLookahead:
         self._hopeless: set[str] = set()  # keys whose costs alone rule them out, for now
         self._left_off: set[str] = set()  # sources left off untimed in this generation
         self._longest: dict[str, int] = {}  # key -> most guesses kept in one cycle
+        # Keys probed in this generation: the typical acceptance is what ruled them out, so
+        # the probe's own evidence speaks for them from then on.
+        self._probed: set[str] = set()
 
     def plan(self, offers: Sequence[Offer], room: int) -> Plan:
         self._cycle += 1
@@ -490,6 +527,7 @@ class AdaptiveLookahead:
     def _probe(self, offer: Offer, room: int, lookahead: int = PROBE_LOOKAHEAD) -> Plan:
         # What was learned about this offer before is stale: the probe starts it afresh.
         self.acceptance.pop(offer.key, None)
+        self._probed.add(offer.key)
         self._tried[offer.key] = self._cycle
         return Plan(offer, min(lookahead, offer.limit, room), probe=True)
 
@@ -503,8 +541,9 @@ class AdaptiveLookahead:
         if optimistic:
             rates = [1.0] * limit
         else:
+            typical = None if offer.key in self._probed else self.costs.typical.get(offer.key)
             rates = self.acceptance.get(offer.key, _Acceptance()).rates(
-                limit, self._source_prior(offer.source), self.costs.typical.get(offer.key))
+                limit, self._source_prior(offer.source), typical)
         expected = expected_tokens_by_position(rates)
         best_k, best_rate = 0, 0.0
         for k in range(1, limit + 1):
@@ -555,6 +594,15 @@ class AdaptiveLookahead:
         self.acceptance.setdefault(offer.key, _Acceptance()).observe(drafted, accepted)
         self.costs.typical.setdefault(offer.key, _Acceptance(TYPICAL_MEMORY)).observe(
             drafted, accepted)
+
+
+def _logit(a: float) -> float:
+    a = min(max(a, RATE_FLOOR), 1.0 - RATE_FLOOR)
+    return math.log(a / (1.0 - a))
+
+
+def _sigmoid(x: float) -> float:
+    return 1.0 / (1.0 + math.exp(-x))
 
 
 LookaheadPolicy = FixedLookahead | AdaptiveLookahead

@@ -357,6 +357,29 @@ def test_a_new_generation_starts_from_the_typical_acceptance(accept, draft) -> N
     assert exact_rate(accept, first, draft, cpu_verify) >= 0.95 * best, first
 
 
+def test_one_early_rejection_does_not_undo_what_is_typical_but_a_hard_text_does() -> None:
+    """A generation moves the pair's typical acceptance by one shift fitted to all its guesses:
+    on a pair that keeps 97% of its guesses, one cycle that fails at its third guess is chance,
+    and K stays near the best (it fell from 8 to 2 when each position leaned on its own few
+    samples); a text where guesses keep failing early cuts K."""
+    accept, draft = [0.97], 0.42
+    best_k = max(range(1, 33), key=lambda k: exact_rate(accept, k, draft, cpu_verify))
+    costs = Costs()
+    simulate(AdaptiveLookahead(costs), accept, draft, cpu_verify, cycles=400)
+    policy = AdaptiveLookahead(costs)
+    first = policy.plan([MODEL], 10_000)
+    policy.observe(first, first.lookahead, 2, draft * first.lookahead,
+                   cpu_verify(first.lookahead + 1))
+    after_one = policy.plan([MODEL], 10_000).lookahead
+    assert exact_rate(accept, after_one, draft, cpu_verify) >= 0.97 * exact_rate(
+        accept, best_k, draft, cpu_verify), after_one
+    for _ in range(6):  # this text: the second guess fails every time
+        plan = policy.plan([MODEL], 10_000)
+        policy.observe(plan, plan.lookahead, min(1, plan.lookahead), draft * plan.lookahead,
+                       cpu_verify(plan.lookahead + 1))
+    assert policy.plan([MODEL], 10_000).lookahead <= 2
+
+
 def test_paid_guesses_grow_to_twice_the_longest_run_this_text_kept() -> None:
     """Where every guess survives and long cycles pay most, K for a draft model still ramps up
     (8, then twice the longest run kept: 16, 32), so one long cycle that fails early cannot cost
