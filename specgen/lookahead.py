@@ -397,12 +397,11 @@ class _Acceptance:
         shifted (on the logit scale) by how this generation's guesses fared against it at every
         position together; else each position shrunk toward this key's pooled rate, itself
         shrunk toward ``prior`` (the source's pooled rate) by one observation."""
-        kept, reached = self.pooled()
         if typical is not None and typical.reached:
             shape = typical.rates_at(max(n, len(self.reached)), typical.pooled_rate())
             shift = self._shift([_logit(a) for a in shape])
             return [_sigmoid(_logit(a) + shift) for a in shape[:n]]
-        return self.rates_at(n, (kept + prior) / (reached + 1.0))
+        return self.rates_at(n, self.pooled_rate(prior))
 
     def _shift(self, logits: list[float]) -> float:
         """The logit shift of the typical shape that best fits this generation's own counts,
@@ -422,9 +421,10 @@ class _Acceptance:
                 break
         return shift
 
-    def pooled_rate(self) -> float:
+    def pooled_rate(self, prior: float = FIRST_PRIOR) -> float:
+        """All positions together, shrunk toward ``prior`` by one observation."""
         kept, reached = self.pooled()
-        return (kept + FIRST_PRIOR) / (reached + 1.0)
+        return (kept + prior) / (reached + 1.0)
 
     def at(self, i: int) -> tuple[float, float]:
         """(kept, reached) at position i (0-based)."""
