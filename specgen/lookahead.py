@@ -398,9 +398,10 @@ class _Acceptance:
         position together; else each position shrunk toward this key's pooled rate, itself
         shrunk toward ``prior`` (the source's pooled rate) by one observation."""
         if typical is not None and typical.reached:
-            shape = typical.rates_at(max(n, len(self.reached)), typical.pooled_rate())
-            shift = self._shift([_logit(a) for a in shape])
-            return [_sigmoid(_logit(a) + shift) for a in shape[:n]]
+            logits = [_logit(a) for a in typical.rates_at(max(n, len(self.reached)),
+                                                           typical.pooled_rate())]
+            shift = self._shift(logits)
+            return [_sigmoid(logit + shift) for logit in logits[:n]]
         return self.rates_at(n, self.pooled_rate(prior))
 
     def _shift(self, logits: list[float]) -> float:
