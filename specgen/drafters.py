@@ -57,6 +57,9 @@ class Proposal:
     # Seconds the drafter spent reading text it had not seen (what the target decoded alone
     # while speculation was off): a cost of having been off, not of these guesses.
     catch_up_seconds: float = 0.0
+    # Seconds a draft model spent reading the prompt, which it does once first asked for
+    # guesses: a generation that never drafts with it (speculation off) never pays for that.
+    prompt_seconds: float = 0.0
     # A hybrid's model run that found its own guesses earlier in the text ends in prompt lookup:
     # (that match, n): the last n guesses came from it, at no cost.
     switch: tuple[Offer, int] | None = None
@@ -71,7 +74,8 @@ class Drafter(Protocol):
 
     def begin(self, prompt: Sequence[int], reuse_prefix: bool = False) -> None:
         """A new generation; ``prompt`` is every token before the first cycle. With
-        ``reuse_prefix`` a drafter may keep state for the part the last generation shared."""
+        ``reuse_prefix`` a drafter may keep state for the part the last generation shared.
+        Cheap: work on the prompt waits for the first ``propose`` (``Proposal.prompt_seconds``)."""
 
     def offers(self, context: Sequence[int]) -> list[Offer]:
         """What this drafter can offer after ``context`` (all tokens so far), best first."""
@@ -124,13 +128,20 @@ class ModelDrafter:
         # Context tokens the draft skipped when it caught up (its cache holds the context
         # minus those): its cache position i holds context token i + _skipped past the gap.
         self._skipped = 0
+        # The prompt not yet read: (what the cache holds, what it should hold).
+        self._unread: tuple[list[int], list[int]] | None = None
 
     def begin(self, prompt: Sequence[int], reuse_prefix: bool = False) -> None:
         # The engine holds the prompt's last token back to open cycle one; so does the draft.
-        held = list(self._context[: self.model.n_past]) if reuse_prefix and not self._skipped \
-            else []
+        held = self._holds() if reuse_prefix else []
+        self._unread = (held, list(prompt[:-1]))
         self._context, self._skipped = (), 0
-        reuse_prefix_cache(self.model, held, list(prompt[:-1]))
+
+    def _holds(self) -> list[int]:
+        """The tokens the cache holds from its start ([] where unknown: it has a gap)."""
+        if self._unread is not None:  # a generation that never drafted left it as it was
+            return self._unread[0]
+        return [] if self._skipped else list(self._context[: self.model.n_past])
 
     def offers(self, context: Sequence[int]) -> list[Offer]:
         room = self.model.n_ctx - (len(context) - self._skipped) + 1
@@ -140,6 +151,11 @@ class ModelDrafter:
                 rng: np.random.Generator, follow: FollowUp | None = None) -> Proposal:
         """Up to ``k`` guesses; after each, ``follow`` may finish the run with free guesses."""
         model, out = self.model, Proposal()
+        if self._unread is not None:
+            started = time.perf_counter()
+            reuse_prefix_cache(model, *self._unread)
+            self._unread = None
+            out.prompt_seconds = time.perf_counter() - started
         self._base = len(context)
         self._context = context
         # Catch up on what was accepted since this draft last ran (one batch), then one token a

@@ -296,8 +296,8 @@ class SpeculativeEngine:
         emit = _Emitter(target, config)
         tokens = list(prompt)
 
-        # 1. Prompt: one target pass over all of it gives the first token at once; the drafter
-        #    catches up only after that token is out (time to first token is the target's).
+        # 1. Prompt: one target pass over all of it gives the first token at once; a draft model
+        #    reads it only once asked for guesses (time to first token is the target's).
         started = time.perf_counter()
         if len(tokens) > target.n_ctx:
             raise PromptTooLong(f"the prompt ({len(tokens)} tokens) does not fit the context "
@@ -318,15 +318,9 @@ class SpeculativeEngine:
         if text:
             yield TextChunk(text)
 
-        drafter_ready = drafter is None
+        if drafter is not None:
+            drafter.begin(tokens, reuse_prefix)
         while emit.reason is None:
-            if not drafter_ready:  # the drafter's prompt work counts as prompt time
-                caught_up = time.perf_counter()
-                drafter.begin(tokens, reuse_prefix)  # type: ignore[union-attr]
-                caught_up = time.perf_counter() - caught_up
-                stats.prompt_seconds += caught_up
-                stats.gen_started += caught_up
-                drafter_ready = True
             if target.n_past + 1 > target.n_ctx:
                 emit.reason = "context_full"
                 break
@@ -350,12 +344,16 @@ class SpeculativeEngine:
                 drafter.settle(verdict.n_accepted)
             t2 = time.perf_counter()
 
-            # 4. Book-keeping, then the new tokens up to a stop condition.
-            stats.draft_seconds += t1 - t0
+            # 4. Book-keeping, then the new tokens up to a stop condition. The drafter's reading
+            #    of the prompt counts as prompt time, as the target's does.
+            stats.prompt_seconds += proposal.prompt_seconds
+            stats.gen_started += proposal.prompt_seconds
+            drafting = t1 - t0 - proposal.prompt_seconds
+            stats.draft_seconds += drafting
             stats.target_seconds += t2 - t1
             new = [*guesses[: verdict.n_accepted], verdict.next_token]
             policy.observe(plan, len(guesses), verdict.n_accepted,
-                           t1 - t0 - proposal.catch_up_seconds, t2 - t1, offers, new,
+                           drafting - proposal.catch_up_seconds, t2 - t1, offers, new,
                            proposal.switch)
             stats.record_cycle(plan.offer.source if plan.offer and guesses else None,
                                plan.lookahead, len(guesses), verdict.n_accepted, plan.probe,

@@ -576,7 +576,9 @@ def test_the_draft_reads_only_the_latest_of_a_long_stretch_it_missed() -> None:
     assert draft.cache[-3:] == [missed[-1], proposal.tokens[0], 9]
     # A new generation that shares the prompt cannot reuse a cache with a gap: it reads anew.
     drafter.begin([1, 2, 3, 4, 5], reuse_prefix=True)
-    assert draft.cache == [1, 2, 3, 4]
+    draft.decode_calls.clear()
+    drafter.propose([1, 2, 3, 4, 5], MODEL, 1, GREEDY, np.random.default_rng(0))
+    assert draft.decode_calls[0] == (4, 0) and draft.cache == [1, 2, 3, 4, 5]
 
 
 def test_a_model_run_that_switched_to_a_match_is_learned_under_both_keys() -> None:

@@ -241,11 +241,43 @@ def test_a_chat_that_goes_on_reuses_the_cached_prefix(lookahead) -> None:
     kept = len(PROMPT) + len(first) - 1  # all but the last token of turn one's context
     assert stats.n_prompt_cached == kept
     assert target.decode_calls[0][0] == len(turn_two) - kept  # only the new tokens
-    if lookahead != 0:  # the draft ran in turn one: its cache is reused too
+    if lookahead == 3:  # the draft ran in turn one: its cache is reused too
         assert draft.decode_calls[0][0] < len(turn_two) - 1 - len(PROMPT)
+    if lookahead == 0:  # no drafting: the draft never read a prompt
+        assert draft.decode_calls == []
     fresh_target, fresh_draft = pair()
     fresh, _, _ = run(spec(fresh_target, fresh_draft), config, turn_two)
     assert again == fresh  # same caches in effect: the same sample
+
+
+def test_a_draft_model_reads_the_prompt_only_once_asked_for_guesses() -> None:
+    """A generation that never drafts (speculation off) never pays the draft's prompt pass: on
+    a pair that cannot pay, that pass would make `-k auto` slower than the target alone. Read
+    later, it counts as prompt time, and a chat that goes on still reuses the draft's cache."""
+    target, draft = pair()
+    draft.token_seconds = 0.002
+    engine = spec(target, draft)
+    prompt = PROMPT + list(range(4, 14)) * 10  # 103 tokens
+    config = GenerationConfig(lookahead=0, sampling=GREEDY, max_tokens=12)
+    off, _, _ = run(engine, config, prompt)
+    assert draft.decode_calls == []
+    drafting = GenerationConfig(lookahead=3, sampling=GREEDY, max_tokens=12)
+    turn_one = prompt + off + [5]
+    events = list(engine.generate(turn_one, drafting, reuse_prefix=True))
+    assert draft.decode_calls[0] == (len(turn_one), 0)  # the prompt, once, in the first cycle
+    assert events[-1].stats.prompt_seconds >= 0.002 * len(turn_one)
+    first = [t for e in events if isinstance(e, CycleDone) for t in e.tokens]
+    # A turn that does not draft leaves the draft's cache alone; the next one that does reuses it.
+    turn_two = turn_one + first + [6]
+    run_off = list(engine.generate(turn_two, config, reuse_prefix=True))
+    turn_three = turn_two + [t for e in run_off if isinstance(e, CycleDone) for t in e.tokens]
+    draft.decode_calls.clear()
+    events = list(engine.generate(turn_three, drafting, reuse_prefix=True))
+    assert 0 < draft.decode_calls[0][0] <= len(turn_three) - len(turn_one)  # what it lacks
+    again = [t for e in events if isinstance(e, CycleDone) for t in e.tokens]
+    fresh, _, _ = run(SpeculativeEngine(FakeModel(), ModelDrafter(FakeModel(noise=0.8, salt=7))),
+                      drafting, turn_three)
+    assert again == fresh
 
 
 def test_a_generation_broken_mid_cycle_is_not_reused() -> None:
