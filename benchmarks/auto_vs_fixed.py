@@ -1,13 +1,14 @@
-"""`-k auto` against fixed K's, prompt by prompt, with the draft model alone (no n-grams): the
-13 built-in bench prompts, each at K=0, each fixed K and auto, one after the other on the same
-loaded models. Each auto run learns its costs afresh, as the first `specgen run` on a pair does;
-with --remember it starts from what the previous auto run left, as every later one does (the
-costs are kept between processes). Greedy by default,
-where every variant writes the same text, so the ratios compare like with like (at T > 0 the
-sampled texts differ with K, and one prompt's ratio says more about the text than the policy).
+"""`-k auto` against fixed K's, prompt by prompt, with the draft model alone (with --ngram: the
+draft model and prompt lookup together, the hybrid, at every K): the 13 built-in bench prompts,
+each at K=0, each fixed K and auto, one after the other on the same loaded models. Each auto run
+learns its costs afresh, as the first `specgen run` on a pair does; with --remember it starts
+from what the previous auto run left, as every later one does (the costs are kept between
+processes). Greedy by default, where every variant writes the same text, so the ratios compare
+like with like (at T > 0 the sampled texts differ with K, and one prompt's ratio says more about
+the text than the policy).
 
     python benchmarks/auto_vs_fixed.py TARGET.gguf DRAFT.gguf -k 4,8 [--chat] [--remember]
-        [--trace] [--only 0,5]
+        [--ngram] [--trace] [--only 0,5]
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from dataclasses import replace
 
 from specgen.backend import LlamaModel, ModelOptions
 from specgen.bench import BUILTIN_KINDS, BUILTIN_PROMPTS
-from specgen.drafters import ModelDrafter
+from specgen.drafters import HybridDrafter, ModelDrafter
 from specgen.engine import CycleDone, Finished, GenerationConfig, SpeculativeEngine
 from specgen.lookahead import CostBook
 from specgen.options import RUN_SAMPLING
@@ -36,14 +37,16 @@ def main() -> None:
     parser.add_argument("--chat", action="store_true", help="wrap prompts in the chat template")
     parser.add_argument("--trace", action="store_true", help="print auto's cycles (K/kept)")
     parser.add_argument("--only", help="prompt numbers to run (0-based, comma-separated)")
+    parser.add_argument("--ngram", action="store_true",
+                        help="draft with the model and prompt lookup together (the hybrid)")
     parser.add_argument("--remember", action="store_true",
                         help="auto starts from the costs the previous auto run left, as "
                              "`specgen run` does once it has run on these models here")
     args = parser.parse_args()
     target = LlamaModel(args.target, ModelOptions(n_threads=args.threads))
     draft = LlamaModel(args.draft, ModelOptions(n_ctx=target.n_ctx, n_threads=args.threads))
-    engines = {"alone": SpeculativeEngine(target), "model": SpeculativeEngine(
-        target, ModelDrafter(draft))}
+    drafter = HybridDrafter(ModelDrafter(draft)) if args.ngram else ModelDrafter(draft)
+    engines = {"alone": SpeculativeEngine(target), "model": SpeculativeEngine(target, drafter)}
     sampling = replace(RUN_SAMPLING, temperature=args.temperature)
     prompts = [prompt_tokens(target, p, args.chat) for p in BUILTIN_PROMPTS]
     fixed = [int(k) for k in args.lookaheads.split(",")]
@@ -89,9 +92,10 @@ def main() -> None:
               + f"  auto/best {speedups['auto'] / best:.2f}", flush=True)
         if args.trace:
             print("    " + " ".join(cycles))
-    print("median " + " ".join(f"{name}:{statistics.median(values):.3f}"
-                               for name, values in ratios.items())
-          + f"  (auto/best: min {min(ratios['auto/best']):.2f})")
+    for average in (statistics.median, statistics.mean):
+        print(f"{average.__name__:6s} " + " ".join(f"{name}:{average(values):.3f}"
+                                                   for name, values in ratios.items()))
+    print(f"auto/best: min {min(ratios['auto/best']):.2f}")
 
 
 if __name__ == "__main__":
