@@ -262,7 +262,10 @@ def summarize(runs: Sequence[Run], kinds: Sequence[str] | None = None) -> Report
                      max(1, sum(r.stats.reached_at[i] for r in mine
                                 if i < len(r.stats.reached_at)))
                      for i in range(depth)]
-        draft_per_token = _pooled(mine, "draft_seconds") / drafted if drafted else None
+        # Per guess: a draft model's catch-up after speculation was off is not a guess's cost
+        # (auto's rare probes on a pair that cannot pay read 32 missed tokens for one guess).
+        drafting = _pooled(mine, "draft_seconds") - _pooled(mine, "catch_up_seconds")
+        draft_per_token = drafting / drafted if drafted else None
         verify = _pooled(mine, "target_seconds") / max(cycles, 1)
         cost_ratio = draft_per_token / target_one if draft_per_token is not None else None
         verify_ratio = verify / target_one

@@ -98,6 +98,9 @@ class Stats:
     n_rejected: int = 0
     n_probes: int = 0
     draft_seconds: float = 0.0
+    # Of draft_seconds, what a drafter spent reading text it had missed (the target decoded it
+    # alone while speculation was off): a cost of having been off, not of its guesses.
+    catch_up_seconds: float = 0.0
     target_seconds: float = 0.0
     gen_started: float | None = None
     gen_seconds: float = 0.0
@@ -205,6 +208,7 @@ class Stats:
             "tokens_per_cycle": self.tokens_per_cycle,
             "position_accept_rates": self.position_accept_rates(),
             "draft_seconds": round(self.draft_seconds, 6),
+            "catch_up_seconds": round(self.catch_up_seconds, 6),
             "target_seconds": round(self.target_seconds, 6),
             "stop_reason": self.stop_reason,
             "drafters": {name: asdict(src) for name, src in self.by_source.items()},
@@ -350,6 +354,7 @@ class SpeculativeEngine:
             stats.gen_started += proposal.prompt_seconds
             drafting = t1 - t0 - proposal.prompt_seconds
             stats.draft_seconds += drafting
+            stats.catch_up_seconds += proposal.catch_up_seconds
             stats.target_seconds += t2 - t1
             new = [*guesses[: verdict.n_accepted], verdict.next_token]
             policy.observe(plan, len(guesses), verdict.n_accepted,

@@ -61,6 +61,25 @@ def exact_speedup(alpha: float, k: int) -> float:
     return expected_tokens(alpha, k) * TARGET / (k * DRAFT + verify_cost(k))
 
 
+def test_a_drafts_catch_up_is_not_counted_as_the_cost_of_its_guesses() -> None:
+    """After speculation was off, a draft model reads what it missed before it guesses: that
+    time is in draft_seconds (and the speedup) but not in the per-guess cost and c."""
+    plain = fake_runner(0.8, cycles=200)
+
+    def caught_up(prompt: int, k: int, seed: int) -> Stats:
+        stats = plain(prompt, k, seed)
+        stats.catch_up_seconds = 3 * DRAFT * stats.n_cycles if k else 0.0
+        stats.draft_seconds += stats.catch_up_seconds
+        stats.gen_seconds += stats.catch_up_seconds
+        return stats
+
+    report = summarize(sweep(caught_up, 2, [2, 4], 1, seed=1))
+    for row in report.per_k:
+        assert row.cost_ratio == pytest.approx(DRAFT / TARGET)
+        assert row.draft_ms_per_token == pytest.approx(DRAFT * 1000)
+        assert row.speedup < exact_speedup(0.8, row.lookahead)
+
+
 def test_sweep_interleaves_and_warms_up() -> None:
     calls: list[tuple[int, int]] = []
 
