@@ -241,10 +241,11 @@ def test_a_chat_that_goes_on_reuses_the_cached_prefix(lookahead) -> None:
     kept = len(PROMPT) + len(first) - 1  # all but the last token of turn one's context
     assert stats.n_prompt_cached == kept
     assert target.decode_calls[0][0] == len(turn_two) - kept  # only the new tokens
-    if lookahead == 3:  # the draft ran in turn one: its cache is reused too
-        assert draft.decode_calls[0][0] < len(turn_two) - 1 - len(PROMPT)
     if lookahead == 0:  # no drafting: the draft never read a prompt
         assert draft.decode_calls == []
+    assert draft.decode_calls or lookahead != 3
+    if draft.decode_calls:  # the draft read turn two: its cache from turn one is reused too
+        assert draft.decode_calls[0][0] < len(turn_two) - 1 - len(PROMPT)
     fresh_target, fresh_draft = pair()
     fresh, _, _ = run(spec(fresh_target, fresh_draft), config, turn_two)
     assert again == fresh  # same caches in effect: the same sample
