@@ -17,6 +17,7 @@ it drives a ``run_one`` callable and reads the ``Stats`` it returns, so tests fe
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -27,6 +28,15 @@ from specgen.engine import Stats
 from specgen.errors import UserError
 
 DISAGREEMENT = 0.15
+# The rows that adapt to the text as it goes, the most general first: one of them is the
+# recommendation unless another row beats it beyond the noise of the runs (a fixed K, or prompt
+# lookup alone, that won on these prompts may lose on the user's own text).
+ADAPTS = ("hybrid", "auto")
+# Beyond the noise: over at least MIN_PAIRED runs, the mean of the log speed ratios run by run
+# (same prompt, same repeat) is more than NOISE_SE standard errors above 0. Sampled runs draw
+# other texts, and a busy machine slows a run by 10% and more, so a median over a few prompts
+# can name a row that is not faster.
+NOISE_SE, MIN_PAIRED = 2.0, 3
 
 # The built-in prompts, each with its kind: the kinds answer "which drafter for which task".
 # "rewrite" and "extract" prompts carry a passage the answer copies from (prompt lookup's home
@@ -203,6 +213,8 @@ class Report:
     per_k: list[KReport]
     recommended: Variant | None
     warning: str = ""
+    # Why the recommendation is not the fastest row (it did not win beyond the noise).
+    note: str = ""
     runs: int = 0
     meta: dict[str, object] = field(default_factory=dict)
     # kind of prompt -> K or variant -> median speedup over that kind's prompts
@@ -222,6 +234,7 @@ class Report:
         return {"meta": self.meta, "target_ms_per_token": self.target_ms_per_token,
                 "baseline_tokens_per_second": self.baseline_tokens_per_second,
                 "recommended_lookahead": self.recommended, "warning": self.warning,
+                "note": self.note,
                 "runs": self.runs, "per_k": rows,
                 "per_kind": {kind: {str(v): x for v, x in speedups.items()}
                              for kind, speedups in self.per_kind.items()},
@@ -309,14 +322,52 @@ def summarize(runs: Sequence[Run], kinds: Sequence[str] | None = None) -> Report
     per_kind = {kind: speedups({i for i, name in enumerate(kinds or ()) if name == kind})
                 for kind in dict.fromkeys(kinds or ())}
     per_prompt = [speedups({p}) for p in sorted({r.prompt for r in runs})]
-    best = max(per_k, key=lambda r: r.speedup, default=None)
+    fastest = max(per_k, key=lambda r: r.speedup, default=None)
     warning = ""
-    if best is None or best.speedup <= 1.0:
+    if fastest is None or fastest.speedup <= 1.0:
         warning = ("nothing beat the target alone on this machine: this pair is not worth "
                    "speculating on here (run with -k 0, or try a smaller draft)")
+    best, note = _recommend(per_k, fastest, runs) if not warning else (None, "")
     return Report(target_ms_per_token=target_one * 1000, baseline_tokens_per_second=baseline_tps,
-                  per_k=per_k, recommended=best.lookahead if best and not warning else None,
-                  warning=warning, runs=len(runs), per_kind=per_kind, per_prompt=per_prompt)
+                  per_k=per_k, recommended=best.lookahead if best else None, warning=warning,
+                  note=note, runs=len(runs), per_kind=per_kind, per_prompt=per_prompt)
+
+
+def _recommend(per_k: Sequence[KReport], fastest: KReport | None, runs: Sequence[Run]
+               ) -> tuple[KReport | None, str]:
+    """The fastest row, unless a row that adapts (ADAPTS) is within the noise of it: then that
+    one, and a note that says why."""
+    steady = next((r for name in ADAPTS for r in per_k if r.lookahead == name), None)
+    if fastest is None or steady is None or steady is fastest:
+        return fastest, ""
+    ratios = paired_ratios(runs, fastest.lookahead, steady.lookahead)
+    if beyond_noise(ratios):
+        return fastest, ""
+    spread = f"; run by run {min(ratios):.2f}-{max(ratios):.2f}x" if ratios else ""
+    return steady, (f"{variant_name(fastest.lookahead)} ran fastest ({fastest.speedup:.2f}x) "
+                    f"but not beyond the noise of {len(ratios)} runs against "
+                    f"{steady.lookahead} ({steady.speedup:.2f}x{spread}), which adapts to the "
+                    f"text as it goes; more prompts or --repeats can tell them apart")
+
+
+def paired_ratios(runs: Sequence[Run], a: Variant, b: Variant) -> list[float]:
+    """Speed of ``a`` over ``b``, run by run (the same prompt and repeat)."""
+    speed_b = {(r.prompt, r.repeat): r.tokens_per_second for r in runs if r.lookahead == b}
+    return [r.tokens_per_second / speed_b[(r.prompt, r.repeat)] for r in runs
+            if r.lookahead == a and speed_b.get((r.prompt, r.repeat), 0) > 0
+            and r.tokens_per_second > 0]
+
+
+def beyond_noise(ratios: Sequence[float]) -> bool:
+    """Whether ratios (paired runs) show a gain beyond their own noise (NOISE_SE)."""
+    if len(ratios) < MIN_PAIRED:
+        return False
+    logs = [math.log(x) for x in ratios]
+    return statistics.mean(logs) > NOISE_SE * statistics.stdev(logs) / math.sqrt(len(logs))
+
+
+def variant_name(variant: Variant) -> str:
+    return f"K={variant}" if isinstance(variant, int) else str(variant)
 
 
 def _explain(row: KReport, mine: Sequence[Run], base: Sequence[Run]) -> str:

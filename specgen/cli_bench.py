@@ -17,7 +17,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from specgen.bench import DEFAULT_VARIANTS, Report, Run, Variant
+from specgen.bench import DEFAULT_VARIANTS, Report, Run, Variant, variant_name
 from specgen.engine import Stats
 from specgen.errors import Interrupted
 from specgen.options import (
@@ -277,14 +277,10 @@ def _remembered_note(reports: list[Report]) -> Text:
     for report in reports:
         best = report.best()
         temperature = report.meta["params"]["temperature"]  # type: ignore[index]
-        what = "-k 0 (the target alone)" if best is None else _variant_name(best.lookahead)
+        what = "-k 0 (the target alone)" if best is None else variant_name(best.lookahead)
         parts.append(f"{what} at T={temperature}")
     return Text("specgen run will now use " + " and ".join(parts) + " for these models on "
                 "this machine, unless -k says otherwise", style="dim")
-
-
-def _variant_name(variant: Variant) -> str:
-    return f"K={variant}" if isinstance(variant, int) else variant
 
 
 def _write_outputs(reports: list[Report], json_path: Path | None, csv_path: Path | None,
@@ -333,14 +329,17 @@ def render(report: Report, pair: str | None, target: Path | None = None,
     if report.per_kind:
         parts.append(_kinds_table(report))
     parts.append(_chart(report))
-    notes = [f"K={r.lookahead}: {r.explanation}" for r in report.per_k if r.explanation]
+    notes = [f"{variant_name(r.lookahead)}: {r.explanation}" for r in report.per_k
+             if r.explanation]
     if notes:
         parts.append(Text("\n".join(notes), style="yellow"))
     if report.warning:
         parts.append(Text(f"warning: {report.warning}", style="bold red"))
     best = report.best()
+    if report.note:
+        parts.append(Text(report.note, style="yellow"))
     if best is not None:
-        name = f"K={best.lookahead}" if isinstance(best.lookahead, int) else best.lookahead
+        name = variant_name(best.lookahead)
         parts.append(Text.assemble(
             ("recommended: ", "bold"), (name, "bold green"),
             f" ({best.speedup:.2f}x the target alone; "

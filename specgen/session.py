@@ -402,7 +402,7 @@ def from_bench(choice: Choice, threads: int, gpu_layers: int, temperature: float
     that says where the K came from."""
     from dataclasses import replace
 
-    from specgen.bench import recall
+    from specgen.bench import recall, variant_name
     from specgen.core.speculative import MAX_LOOKAHEAD
 
     if not choice.drafts:
@@ -419,7 +419,7 @@ def from_bench(choice: Choice, threads: int, gpu_layers: int, temperature: float
         choice, k = replace(choice, ngram=False), variant
     else:
         return choice, None, ""
-    name = f"K={variant}" if isinstance(variant, int) else variant
+    name = variant_name(variant)
     note = (f"{name}: what `specgen bench` found best here ({found.get('date')}, "
             f"{float(found.get('speedup', 1.0)):.2f}x at T={found.get('temperature')}); "
             f"-k to choose another")
