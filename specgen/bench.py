@@ -32,6 +32,9 @@ DISAGREEMENT = 0.15
 # recommendation unless another row beats it beyond the noise of the runs (a fixed K, or prompt
 # lookup alone, that won on these prompts may lose on the user's own text).
 ADAPTS = ("hybrid", "auto")
+# An adaptive row whose draft model made fewer guesses than this (auto's probes where the draft
+# cannot pay) says so: its draft and c rest on them, and a first decode runs cold (slower).
+FEW_GUESSES = 20
 # Beyond the noise: over at least MIN_PAIRED runs, the mean of the log speed ratios run by run
 # (same prompt, same repeat) is more than NOISE_SE standard errors above 0. Sampled runs draw
 # other texts, and a busy machine slows a run by 10% and more, so a median over a few prompts
@@ -198,6 +201,7 @@ class KReport:
     mean_lookahead: float | None = None
     target_alone_share: float = 0.0
     ngram_share: float | None = None
+    paid_guesses: int = 0  # guesses of a draft model (not n-gram ones): what draft and c rest on
 
     @property
     def disagreement(self) -> float | None:
@@ -307,6 +311,7 @@ def summarize(runs: Sequence[Run], kinds: Sequence[str] | None = None) -> Report
             mean_lookahead=sum(n * c for n, c in k_counts.items()) / n_k if n_k else None,
             target_alone_share=k_counts.get(0, 0) / n_k if n_k else 0.0,
             ngram_share=by_ngram / drafted if drafted else None,
+            paid_guesses=int(drafted - by_ngram),
         )
         row.explanation = _explain(row, mine, base)
         per_k.append(row)

@@ -17,7 +17,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from specgen.bench import DEFAULT_VARIANTS, Report, Run, Variant, variant_name
+from specgen.bench import DEFAULT_VARIANTS, FEW_GUESSES, Report, Run, Variant, variant_name
 from specgen.engine import Stats
 from specgen.errors import Interrupted
 from specgen.options import (
@@ -417,6 +417,9 @@ def _adaptive_notes(report: Report) -> Text | None:
                 f"{row.target_alone_share:.0%} of cycles")
         if row.lookahead == "hybrid" and row.ngram_share is not None:
             line += f", {row.ngram_share:.0%} of guesses from n-grams"
+        if 0 < row.paid_guesses < FEW_GUESSES:
+            line += (f"; draft and c rest on {row.paid_guesses} draft-model "
+                     f"guess{'es' if row.paid_guesses > 1 else ''}")
         text.append(line + "\n")
     return text
 

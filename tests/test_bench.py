@@ -339,6 +339,31 @@ def test_a_row_that_adapts_is_recommended_unless_another_wins_beyond_the_noise(
     assert report.as_dict()["note"] == report.note
 
 
+def test_an_adaptive_row_says_when_its_draft_cost_rests_on_a_few_guesses() -> None:
+    """auto on a draft that cannot pay drafts only its probes: its draft and c rest on them."""
+    import io
+
+    from rich.console import Console
+
+    from specgen.cli_bench import render
+
+    def cannot_pay(prompt: int, k, seed: int) -> Stats:
+        stats = adaptive_runner(prompt, k, seed)
+        if k == "auto":
+            stats.n_drafted, stats.k_counts = 1, {0: 199, 1: 1}
+            stats.by_source = {"model": SourceStats(1, 1, 0)}
+        return stats
+
+    report = summarize(sweep(cannot_pay, 1, [2, "auto", "hybrid"], 1, seed=0))
+    rows = {row.lookahead: row for row in report.per_k}
+    assert rows["auto"].paid_guesses == 1 and rows["hybrid"].paid_guesses == 600
+    buf = io.StringIO()
+    Console(file=buf, width=200).print(render(report, "demo"))
+    lines = buf.getvalue().splitlines()
+    assert any("auto" in line and "rest on 1 draft-model guess" in line for line in lines)
+    assert not any("hybrid" in line and "rest on" in line for line in lines)
+
+
 def test_the_table_fits_80_columns_without_cutting_a_header() -> None:
     import io
 
