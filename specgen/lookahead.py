@@ -533,9 +533,17 @@ class AdaptiveLookahead:
         return Plan(offer, min(lookahead, offer.limit, room), probe=True)
 
     def _best_lookahead(self, offer: Offer, room: int, optimistic: bool) -> tuple[int, float]:
-        """The K in 1..limit with the most expected tokens per second, and that rate."""
+        """The K in 1..limit with the most expected tokens per second, and that rate.
+
+        ``optimistic``: what the offer could do at best, every guess surviving, and a verify
+        length not measured yet costing no more than the longest one measured (the pass never
+        gets cheaper as it grows, so that bounds it). The line through the lengths measured is
+        no bound: after the first cycles it runs through 1 and 2 tokens only, the steepest part
+        of the curve on a CPU, and made a draft that pays at K=10 look hopeless for good.
+        """
         guess = self.costs.guess(offer.source) or 0.0
         limit = min(offer.limit, room, self.max_lookahead)
+        measured = max(self.costs.verify_by_n) if optimistic else limit + 1
         if not offer.preview and not optimistic:
             longest = self._longest.get(offer.key, 0)
             limit = min(limit, max(GROWTH_FIRST, GROWTH_RATE * longest))
@@ -548,7 +556,7 @@ class AdaptiveLookahead:
         expected = expected_tokens_by_position(rates)
         best_k, best_rate = 0, 0.0
         for k in range(1, limit + 1):
-            verify = self.costs.verify(k + 1)
+            verify = self.costs.verify(min(k + 1, measured))
             assert verify is not None, "verify(1) was measured, so every n has an estimate"
             rate = expected[k] / (k * guess + verify)
             if rate > best_rate:

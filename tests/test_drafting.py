@@ -308,6 +308,24 @@ def test_auto_lookahead_finds_the_k_that_maximizes_tokens_per_second(accept, dra
     assert rate >= 0.95 * best
 
 
+def concave_verify(n: int) -> float:
+    """A CPU's verify pass where 2 tokens cost far more than 1 and each one more adds little
+    (the F32 SmolLM2 target here: 18.5 ms for 1 token, 25 for 2, 31 for 5, 48 for 9)."""
+    return 1.0 if n == 1 else 1.4 + 0.1 * (n - 2)
+
+
+def test_a_draft_that_pays_only_in_long_cycles_is_not_ruled_out_by_the_shortest_ones() -> None:
+    """The first cycles time verify passes of 1 and 2 tokens; the line through them makes long
+    passes look dear, and a draft that pays at K=11 (not at K=1) looked hopeless: speculation
+    stayed off for good (598 of 600 cycles, 0.84 of the best rate). What every guess surviving
+    could give is bounded with a pass never dearer than the longest one measured."""
+    best = max(exact_rate([0.99], k, 0.65, concave_verify) for k in range(1, 33))
+    assert exact_rate([0.99], 1, 0.65, concave_verify) < 1.0 < best  # pays only at long K
+    rate, chosen = simulate(AdaptiveLookahead(), [0.99], 0.65, concave_verify, cycles=600)
+    assert chosen.get(0, 0) < 30
+    assert rate >= 0.95 * best
+
+
 def test_auto_lookahead_turns_speculation_off_when_nothing_pays() -> None:
     # A draft that costs more than the target: even if every guess survived, K=0 is faster.
     rate, chosen = simulate(AdaptiveLookahead(), [1.0], draft=1.3, verify=cpu_verify)
