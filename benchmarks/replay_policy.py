@@ -8,8 +8,9 @@ a policy can be replayed over them cycle by cycle. Each cycle is charged what `-
 on this machine for these models (the costs it remembers: seconds per draft guess, the verify
 pass by length), and the policy learns from those same figures. What is left is the policy's
 own choice: the K it picks from what it has seen, against each fixed K, prompt by prompt, with
-none of the 5-10% that one run differs from the next on a shared machine. Draft-model guesses
-only (no prompt lookup); the 13 built-in bench prompts.
+none of the timing noise of real runs (on a shared 2-core machine the same K measured twice read
+0.94-1.14 of itself prompt by prompt). Draft-model guesses only (no prompt lookup); the 13
+built-in bench prompts.
 
     python benchmarks/replay_policy.py TARGET.gguf DRAFT.gguf [-k 2,4,8,12,16] [--chat]
         [--threads 2] [-n 128] [--costs FILE]

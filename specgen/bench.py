@@ -345,8 +345,8 @@ def _recommend(per_k: Sequence[KReport], fastest: KReport | None, runs: Sequence
     steady = next((r for name in ADAPTS for r in per_k if r.lookahead == name), None)
     if fastest is None or steady is None or steady is fastest:
         return fastest, ""
-    ratios = paired_ratios(runs, fastest.lookahead, steady.lookahead)
-    if beyond_noise(ratios):
+    ratios = _paired_ratios(runs, fastest.lookahead, steady.lookahead)
+    if _beyond_noise(ratios):
         return fastest, ""
     spread = f"; run by run {min(ratios):.2f}-{max(ratios):.2f}x" if ratios else ""
     return steady, (f"{variant_name(fastest.lookahead)} ran fastest ({fastest.speedup:.2f}x) "
@@ -355,7 +355,7 @@ def _recommend(per_k: Sequence[KReport], fastest: KReport | None, runs: Sequence
                     f"text as it goes; more prompts or --repeats can tell them apart")
 
 
-def paired_ratios(runs: Sequence[Run], a: Variant, b: Variant) -> list[float]:
+def _paired_ratios(runs: Sequence[Run], a: Variant, b: Variant) -> list[float]:
     """Speed of ``a`` over ``b``, run by run (the same prompt and repeat)."""
     speed_b = {(r.prompt, r.repeat): r.tokens_per_second for r in runs if r.lookahead == b}
     return [r.tokens_per_second / speed_b[(r.prompt, r.repeat)] for r in runs
@@ -363,7 +363,7 @@ def paired_ratios(runs: Sequence[Run], a: Variant, b: Variant) -> list[float]:
             and r.tokens_per_second > 0]
 
 
-def beyond_noise(ratios: Sequence[float]) -> bool:
+def _beyond_noise(ratios: Sequence[float]) -> bool:
     """Whether ratios (paired runs) show a gain beyond their own noise (NOISE_SE)."""
     if len(ratios) < MIN_PAIRED:
         return False
