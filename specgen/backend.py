@@ -20,6 +20,7 @@ import numpy as np
 
 from specgen import rpc
 from specgen.errors import BackendError, ContextFull, UserError
+from specgen.machine import default_threads
 
 _ALL_LAYERS = 2**31 - 1
 
@@ -46,12 +47,6 @@ def _init_backend(verbose: bool) -> None:
         llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
         llama_cpp.llama_backend_init()
         _backend_ready = True
-
-
-def default_threads() -> int:
-    """llama.cpp's habit: physical cores, approximated as half the logical CPUs above four."""
-    n = os.cpu_count() or 1
-    return n if n <= 4 else n // 2
 
 
 def system_info() -> str:

@@ -450,10 +450,10 @@ def write_csv(reports: Sequence[Report], path: Path) -> None:
 def memo_path(models: Sequence[str], machine: dict[str, object]) -> Path:
     """Where the bench result for these models (a pair name, or file keys) on this machine
     (CPU, llama.cpp build, threads, GPU layers) is kept."""
-    from specgen.fetch import cache_root, text_key
+    from specgen import store
 
-    key = text_key(json.dumps([list(models), machine], sort_keys=True, default=str))
-    return cache_root() / "bench" / f"{key}.json"
+    return store.path("bench", store.text_key(json.dumps([list(models), machine],
+                                                         sort_keys=True, default=str)))
 
 
 def mode_of(temperature: float) -> str:
@@ -462,9 +462,10 @@ def mode_of(temperature: float) -> str:
 
 def remember(path: Path, reports: Sequence[Report], when: str) -> None:
     """Keep each sampling mode's best variant (0: nothing paid) for `run` to use by default."""
-    try:
-        memo = json.loads(path.read_text())
-    except (OSError, ValueError):
+    from specgen import store
+
+    memo = store.read_json(path, {})
+    if not isinstance(memo, dict):
         memo = {}
     for report in reports:
         temperature = float(report.meta.get("params", {}).get("temperature", 0.0))  # type: ignore[union-attr]
@@ -475,19 +476,15 @@ def remember(path: Path, reports: Sequence[Report], when: str) -> None:
             "temperature": temperature, "date": when,
             "cost_ratio": best.cost_ratio if best is not None else None,
         }
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(memo, indent=1))
-    except OSError:
-        pass  # a read-only cache: nothing remembered, nothing broken
+    store.write_json(path, memo, indent=1)  # a read-only cache: nothing remembered
 
 
 def recall(path: Path, temperature: float) -> dict[str, object] | None:
     """What bench found for this sampling mode, or None when it never ran here."""
-    try:
-        found = json.loads(path.read_text()).get(mode_of(temperature))
-    except (OSError, ValueError, AttributeError):
-        return None
+    from specgen import store
+
+    memo = store.read_json(path)
+    found = memo.get(mode_of(temperature)) if isinstance(memo, dict) else None
     return found if isinstance(found, dict) and "variant" in found else None
 
 

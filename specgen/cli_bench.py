@@ -243,7 +243,7 @@ def _meta(choice: Choice, loaded: Pair, target_path: Path, draft_path: Path | No
           bench_run: _BenchRun, prompts_file: Path | None, local_head: bool
           ) -> dict[str, object]:
     from specgen import backend
-    from specgen.selftest import cpu_name
+    from specgen.machine import cpu_name
 
     return {
         "name": choice.pair.name if choice.pair else target_path.name,

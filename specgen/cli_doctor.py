@@ -58,13 +58,13 @@ def doctor(
 def facts(hub_timeout: float = 3.0, rpc: str | None = None) -> dict[str, Any]:
     """Everything doctor knows about this machine, as plain data."""
     from specgen import backend
-    from specgen.fetch import cache_root
+    from specgen.machine import cpu_flags, cpu_name, default_threads, physical_cores
     from specgen.registry import user_models_file
-    from specgen.selftest import cpu_flags, cpu_name
+    from specgen.store import cache_root
 
     info = backend.system_info()
     flags = cpu_flags().split()
-    cores = _physical_cores()
+    cores = physical_cores()
     return {
         "llama_cpp_python": backend.library_version(),
         "system_info": info,
@@ -77,7 +77,7 @@ def facts(hub_timeout: float = 3.0, rpc: str | None = None) -> dict[str, Any]:
         "cpu_lists_amx": "amx_tile" in flags,
         "logical_cpus": os.cpu_count(),
         "physical_cores": cores,
-        "default_threads": backend.default_threads(),
+        "default_threads": default_threads(),
         "self_test": _self_test(),
         "caches": {
             "your models.toml": _folder(user_models_file()),
@@ -140,16 +140,6 @@ def _backends(info: str) -> list[str]:
     names = [name for name in ("CUDA", "Metal", "Vulkan", "SYCL", "HIP", "OpenCL", "RPC",
                                "BLAS") if re.search(rf"\b{name}\b", info, re.IGNORECASE)]
     return ["CPU", *names]
-
-
-def _physical_cores() -> int | None:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return None
-    cores = {(p, c) for p, c in re.findall(r"physical id\s*:\s*(\d+)\n(?:.*\n)*?core id\s*:\s*"
-                                           r"(\d+)", text)}
-    return len(cores) or None
 
 
 def _hf_cache() -> str:

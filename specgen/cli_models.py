@@ -215,8 +215,8 @@ def check(
 @app.command()
 def path() -> None:
     """Where your own models.toml and specgen's caches live."""
-    from specgen.fetch import cache_root
     from specgen.registry import user_models_file
+    from specgen.store import cache_root
 
     try:
         from huggingface_hub import constants

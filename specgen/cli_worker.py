@@ -51,7 +51,8 @@ def worker(
     network you trust.
     """
     from specgen import backend
-    from specgen.fetch import cache_root
+    from specgen.machine import default_threads
+    from specgen.store import cache_root
 
     address = rpc.listen_address(host)
     endpoint = rpc.Endpoint(address, port)
@@ -64,7 +65,7 @@ def worker(
     cache_dir = cache_root() / "rpc" if cache else None
     if cache_dir is not None:
         cache_dir.mkdir(parents=True, exist_ok=True)
-    _banner(endpoint, backend.served_devices(), threads or backend.default_threads(), cache_dir)
+    _banner(endpoint, backend.served_devices(), threads or default_threads(), cache_dir)
     _show_server_events(verbose)
     server = threading.Thread(target=backend.serve_worker,
                               args=(str(endpoint), threads, str(cache_dir) if cache_dir else None),

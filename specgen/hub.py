@@ -257,16 +257,14 @@ def remote_sizes(files: list[tuple[str, str, str | None]], timeout: float = 5.0
     Answers are remembered in the specgen cache, so a second listing asks nothing; files that
     cannot be reached (offline, no network, a glob) are left out, and asked again after a day.
     """
-    import json
     import time
     from concurrent.futures import ThreadPoolExecutor
 
-    from specgen.fetch import cache_root
+    from specgen import store
 
-    memo_path = cache_root() / "hub-sizes.json"
-    try:
-        memo = json.loads(memo_path.read_text())
-    except (OSError, ValueError):
+    memo_path = store.cache_root() / "hub-sizes.json"
+    memo = store.read_json(memo_path, {})
+    if not isinstance(memo, dict):
         memo = {}
     key = {f: f"{f[0]}@{f[2] or 'main'}:{f[1]}" for f in files}
     now = time.time()
@@ -292,11 +290,7 @@ def remote_sizes(files: list[tuple[str, str, str | None]], timeout: float = 5.0
         with ThreadPoolExecutor(max_workers=8) as pool:
             for spec, size in pool.map(ask, wanted):
                 memo[key[spec]] = size if size is not None else {"failed_at": now}
-        try:
-            memo_path.parent.mkdir(parents=True, exist_ok=True)
-            memo_path.write_text(json.dumps(memo, indent=1, sort_keys=True))
-        except OSError:
-            pass
+        store.write_json(memo_path, memo, indent=1, sort_keys=True)
     return {f: memo[key[f]] for f in files if isinstance(memo.get(key[f]), int)}
 
 

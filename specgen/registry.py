@@ -264,21 +264,17 @@ def _verify(path: Path, sha256: str | None, label: str) -> None:
     """Check a file against its sha256 once; a stamp remembers files already checked."""
     if not sha256:
         return
-    from specgen.fetch import cache_root, sha256_of
+    from specgen import store
 
     real = path.resolve()
-    stamp = cache_root() / "verified" / f"{sha256.lower()}-{real.stat().st_size}"
-    if stamp.is_file() and stamp.read_text() == str(real):
+    stamp = store.path("verified", f"{sha256.lower()}-{real.stat().st_size}", suffix="")
+    if store.read_text(stamp) == str(real):
         return
-    if sha256_of(real) != sha256.lower():
+    if store.sha256_of(real) != sha256.lower():
         raise UserError(f"{label} does not match the sha256 in models.toml: the download is "
                         f"corrupt or the file changed upstream; delete {real} and pull again, "
                         f"or fix the sha256")
-    try:
-        stamp.parent.mkdir(parents=True, exist_ok=True)
-        stamp.write_text(str(real))
-    except OSError:
-        pass  # a read-only cache: verify again next time
+    store.write_text(stamp, str(real))  # a read-only cache: verify again next time
 
 
 def cached(spec: ModelSpec) -> Path | None:

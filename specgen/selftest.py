@@ -12,8 +12,6 @@ Run as ``python -m specgen.selftest FILE...`` it is the child.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import signal
 import subprocess
@@ -21,7 +19,9 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from specgen import store
 from specgen.errors import CpuUnsupported
+from specgen.machine import build_id, cpu_flags
 
 PORTABLE_CMAKE_ARGS = "-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
 REBUILD = (f'CMAKE_ARGS="{PORTABLE_CMAKE_ARGS}" pip install --force-reinstall --no-cache-dir '
@@ -45,44 +45,6 @@ class Verdict:
                 f"portable build ({REBUILD}), and report it if that crashes too")
 
 
-def cpu_flags() -> str:
-    """The CPU's feature flags (Linux), else what the platform says of the processor."""
-    return _cpuinfo(("flags", "Features"))
-
-
-def cpu_name() -> str:
-    """The CPU's model name (Linux), else what the platform says of the processor."""
-    return _cpuinfo(("model name",))
-
-
-def _cpuinfo(keys: tuple[str, ...]) -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(keys):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-
-    return platform.processor() or platform.machine()
-
-
-def build_id() -> str:
-    """What identifies the llama.cpp build in use: its shared libraries (path, size, mtime)."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("llama_cpp")
-    if spec is None or spec.origin is None:
-        return "no-llama-cpp"
-    parts = []
-    for lib in sorted((Path(spec.origin).parent / "lib").glob("*.so*")) + sorted(
-            (Path(spec.origin).parent / "lib").glob("*.dylib")):
-        if lib.is_file() and not lib.is_symlink():
-            info = lib.stat()
-            parts.append(f"{lib}:{info.st_size}:{info.st_mtime_ns}")
-    return "|".join(parts) or spec.origin
-
-
 def quant_types(paths: list[Path]) -> dict[str, Path]:
     """One file per quantization type (the smallest), read from the GGUF headers."""
     from specgen import gguf
@@ -100,18 +62,16 @@ def quant_types(paths: list[Path]) -> dict[str, Path]:
 
 
 def _stamp(types: list[str]) -> Path:
-    from specgen.fetch import cache_root
-
-    key = hashlib.sha256("\n".join([build_id(), cpu_flags(), *sorted(types)]).encode())
-    return cache_root() / "selftest" / f"{key.hexdigest()[:16]}.json"
+    return store.path("selftest", store.text_key("\n".join([build_id(), cpu_flags(),
+                                                             *sorted(types)])))
 
 
 def cached_verdict(paths: list[Path]) -> Verdict | None:
     """The cached verdict for these files' quantization types, or None if never tested."""
-    types = quant_types(paths)
+    found = store.read_json(_stamp(list(quant_types(paths))))
     try:
-        return Verdict(**json.loads(_stamp(list(types)).read_text()))
-    except (OSError, ValueError, TypeError):
+        return Verdict(**found) if isinstance(found, dict) else None
+    except TypeError:
         return None
 
 
@@ -148,11 +108,7 @@ def ensure_cpu_works(paths: list[Path], command: list[str] | None = None) -> Ver
                                         *map(str, types.values())])
         if verdict is None:
             return None
-        try:
-            stamp.parent.mkdir(parents=True, exist_ok=True)
-            stamp.write_text(json.dumps(asdict(verdict)))
-        except OSError:
-            pass  # a read-only cache: test again next time
+        store.write_json(stamp, asdict(verdict))  # a read-only cache: test again next time
     if not verdict.ok:
         raise CpuUnsupported(verdict.message())
     return verdict

@@ -11,14 +11,13 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specgen import compat
+from specgen import compat, store
 from specgen.backend import LlamaModel, ModelOptions, Vocabulary
 from specgen.chat import conversation, render_chat
 from specgen.core.speculative import DEFAULT_LOOKAHEAD, Lookahead
 from specgen.drafters import Drafter, HybridDrafter, ModelDrafter, NgramDrafter
 from specgen.engine import Finished, GenerationConfig, SpeculativeEngine, Stats, TextChunk
 from specgen.errors import UsageError, UserError
-from specgen.fetch import cache_root, file_key, text_key
 from specgen.interrupts import interruptible
 from specgen.lookahead import CostBook
 from specgen.prompts import Message
@@ -99,18 +98,14 @@ def _workers(rpc: str | None, pair: PairSpec | None) -> tuple[str, ...]:
 
 def check_fit(target: Vocabulary, draft: Vocabulary) -> None:
     """Refuse a draft whose vocabulary does not fit the target (result cached per file pair)."""
-    stamp = cache_root() / "compat" / file_key(target.path, draft.path)
+    stamp = store.path("compat", store.file_key(target.path, draft.path), suffix="")
     if stamp.is_file():
         return
     verdict = compat.check(target, draft)
     if not verdict:
         raise UserError(f"draft {draft.path.name} cannot serve target {target.path.name}: "
                         f"{verdict.reason}; pick a draft from the target's model family")
-    try:
-        stamp.parent.mkdir(parents=True, exist_ok=True)
-        stamp.write_text(f"{target.path}\n{draft.path}\n")
-    except OSError:
-        pass  # a read-only cache: check again next time
+    store.write_text(stamp, f"{target.path}\n{draft.path}\n")  # read-only: check next time
 
 
 @dataclass(frozen=True)
@@ -176,41 +171,30 @@ def costs_path(target: LlamaModel, draft: LlamaModel | None, options: PairOption
     threads, GPU layers and workers, are kept."""
     import json
 
-    from specgen.selftest import build_id, cpu_flags
+    from specgen.machine import build_id, cpu_flags
 
     files = [target.path] if draft is None else [target.path, draft.path]
     machine = [cpu_flags(), build_id(), target.n_threads, draft.n_threads if draft else 0,
                options.target_gpu_layers, options.draft_gpu_layers, list(options.workers),
                options.local_head]
-    key = file_key(*files) + "-" + text_key(json.dumps(machine, default=str))
-    return cache_root() / "costs" / f"{key}.json"
+    return store.path("costs", store.file_key(*files) + "-"
+                      + store.text_key(json.dumps(machine, default=str)))
 
 
 def load_costs(path: Path | None) -> CostBook:
     """The costs an earlier process kept at ``path`` (none, or unreadable: start afresh)."""
-    import json
-
     if path is None:
         return CostBook()
     try:
-        return CostBook.restore(json.loads(path.read_text()))
-    except (OSError, ValueError, TypeError, AttributeError):
+        return CostBook.restore(store.read_json(path, {}))
+    except (ValueError, TypeError, AttributeError):
         return CostBook()
 
 
 def save_costs(path: Path, costs: CostBook) -> None:
     """Keep ``costs`` at ``path`` (written whole, then renamed: a reader never sees half);
     a read-only cache only means the next process times again."""
-    import json
-    import os
-
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_suffix(f".{os.getpid()}.tmp")
-        partial.write_text(json.dumps(costs.snapshot()))
-        partial.replace(path)
-    except OSError:
-        pass
+    store.write_json(path, costs.snapshot())
 
 
 def bench_engines(pair: Pair, draft_p_min: float = 0.0) -> dict[str, SpeculativeEngine]:
@@ -382,9 +366,8 @@ def bench_memo(choice: Choice, threads: int, gpu_layers: int) -> Path:
     import os
     import platform
 
-    from specgen.backend import default_threads
     from specgen.bench import memo_path
-    from specgen.selftest import build_id, cpu_flags
+    from specgen.machine import build_id, cpu_flags, default_threads
 
     models = [choice.target.label(), choice.draft.label() if choice.draft else "-"]
     machine = {"cpu": platform.processor() or platform.machine(), "flags": cpu_flags(),
