@@ -12,9 +12,7 @@ from datetime import datetime
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-
-class ChatTemplateError(ValueError):
-    """The model has no chat template, or its template failed to render."""
+from specgen.errors import ChatTemplateError
 
 
 def _raise(message: str) -> None:

@@ -32,6 +32,7 @@ from specgen.core.speculative import (
 )
 from specgen.core.text import StopMatcher, StreamDecoder
 from specgen.drafters import Drafter, Model, Proposal, reuse_prefix_cache
+from specgen.errors import PromptTooLong
 from specgen.lookahead import (
     AdaptiveLookahead,
     CostBook,
@@ -42,10 +43,6 @@ from specgen.lookahead import (
 
 # New tokens per generation unless told otherwise (run, batches, the API, the server).
 DEFAULT_MAX_TOKENS = 256
-
-
-class PromptTooLong(ValueError):
-    """The prompt alone fills the context window."""
 
 
 @dataclass(frozen=True)

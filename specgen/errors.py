@@ -41,6 +41,14 @@ class CpuUnsupported(UserError):
     """This build of llama.cpp dies on this CPU (the self-test child was killed by a signal)."""
 
 
+class PromptTooLong(UserError):
+    """The prompt alone fills the context window."""
+
+
+class ChatTemplateError(UserError):
+    """The model has no chat template, or its template failed to render."""
+
+
 @dataclass(frozen=True)
 class Entry:
     """How one kind of error is shown: its message, the exit code, the HTTP status."""
@@ -61,38 +69,32 @@ def _os_error(err: BaseException) -> str:
     return f"{err.strerror or err}:{where}"
 
 
-def _table() -> dict[type[BaseException], Entry]:
-    # Imported here so that `specgen --help` does not pay for llama_cpp or jinja2.
-    from specgen.chat import ChatTemplateError
-    from specgen.engine import PromptTooLong
+def _text(err: BaseException) -> str:
+    return str(err)
 
-    def text(err: BaseException) -> str:
-        return str(err)
 
-    return {
-        UsageError: Entry(text, EXIT_USAGE, 400),
-        CpuUnsupported: Entry(text, EXIT_FAILED, 500),
-        UserError: Entry(text, EXIT_FAILED, 400),
-        PromptTooLong: Entry(text, EXIT_FAILED, 400),
-        ChatTemplateError: Entry(text, EXIT_FAILED, 400),
-        ContextFull: Entry(text, EXIT_FAILED, 400),
-        BackendError: Entry(text, EXIT_FAILED, 500),
-        FileNotFoundError: Entry(lambda e: f"file not found: {getattr(e, 'filename', '') or e}",
-                                 EXIT_FAILED, 404),
-        IsADirectoryError: Entry(lambda e: f"{getattr(e, 'filename', '')} is a folder, not a "
-                                           f"file", EXIT_FAILED, 400),
-        UnicodeDecodeError: Entry(lambda e: "the input is not valid UTF-8 text", EXIT_FAILED,
-                                  400),
-        OSError: Entry(_os_error, EXIT_FAILED, 500),
-    }
+# Looked up by the nearest class in an error's MRO: a UserError subclass without a row of its own
+# (a prompt too long for the context, a chat template that refuses it) is shown as UserError is.
+TABLE: dict[type[BaseException], Entry] = {
+    UsageError: Entry(_text, EXIT_USAGE, 400),
+    CpuUnsupported: Entry(_text, EXIT_FAILED, 500),
+    UserError: Entry(_text, EXIT_FAILED, 400),
+    ContextFull: Entry(_text, EXIT_FAILED, 400),
+    BackendError: Entry(_text, EXIT_FAILED, 500),
+    FileNotFoundError: Entry(lambda e: f"file not found: {getattr(e, 'filename', '') or e}",
+                             EXIT_FAILED, 404),
+    IsADirectoryError: Entry(lambda e: f"{getattr(e, 'filename', '')} is a folder, not a file",
+                             EXIT_FAILED, 400),
+    UnicodeDecodeError: Entry(lambda e: "the input is not valid UTF-8 text", EXIT_FAILED, 400),
+    OSError: Entry(_os_error, EXIT_FAILED, 500),
+}
 
 
 def lookup(err: BaseException) -> Entry | None:
     """The table's entry for an error (the nearest class it knows), or None for a bug."""
-    table = _table()
     for cls in type(err).__mro__:
-        if cls in table:
-            return table[cls]
+        if cls in TABLE:
+            return TABLE[cls]
     return None
 
 

@@ -11,10 +11,10 @@ from specgen.engine import (
     CycleDone,
     Finished,
     GenerationConfig,
-    PromptTooLong,
     SpeculativeEngine,
     TextChunk,
 )
+from specgen.errors import PromptTooLong
 from tests.fakes import FakeModel
 from tests.stats_helpers import pooled_chisquare_pvalue
 
