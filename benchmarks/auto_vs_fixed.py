@@ -55,9 +55,9 @@ def main() -> None:
 
     def run(k: int | str, prompt: list[int]) -> tuple[float, list[str]]:
         nonlocal remembered
-        engine = engines["alone" if k == 0 else "model"]
-        engine.costs = CostBook.restore(remembered) if args.remember and k == "auto" \
-            else CostBook()
+        way = engines["alone" if k == 0 else "model"]
+        engine = SpeculativeEngine(way.target, way.drafter, costs=CostBook.restore(remembered)
+                                   if args.remember and k == "auto" else CostBook())
         cycles = []
         config = GenerationConfig(lookahead=k, sampling=sampling, max_tokens=args.max_tokens,
                                   seed=0)

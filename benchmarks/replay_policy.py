@@ -31,20 +31,19 @@ from pathlib import Path
 import numpy as np
 
 from specgen.bench import BUILTIN_KINDS, BUILTIN_PROMPTS
+from specgen.drafters import TARGET_ALONE, Candidate
 from specgen.engine import CycleDone, GenerationConfig, SpeculativeEngine
 from specgen.lookahead import (
-    TARGET_ALONE,
     AdaptiveLookahead,
     CostBook,
-    Costs,
     FixedLookahead,
     LookaheadPolicy,
-    Offer,
+    PairProfile,
 )
 from specgen.options import RUN_SAMPLING
 from specgen.session import PairOptions, load_pair, prompt_tokens
 
-MODEL = Offer("model", "model", 1_000_000)
+MODEL = Candidate("model", "model", 1_000_000)
 
 
 def survivals(target, draft, prompt: list[int], max_tokens: int) -> list[int]:
@@ -65,15 +64,15 @@ def survivals(target, draft, prompt: list[int], max_tokens: int) -> list[int]:
     return runs[:-1]
 
 
-def replay(policy: LookaheadPolicy, runs: list[int], world: Costs, max_tokens: int
+def replay(policy: LookaheadPolicy, runs: list[int], world: PairProfile, max_tokens: int
            ) -> tuple[float, list[int]]:
     """Tokens per second of ``policy`` over one prompt's text, and the K of each cycle."""
     policy.begin()
     guess = world.guess("model") or 0.0
     m, seconds, chosen = 1, 0.0, []  # the prompt's own pass gives the first token
     while m < len(runs):
-        room = max_tokens - m - 1
-        plan = policy.plan([MODEL], room) if room > 0 else TARGET_ALONE
+        budget = max_tokens - m - 1
+        plan = policy.plan([MODEL], budget) if budget > 0 else TARGET_ALONE
         k = plan.lookahead
         kept = min(k, runs[m])
         draft_s, verify_s = k * guess, world.verify(k + 1) or 0.0
@@ -110,7 +109,7 @@ def main() -> None:
     alone = 1.0 / (world.verify(1) or 1.0)
     # The policy starts from what the costs file holds (as every run after the first does),
     # and carries what it learns from prompt to prompt, as one process would.
-    learned = Costs.restore(world.snapshot())
+    learned = PairProfile.restore(world.snapshot())
     rows: dict[str, list[float]] = {**{str(k): [] for k in fixed}, "auto": [], "auto/best": []}
     for kind, runs in zip(BUILTIN_KINDS, texts, strict=True):
         speed = {str(k): replay(FixedLookahead(k), runs, world, args.max_tokens)[0] / alone

@@ -19,8 +19,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from specgen.core.sampling import SamplingParams
-from specgen.core.speculative import Lookahead
 from specgen.engine import DEFAULT_MAX_TOKENS, GenerationConfig
+from specgen.lookahead import Lookahead
 from specgen.session import Choice, Pair, PairOptions, Prompt, Result
 
 DEFAULT_SAMPLING = SamplingParams()

@@ -23,9 +23,10 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from specgen.core.speculative import MAX_LOOKAHEAD, expected_tokens, predicted_speedup
-from specgen.engine import Stats
+from specgen.core.speculative import expected_tokens, predicted_speedup
 from specgen.errors import UserError
+from specgen.lookahead import MAX_LOOKAHEAD
+from specgen.stats import Stats
 
 DISAGREEMENT = 0.15
 # The rows that adapt to the text as it goes, the most general first: one of them is the

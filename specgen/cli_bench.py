@@ -18,7 +18,6 @@ from rich.table import Table
 from rich.text import Text
 
 from specgen.bench import DEFAULT_VARIANTS, FEW_GUESSES, Report, Run, Variant, variant_name
-from specgen.engine import Stats
 from specgen.errors import Interrupted
 from specgen.options import (
     RUN_SAMPLING,
@@ -34,6 +33,7 @@ from specgen.options import (
     ThreadsOpt,
     VerboseOpt,
 )
+from specgen.stats import Stats
 
 if TYPE_CHECKING:
     from specgen.session import Choice, Pair
@@ -198,16 +198,16 @@ class _BenchRun:
         from dataclasses import replace
 
         from specgen.bench import sweep
-        from specgen.engine import Finished, GenerationConfig
+        from specgen.engine import Finished, GenerationConfig, SpeculativeEngine
         from specgen.lookahead import CostBook
 
         sampling = replace(RUN_SAMPLING, temperature=temperature)
 
         def run_one(prompt: int, k: Variant, run_seed: int) -> Stats:
-            engine = self.engines["alone" if k == 0 else k if isinstance(k, str) else "model"]
+            way = self.engines["alone" if k == 0 else k if isinstance(k, str) else "model"]
             adaptive = isinstance(k, str)
-            engine.costs = CostBook.restore(self.remembered.snapshot()) if adaptive \
-                else CostBook()
+            engine = SpeculativeEngine(way.target, way.drafter,
+                                       costs=self.remembered.copy() if adaptive else CostBook())
             config = GenerationConfig(lookahead="auto" if adaptive else k, sampling=sampling,
                                       max_tokens=self.max_tokens, seed=run_seed)
             for event in engine.generate(self.encoded[prompt], config):

@@ -19,9 +19,9 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from specgen.core.speculative import Lookahead
 from specgen.engine import DEFAULT_MAX_TOKENS
 from specgen.errors import EXIT_FAILED, EXIT_INTERRUPTED, Interrupted, UsageError
+from specgen.lookahead import Lookahead
 from specgen.options import (
     OUTPUT,
     PERFORMANCE,

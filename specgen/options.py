@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from specgen.core.sampling import SamplingParams
-from specgen.core.speculative import MAX_LOOKAHEAD, Lookahead, parse_lookahead
+from specgen.lookahead import LOOKAHEAD_RANGE, Lookahead, parse_lookahead
 from specgen.prompts import MAX_SEED
 
 MODELS, SAMPLING, OUTPUT, PERFORMANCE = "Models", "Sampling", "Output", "Performance"
@@ -50,8 +50,7 @@ def _lookahead(text: str) -> Lookahead:
     try:
         return parse_lookahead(text)
     except ValueError as err:
-        raise typer.BadParameter(f"{text!r} is not 'auto' or a K from 0 to {MAX_LOOKAHEAD}")\
-            from err
+        raise typer.BadParameter(f"{text!r} is not {LOOKAHEAD_RANGE}") from err
 
 
 PairOpt = Annotated[str | None, typer.Option(

@@ -17,8 +17,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from specgen.core.speculative import DEFAULT_LOOKAHEAD, MAX_LOOKAHEAD, Lookahead
 from specgen.errors import UsageError, UserError
+from specgen.lookahead import DEFAULT_LOOKAHEAD, Lookahead, check_lookahead
 
 ROLES = ("target", "draft")
 # Pairs draft by n-grams beside their draft model (hybrid) unless models.toml says ngram = false.
@@ -210,11 +210,8 @@ def _pair(name: str, table: Any, source: str) -> PairSpec:
     for role in ROLES:
         if role not in table:
             raise ValueError(f"{where} has no {role}")
-    lookahead = table.get("lookahead", DEFAULT_LOOKAHEAD)
-    if lookahead != "auto" and (not isinstance(lookahead, int) or isinstance(lookahead, bool)
-                                or not 0 <= lookahead <= MAX_LOOKAHEAD):
-        raise ValueError(f"{where}: 'lookahead' must be \"auto\" or a whole number from 0 to "
-                         f"{MAX_LOOKAHEAD}")
+    lookahead = check_lookahead(table.get("lookahead", DEFAULT_LOOKAHEAD),
+                                f"{where}: 'lookahead'")
     for key in ("chat", "ngram"):
         if key in table and not isinstance(table[key], bool):
             raise ValueError(f"{where}: '{key}' must be true or false")

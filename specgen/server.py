@@ -34,10 +34,11 @@ from prometheus_client import (
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from specgen.api import Settings, Specgen
-from specgen.engine import DEFAULT_MAX_TOKENS, Stats
+from specgen.engine import DEFAULT_MAX_TOKENS
 from specgen.errors import lookup
 from specgen.prompts import MAX_SEED
 from specgen.session import Result
+from specgen.stats import Stats
 
 MAX_BODY = 1 << 20
 # How often a non-streaming request looks for its client having gone away.

@@ -14,15 +14,15 @@ from pathlib import Path
 from specgen import compat, store
 from specgen.backend import LlamaModel, ModelOptions, Vocabulary
 from specgen.chat import conversation, render_chat
-from specgen.core.speculative import DEFAULT_LOOKAHEAD, Lookahead
-from specgen.drafters import Drafter, HybridDrafter, ModelDrafter, NgramDrafter
-from specgen.engine import Finished, GenerationConfig, SpeculativeEngine, Stats, TextChunk
+from specgen.drafters import Drafter, HybridDrafter, ModelDrafter, NgramDrafter, make_drafter
+from specgen.engine import Finished, GenerationConfig, SpeculativeEngine, TextChunk
 from specgen.errors import UsageError, UserError
 from specgen.interrupts import interruptible
-from specgen.lookahead import CostBook
+from specgen.lookahead import DEFAULT_LOOKAHEAD, CostBook, Lookahead, is_lookahead
 from specgen.prompts import Message
 from specgen.registry import NGRAM, ModelSpec, PairSpec, Registry
 from specgen.rpc import parse_endpoints, probe
+from specgen.stats import Stats
 
 
 @dataclass(frozen=True)
@@ -151,18 +151,14 @@ class Pair:
         self._saved = self.costs.observations
 
     def drafter(self, draft_p_min: float = 0.0) -> Drafter | None:
-        if self.draft is None:
-            return NgramDrafter() if self.ngram else None
-        model = ModelDrafter(self.draft, draft_p_min)
-        return HybridDrafter(model) if self.ngram else model
+        return make_drafter(self.draft, self.ngram, draft_p_min)
 
     def engine(self, draft_p_min: float = 0.0) -> SpeculativeEngine:
         """The pair's engine, kept from one generation to the next, so the costs ``-k auto``
         learns carry over (a batch or a server pays the learning once)."""
         if draft_p_min not in self._engines:
-            engine = SpeculativeEngine(self.target, self.drafter(draft_p_min))
-            engine.costs = self.costs
-            self._engines[draft_p_min] = engine
+            self._engines[draft_p_min] = SpeculativeEngine(
+                self.target, self.drafter(draft_p_min), costs=self.costs)
         return self._engines[draft_p_min]
 
 
@@ -386,7 +382,6 @@ def from_bench(choice: Choice, threads: int, gpu_layers: int, temperature: float
     from dataclasses import replace
 
     from specgen.bench import recall, variant_name
-    from specgen.core.speculative import MAX_LOOKAHEAD
 
     if not choice.drafts:
         return choice, None, ""
@@ -398,7 +393,7 @@ def from_bench(choice: Choice, threads: int, gpu_layers: int, temperature: float
         choice, k = replace(choice, draft=None, ngram=True), "auto"
     elif variant == "hybrid":
         choice, k = replace(choice, ngram=True), "auto"
-    elif variant == "auto" or (isinstance(variant, int) and 0 <= variant <= MAX_LOOKAHEAD):
+    elif is_lookahead(variant):
         choice, k = replace(choice, ngram=False), variant
     else:
         return choice, None, ""

@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
-from specgen.engine import Stats
+from specgen.stats import Stats
 
 REFRESH_PER_SECOND = 4
 

@@ -2,11 +2,12 @@
 
 Because the logits hash the *whole* cache, a rollback that leaves a stale token behind changes
 every later distribution, so the engine tests catch cache bugs without loading any weights.
+Time is a ``FakeClock`` that the fake models advance as a real decode would take time, so what
+``-k auto`` measures is exact and the same on every machine, and no test sleeps.
 """
 
 from __future__ import annotations
 
-import time
 import zlib
 
 import numpy as np
@@ -14,14 +15,29 @@ import numpy as np
 PIECES = [bytes([ord("a") + i]) for i in range(12)] + [b" ", b"\n", b"\xc3", b"\xa9"]
 
 
+class FakeClock:
+    """Seconds that pass only when a fake model decodes (or a test says so)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
 class FakeModel:
     def __init__(self, n_vocab: int = 16, n_ctx: int = 512, salt: int = 0, noise: float = 0.0,
                  sharpness: float = 2.0, eog: int | None = None, call_seconds: float = 0.0,
-                 token_seconds: float = 0.0) -> None:
+                 token_seconds: float = 0.0, clock: FakeClock | None = None) -> None:
         self.n_vocab, self.n_ctx = n_vocab, n_ctx
         # A real decode costs a fixed amount per call plus a little per token (a batch is cheap
-        # per token): sleeping so makes the adaptive lookahead's measurements meaningful.
+        # per token): each decode advances ``clock`` so, which makes what the adaptive lookahead
+        # measures meaningful.
         self.call_seconds, self.token_seconds = call_seconds, token_seconds
+        self.clock = clock if clock is not None else FakeClock()
         self.salt, self.noise, self.sharpness, self.eog = salt, noise, sharpness, eog
         self.cache: list[int] = []
         self.decode_calls: list[tuple[int, int]] = []
@@ -44,8 +60,7 @@ class FakeModel:
     def decode(self, tokens: list[int], n_logits: int = 1) -> np.ndarray:
         assert self.n_past + len(tokens) <= self.n_ctx, "decode past the context"
         self.decode_calls.append((len(tokens), n_logits))
-        if self.call_seconds or self.token_seconds:
-            time.sleep(self.call_seconds + self.token_seconds * len(tokens))
+        self.clock.advance(self.call_seconds + self.token_seconds * len(tokens))
         rows = []
         for token in tokens:
             self.cache.append(token)

@@ -15,8 +15,8 @@ import pytest
 
 from specgen.bench import CSV_FIELDS, load_prompts, parse_lookaheads, summarize, sweep
 from specgen.core.speculative import expected_tokens
-from specgen.engine import SourceStats, Stats
 from specgen.errors import UserError
+from specgen.stats import SourceStats, Stats
 from tests.conftest import with_models_cache
 
 DRAFT, TARGET = 1.0, 4.0  # seconds per token, fake

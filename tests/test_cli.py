@@ -302,7 +302,7 @@ def test_help_into_a_closed_pipe_exits_0() -> None:
 
 
 def test_one_cycle_is_singular() -> None:
-    from specgen.engine import Stats
+    from specgen.stats import Stats
     from specgen.view import stats_text
 
     stats = Stats(lookahead=0, seed=1, speculative=False)
@@ -312,7 +312,7 @@ def test_one_cycle_is_singular() -> None:
 
 
 def test_final_stats_fit_80_columns() -> None:
-    from specgen.engine import SourceStats, Stats
+    from specgen.stats import SourceStats, Stats
     from specgen.view import stats_text
 
     stats = Stats(lookahead="auto", seed=4294967295, n_prompt=1234, prompt_seconds=0.5,

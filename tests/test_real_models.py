@@ -10,9 +10,9 @@ import pytest
 
 from specgen.backend import LlamaModel, ModelOptions
 from specgen.core.sampling import SamplingParams, warp
-from specgen.drafters import HybridDrafter, ModelDrafter, NgramDrafter
+from specgen.drafters import TARGET_ALONE, HybridDrafter, ModelDrafter, NgramDrafter
 from specgen.engine import CycleDone, Finished, GenerationConfig, SpeculativeEngine
-from specgen.lookahead import TARGET_ALONE, AdaptiveLookahead, Costs
+from specgen.lookahead import AdaptiveLookahead, PairProfile
 from tests.stats_helpers import pooled_chisquare_pvalue
 
 pytestmark = pytest.mark.slow
@@ -266,9 +266,9 @@ def test_auto_remembers_its_costs_for_the_next_process(smollm2_target: Path,
     # on fakes): no timing of the target or the draft, unlike a fresh start.
     assert again.engine().costs is again.costs
     greedy = again.costs.greedy
-    assert greedy.verify_by_n[1].count >= 2 and greedy.timings("model") >= 2
-    offers = again.drafter().offers([1, 2, 3])
-    assert AdaptiveLookahead(Costs()).plan(offers, 100) == TARGET_ALONE
+    assert greedy.verify_by_n[1].count >= 2 and greedy.guess_timed("model")
+    candidates = again.drafter().candidates([1, 2, 3])
+    assert AdaptiveLookahead(PairProfile()).plan(candidates, 100) == TARGET_ALONE
 
     sampled = GenerationConfig(lookahead="auto", sampling=SamplingParams(temperature=0.8),
                                max_tokens=16, seed=1)

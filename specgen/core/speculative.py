@@ -17,29 +17,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 from operator import mul
-from typing import Literal
 
 import numpy as np
 
 from specgen.core.sampling import Dist, sample
-
-# A lookahead as asked for: a fixed K, or "auto" (chosen before each cycle from past cycles).
-Lookahead = int | Literal["auto"]
-# K when nothing else says (a named pair's own comes first): auto, which matched or beat the
-# best fixed K on the demo pairs and never runs much slower than the target alone.
-DEFAULT_LOOKAHEAD: Lookahead = "auto"
-# The largest K anyone may ask for (the CLI, models.toml and the adaptive policy share it).
-MAX_LOOKAHEAD = 64
-
-
-def parse_lookahead(text: str) -> Lookahead:
-    """``"auto"`` or a whole number from 0 to MAX_LOOKAHEAD; ValueError otherwise."""
-    if text.strip().lower() == "auto":
-        return "auto"
-    value = int(text)
-    if not 0 <= value <= MAX_LOOKAHEAD:
-        raise ValueError(f"K must be from 0 to {MAX_LOOKAHEAD}")
-    return value
 
 
 @dataclass(frozen=True)
@@ -105,6 +86,12 @@ def verify_greedy(guesses: Sequence[int], target_argmax: Callable[[int], int]) -
         if token != best:
             return Verdict(i, best)
     return Verdict(len(guesses), target_argmax(len(guesses)))
+
+
+def judged_guesses(drafted: int, accepted: int) -> int:
+    """How many of a cycle's guesses the target judged: the kept ones and the first rejected
+    one; guesses after a rejection are drafted but never judged."""
+    return min(drafted, accepted + 1)
 
 
 def expected_tokens(alpha: float, lookahead: int) -> float:

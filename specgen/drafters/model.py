@@ -1,0 +1,130 @@
+"""A small draft model with its own KV cache: it drafts by sampling from its q."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from specgen.core.sampling import Dist, SamplingParams, sample, warp
+from specgen.drafters.base import (
+    Candidate,
+    FollowUp,
+    Model,
+    NgramTail,
+    Proposal,
+    reuse_prefix_cache,
+)
+from specgen.stats import Clock
+
+# A draft model that fell behind (speculation off, or n-grams drafting) reads at most this many
+# of the tokens it missed, the latest.
+CATCH_UP_WINDOW = 32
+
+
+class ModelDrafter:
+    """A small draft model with its own KV cache; it drafts by sampling from its q.
+
+    ``p_min`` stops a cycle's drafting early when the draft is unsure of its next guess. It looks
+    at q only, before drawing: a rule that looked at the drawn guess would keep guesses from a
+    distribution other than q, and bias the output. ``clock`` times the draft's reading of text
+    it had not seen (the prompt, or what it missed), which is not a cost of its guesses.
+    """
+
+    def __init__(self, model: Model, p_min: float = 0.0, clock: Clock = time.perf_counter
+                 ) -> None:
+        if not 0.0 <= p_min < 1.0:
+            raise ValueError("draft_p_min must be in [0, 1)")
+        self.model = model
+        self.p_min = p_min
+        self.clock = clock
+        self._base = 0
+        self._context: Sequence[int] = ()  # the engine's live context, as last seen
+        # Context tokens the draft skipped when it caught up (its cache holds the context
+        # minus those): its cache position i holds context token i + _skipped past the gap.
+        self._skipped = 0
+        # The prompt not yet read: (what the cache holds, what it should hold).
+        self._unread: tuple[list[int], list[int]] | None = None
+
+    def begin(self, prompt: Sequence[int], reuse_prefix: bool = False) -> None:
+        # The engine holds the prompt's last token back to open cycle one; so does the draft.
+        held = self._holds() if reuse_prefix else []
+        self._unread = (held, list(prompt[:-1]))
+        self._context, self._skipped = (), 0
+
+    def _holds(self) -> list[int]:
+        """The tokens the cache holds from its start ([] where unknown: it has a gap)."""
+        if self._unread is not None:  # a generation that never drafted left it as it was
+            return self._unread[0]
+        return [] if self._skipped else list(self._context[: self.model.n_past])
+
+    def candidates(self, context: Sequence[int]) -> list[Candidate]:
+        room = self.model.n_ctx - (len(context) - self._skipped) + 1
+        return [Candidate("model", "model", room)] if room > 0 else []
+
+    def propose(self, context: Sequence[int], candidate: Candidate, k: int,
+                sampling: SamplingParams, rng: np.random.Generator,
+                follow: FollowUp | None = None) -> Proposal:
+        """Up to ``k`` guesses; after each, ``follow`` may finish the run with free guesses."""
+        model, out = self.model, Proposal()
+        if self._unread is not None:
+            started = self.clock()
+            reuse_prefix_cache(model, *self._unread)
+            self._unread = None
+            out.prompt_seconds = self.clock() - started
+        self._base = len(context)
+        self._context = context
+        # Catch up on what was accepted since this draft last ran (one batch), then one token a
+        # step: the last guess is never decoded, since nothing would read its logits. Usually
+        # that is the last cycle's drawn token (and its last kept guess); anything more is text
+        # the target decoded alone or took from n-grams, read in a batch of its own and timed
+        # apart. Of a long stretch only the last CATCH_UP_WINDOW tokens are read: reading costs
+        # the draft about what verifying it cost the target, and the draft's guesses need not
+        # come from the whole text to be exact, only from the q they report.
+        feed = list(context[model.n_past + self._skipped :])
+        if len(feed) > 2:
+            skip = max(0, len(feed) - 1 - CATCH_UP_WINDOW)
+            self._skipped += skip
+            started = self.clock()
+            model.decode(feed[skip:-1], 0)
+            out.catch_up_seconds = self.clock() - started
+            feed = feed[-1:]
+        for i in range(k):
+            logits = model.decode(feed, 1)[0]
+            if sampling.greedy:
+                if self.p_min and _top_probability(logits) < self.p_min:
+                    break
+                guess = int(np.argmax(logits))
+            else:
+                dist = warp(logits, sampling)
+                if self.p_min and float(dist.probs.max()) < self.p_min:
+                    break
+                guess = sample(dist, rng)
+                out.q.append(dist)
+            out.tokens.append(guess)
+            # A guess past the end of generation would never be printed: stop drafting there.
+            if model.is_eog(guess) or i == k - 1:
+                break
+            # The rest from a match is a point mass that depends only on the text before it,
+            # as every guess's q may: still exact.
+            match = follow(context, out.tokens) if follow is not None else None
+            if match is not None:
+                extra = list(match.preview[: k - len(out.tokens)])
+                out.tokens += extra
+                out.q += [] if sampling.greedy else [Dist.one_hot(t) for t in extra]
+                out.ngram_tail = NgramTail(match, len(extra))
+                break
+            feed = [guess]
+        return out
+
+    def rollback_to(self, n_accepted: int) -> None:
+        # The context grows by the kept guesses and one drawn token, which the draft has not
+        # seen: keep the kept guesses it already holds, drop the rest.
+        self.model.rollback(min(self.model.n_past, self._base - self._skipped + n_accepted))
+
+
+def _top_probability(logits: np.ndarray) -> float:
+    """softmax(logits).max(), without building the softmax."""
+    shifted = logits - logits.max()
+    return float(1.0 / np.exp(shifted, dtype=np.float64).sum())

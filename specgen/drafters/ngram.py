@@ -1,0 +1,75 @@
+"""Prompt lookup: find the text's last few tokens earlier on, guess what followed them."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from specgen.core.sampling import Dist, SamplingParams
+from specgen.drafters.base import Candidate, Proposal
+
+# N-gram lookup: the longest suffix of the text tried first, down to a single token.
+NGRAM_MAX, NGRAM_MIN = 4, 1
+# The longest continuation an n-gram candidate reads out of the earlier text.
+NGRAM_SPAN = 32
+
+
+class NgramDrafter:
+    """Prompt lookup: find the text's last few tokens earlier on, guess what followed them.
+
+    The longest suffix (NGRAM_MAX tokens, down to NGRAM_MIN) that occurred before wins; of its
+    occurrences, the most recent. A guess is certain (q is a point mass), so in sampling mode it
+    survives with probability p(guess), and a rejection draws from p without it: still exact.
+    The index of n-grams grows with the text and costs microseconds per cycle.
+    """
+
+    def __init__(self) -> None:
+        self.begin(())
+
+    def begin(self, prompt: Sequence[int], reuse_prefix: bool = False) -> None:
+        self._index: dict[tuple[int, ...], int] = {}
+        self._indexed = 0
+
+    def _extend_index(self, context: Sequence[int]) -> None:
+        # Every n-gram that ends before the context's last token, mapped to its latest end.
+        for end in range(self._indexed, len(context) - 1):
+            for n in range(NGRAM_MIN, NGRAM_MAX + 1):
+                if end + 1 >= n:
+                    self._index[tuple(context[end + 1 - n : end + 1])] = end
+        self._indexed = max(self._indexed, len(context) - 1)
+
+    def lookup(self, context: Sequence[int], guesses: Sequence[int] = ()) -> tuple[int, int]:
+        """(match length, end of the earlier occurrence) of the longest suffix seen before.
+
+        ``guesses`` (not yet verified) extend the suffix looked for, never the index."""
+        self._extend_index(context)
+        tail = [*context[-NGRAM_MAX:], *guesses]
+        for n in range(min(NGRAM_MAX, len(context) + len(guesses) - 1), NGRAM_MIN - 1, -1):
+            end = self._index.get(tuple(tail[-n:]))
+            if end is not None:
+                return n, end
+        return 0, -1
+
+    def candidates(self, context: Sequence[int], guesses: Sequence[int] = ()
+                   ) -> list[Candidate]:
+        n, end = self.lookup(context, guesses)
+        if not n:
+            return []
+        # What followed the earlier occurrence, up to the end of the text (and its guesses)...
+        follows = (*context[end + 1 : end + 1 + NGRAM_SPAN], *guesses)[:NGRAM_SPAN]
+        # ...and on from there as the text did after it: a text that repeats itself every P
+        # tokens (the match lies P back) is guessed to go on doing so.
+        period = len(context) + len(guesses) - 1 - end
+        preview = tuple(follows[i % period] for i in range(NGRAM_SPAN)) \
+            if period < NGRAM_SPAN else follows
+        return [Candidate("ngram", f"ngram{n}", len(preview), preview, match_length=n)]
+
+    def propose(self, context: Sequence[int], candidate: Candidate, k: int,
+                sampling: SamplingParams, rng: np.random.Generator) -> Proposal:
+        tokens = list(candidate.preview[:k])
+        q = [] if sampling.greedy else [Dist.one_hot(t) for t in tokens]
+        return Proposal(tokens, q)
+
+    def rollback_to(self, n_accepted: int) -> None:
+        """The index follows the context itself; nothing to roll back."""

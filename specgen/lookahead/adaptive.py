@@ -1,0 +1,186 @@
+"""``-k auto``: before each cycle, the source and K with the most expected tokens per second.
+
+For each candidate it reads the acceptance by position a_1, a_2, ... learned so far
+(``acceptance``) and the costs (``costs``: seconds per guess, the verify pass by length), and
+picks the K that maximizes
+
+    E[tokens](K) / (K * guess cost + verify(K + 1)),   E[tokens](K) = 1 + sum_j prod_{i<=j} a_i
+
+(Leviathan et al. 2023, Chen et al. 2023, with per-position rates). K = 0, the target alone,
+wins when nothing pays; then ``explore`` decides when a source left alone is tried again. The
+policy sees only what past cycles measured, never the cycle it decides, so the output stays
+exact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from specgen.core.speculative import expected_tokens_by_position
+from specgen.drafters.base import TARGET_ALONE, Candidate, NgramTail, Plan, model_guesses
+from specgen.lookahead.acceptance import FIRST_PRIOR, TYPICAL_MEMORY, Acceptance
+from specgen.lookahead.costs import PairProfile
+from specgen.lookahead.explore import EXPLORE_LOOKAHEAD, TIMING_LOOKAHEAD, Exploration
+
+# The longest cycle ``auto`` plans: past this the verify pass's cost is extrapolated too far.
+AUTO_MAX_LOOKAHEAD = 32
+# A cycle of a draft model's guesses is a bet: K draft steps are spent whether the guesses
+# survive or not, and past the longest run this text has shown survive, acceptance is known from
+# other texts only. So K for a model's guesses is at most GROWTH_RATE times that run (from
+# GROWTH_FIRST): on a CPU the rate is nearly flat past K = 8-12 when every guess survives, so the
+# ramp costs little, while one long cycle that fails early costs as much as several short ones.
+GROWTH_FIRST, GROWTH_RATE = 8, 2
+
+
+class AdaptiveLookahead:
+    """``-k auto``: the source and K with the most expected tokens per second, from past cycles.
+
+    ``profile`` is what is known of the pair (costs, typical acceptance) and outlives the
+    generation; everything else is this generation's and starts afresh in ``begin``.
+    """
+
+    def __init__(self, profile: PairProfile | None = None,
+                 max_lookahead: int = AUTO_MAX_LOOKAHEAD) -> None:
+        self.profile = profile if profile is not None else PairProfile()
+        self.max_lookahead = max_lookahead
+        self.begin()
+
+    def begin(self) -> None:
+        """A new generation: acceptance is a fact of the text, so start it afresh."""
+        self.acceptance: dict[str, Acceptance] = {}
+        self.exploration = Exploration()
+        self._source_of: dict[str, str] = {}
+        self._longest: dict[str, int] = {}  # key -> most guesses kept in one cycle
+
+    def plan(self, candidates: Sequence[Candidate], budget: int) -> Plan:
+        """This cycle's plan, for at most ``budget`` guesses (tokens left in the budget and the
+        context)."""
+        exploration = self.exploration
+        exploration.cycle += 1
+        if not candidates or budget <= 0:
+            return TARGET_ALONE
+        # 1. The first two cycles time the target alone (the first one runs cold).
+        alone = self.profile.verify_by_n.get(1)
+        if alone is None or not alone.warm:
+            return TARGET_ALONE
+        alone_rate = 1.0 / alone.mean
+        speed = self.profile.speed_matches_remembered()
+        if speed == "no":
+            self.profile.forget_remembered()
+        # 2. The best plan among candidates whose costs are known. Free guesses (an n-gram's
+        #    continuation) cost a lookup; a draft model is timed twice (its first step runs
+        #    cold) before its costs are trusted.
+        timed = [c for c in candidates if c.preview or self.profile.guess_timed(c.source)]
+        best, best_rate = TARGET_ALONE, alone_rate
+        for candidate in timed:
+            if candidate.acceptance_key in exploration.ruled_out:
+                continue
+            k, rate = self._best_lookahead(candidate, budget, optimistic=False)
+            if rate > best_rate:
+                best, best_rate = Plan(candidate, k), rate
+        # 3. A source not yet timed (a draft model) is timed once nothing timed pays, so it is
+        #    not run while prompt lookup does well.
+        untimed = [c for c in candidates if c not in timed]
+        if untimed and not best.lookahead:
+            return self._explore(untimed[0], budget, TIMING_LOOKAHEAD)
+        # 4. A candidate left alone for a while that would win if its guesses survived (the
+        #    draft model while speculation is off) is explored instead.
+        chosen = best.candidate.acceptance_key if best.candidate else None
+        for candidate in timed:
+            if not exploration.due(candidate, chosen):
+                continue
+            _, hope = self._best_lookahead(candidate, budget, optimistic=True)
+            verdict = exploration.judge(candidate, hope, alone_rate, best_rate, speed,
+                                        self.profile)
+            if verdict == "time":
+                return self._explore(candidate, budget, TIMING_LOOKAHEAD)
+            if verdict == "explore":
+                return self._explore(candidate, budget)
+        exploration.settled(best.candidate)
+        return best
+
+    def _explore(self, candidate: Candidate, budget: int, lookahead: int = EXPLORE_LOOKAHEAD
+                 ) -> Plan:
+        # What was learned about this candidate before is stale: exploring starts it afresh,
+        # and its own evidence speaks for it from then on (the typical acceptance is what ruled
+        # it out).
+        key = candidate.acceptance_key
+        self.acceptance.pop(key, None)
+        self.exploration.explored.add(key)
+        self.exploration.tried(key)
+        return Plan(candidate, min(lookahead, candidate.limit, budget), explore=True)
+
+    def _best_lookahead(self, candidate: Candidate, budget: int, optimistic: bool
+                        ) -> tuple[int, float]:
+        """The K in 1..limit with the most expected tokens per second, and that rate.
+
+        ``optimistic``: what the candidate could do at best, every guess surviving, and a verify
+        length not measured yet costing no more than the longest one measured. That bounds it,
+        since the pass never gets cheaper as it grows; the line through the lengths measured is
+        no bound, as after the first cycles it runs through 1 and 2 tokens only, the steepest
+        part of the curve on a CPU.
+        """
+        key = candidate.acceptance_key
+        guess = self.profile.guess(candidate.source) or 0.0
+        limit = min(candidate.limit, budget, self.max_lookahead)
+        measured = max(self.profile.verify_by_n) if optimistic else limit + 1
+        if not candidate.preview and not optimistic:
+            longest = self._longest.get(key, 0)
+            limit = min(limit, max(GROWTH_FIRST, GROWTH_RATE * longest))
+        if optimistic:
+            rates = [1.0] * limit
+        else:
+            typical = None if key in self.exploration.explored else self.profile.typical.get(key)
+            rates = self.acceptance.get(key, Acceptance()).rates(
+                limit, self._source_prior(candidate.source), typical)
+        expected = expected_tokens_by_position(rates)
+        best_k, best_rate = 0, 0.0
+        for k in range(1, limit + 1):
+            verify = self.profile.verify(min(k + 1, measured))
+            assert verify is not None, "verify(1) was measured, so every n has an estimate"
+            rate = expected[k] / (k * guess + verify)
+            if rate > best_rate:
+                best_k, best_rate = k, rate
+        return best_k, best_rate
+
+    def _source_prior(self, source: str) -> float:
+        """The source's pooled rate over all its keys (n-gram matches of every length)."""
+        kept = reached = 0.0
+        for key, acceptance in self.acceptance.items():
+            if self._source_of.get(key) == source:
+                k, r = acceptance.pooled()
+                kept, reached = kept + k, reached + r
+        return (kept + FIRST_PRIOR) / (reached + 1.0)
+
+    def observe(self, plan: Plan, drafted: int, accepted: int, draft_seconds: float,
+                verify_seconds: float, candidates: Sequence[Candidate] = (),
+                produced: Sequence[int] = (), ngram_tail: NgramTail | None = None) -> None:
+        """Learn from one cycle: its costs, its acceptance, and in hindsight the acceptance of
+        the free candidates not taken (the cycle's ``produced`` tokens are the target's own).
+        With ``ngram_tail``, the last guesses came free from an n-gram match."""
+        source = plan.candidate.source if plan.candidate else None
+        paid = model_guesses(drafted, ngram_tail)
+        self.profile.observe(source, drafted, draft_seconds, verify_seconds, paid)
+        if plan.candidate is not None and paid:
+            self._learn(plan.candidate, paid, min(accepted, paid))
+        if ngram_tail is not None and accepted >= paid:  # the tail's guesses were judged
+            self._learn(ngram_tail.candidate, ngram_tail.n, accepted - paid)
+        for candidate in candidates:
+            if candidate == plan.candidate or not candidate.preview or not produced:
+                continue
+            # A point-mass guess g is kept with probability p(g), the same chance that the
+            # target's own token there is g: matching what was produced is a fair coin.
+            judged = min(len(candidate.preview), len(produced))
+            matched = 0
+            while matched < judged and candidate.preview[matched] == produced[matched]:
+                matched += 1
+            self._learn(candidate, judged, matched)
+
+    def _learn(self, candidate: Candidate, drafted: int, accepted: int) -> None:
+        key = candidate.acceptance_key
+        self._longest[key] = max(self._longest.get(key, 0), accepted)
+        self.exploration.tried(key)
+        self._source_of[key] = candidate.source
+        self.acceptance.setdefault(key, Acceptance()).observe(drafted, accepted)
+        self.profile.typical.setdefault(key, Acceptance(TYPICAL_MEMORY)).observe(
+            drafted, accepted)
