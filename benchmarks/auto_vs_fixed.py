@@ -19,10 +19,10 @@ from dataclasses import replace
 
 from specgen.backend import LlamaModel, ModelOptions
 from specgen.bench import BUILTIN_KINDS, BUILTIN_PROMPTS
+from specgen.core.sampling import DEFAULT_SAMPLING
 from specgen.drafters import HybridDrafter, ModelDrafter
 from specgen.engine import CycleDone, Finished, GenerationConfig, SpeculativeEngine
 from specgen.lookahead import CostBook
-from specgen.options import RUN_SAMPLING
 from specgen.session import prompt_tokens
 
 
@@ -47,7 +47,7 @@ def main() -> None:
     draft = LlamaModel(args.draft, ModelOptions(n_ctx=target.n_ctx, n_threads=args.threads))
     drafter = HybridDrafter(ModelDrafter(draft)) if args.ngram else ModelDrafter(draft)
     engines = {"alone": SpeculativeEngine(target), "model": SpeculativeEngine(target, drafter)}
-    sampling = replace(RUN_SAMPLING, temperature=args.temperature)
+    sampling = replace(DEFAULT_SAMPLING, temperature=args.temperature)
     prompts = [prompt_tokens(target, p, args.chat) for p in BUILTIN_PROMPTS]
     fixed = [int(k) for k in args.lookaheads.split(",")]
 

@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from specgen.bench import BUILTIN_KINDS, BUILTIN_PROMPTS
+from specgen.core.sampling import DEFAULT_SAMPLING
 from specgen.drafters import TARGET_ALONE, Candidate
 from specgen.engine import CycleDone, GenerationConfig, SpeculativeEngine
 from specgen.lookahead import (
@@ -40,8 +41,8 @@ from specgen.lookahead import (
     LookaheadPolicy,
     PairProfile,
 )
-from specgen.options import RUN_SAMPLING
-from specgen.session import PairOptions, load_pair, prompt_tokens
+from specgen.pair import PairOptions, load_pair
+from specgen.session import prompt_tokens
 
 MODEL = Candidate("model", "model", 1_000_000)
 
@@ -49,7 +50,7 @@ MODEL = Candidate("model", "model", 1_000_000)
 def survivals(target, draft, prompt: list[int], max_tokens: int) -> list[int]:
     """The target's greedy text after ``prompt``; for each position m, how many guesses a cycle
     that starts there keeps at most (the draft's run of right choices from m on)."""
-    greedy = replace(RUN_SAMPLING, temperature=0.0)
+    greedy = replace(DEFAULT_SAMPLING, temperature=0.0)
     text: list[int] = []
     config = GenerationConfig(lookahead=0, sampling=greedy, max_tokens=max_tokens, seed=0)
     for event in SpeculativeEngine(target).generate(prompt, config):

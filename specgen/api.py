@@ -18,12 +18,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from specgen.core.sampling import SamplingParams
-from specgen.engine import DEFAULT_MAX_TOKENS, GenerationConfig
+from specgen.core.sampling import DEFAULT_SAMPLING, SamplingParams
+from specgen.engine import DEFAULT_MAX_TOKENS, GenerationConfig, TextChunk
 from specgen.lookahead import Lookahead
-from specgen.session import Choice, Pair, PairOptions, Prompt, Result
-
-DEFAULT_SAMPLING = SamplingParams()
+from specgen.pair import Pair, PairOptions
+from specgen.session import Prompt, Result
 
 
 @dataclass(frozen=True)
@@ -62,40 +61,30 @@ class Specgen:
                  verbose: bool = False, progress: bool = False,
                  from_bench: bool = False, rpc: str | None = None,
                  rpc_local_head: bool = True) -> None:
-        from specgen.registry import NGRAM, Registry, resolve
-        from specgen.selftest import ensure_cpu_works
-        from specgen.session import choose, load_pair
-        from specgen.session import from_bench as bench_pick
+        from specgen.choice import decide
+        from specgen.pair import open_pair
 
-        choice = choose(Registry.load(), pair, None if target is None else str(target),
-                        None if draft is None else str(draft), ngram, rpc)
-        self.note = ""
-        if from_bench and lookahead is None and ngram is None and draft != NGRAM:
-            choice, lookahead, self.note = bench_pick(choice, threads, gpu_layers,
-                                                      Settings.temperature)
-        k = choice.lookahead if lookahead is None else lookahead
-        if not choice.drafts:
-            k = 0
-        target_path = resolve(choice.target, progress=progress)
-        draft_path = (resolve(choice.draft, progress=progress)
-                      if choice.draft is not None and k != 0 else None)
-        ensure_cpu_works([p for p in (target_path, draft_path) if p is not None])
+        decision = decide(pair, None if target is None else str(target),
+                          None if draft is None else str(draft), ngram=ngram,
+                          lookahead=lookahead, rpc=rpc, threads=threads, gpu_layers=gpu_layers,
+                          bench_temperature=Settings.temperature if from_bench else None)
         options = PairOptions(n_ctx=n_ctx, target_threads=threads, draft_threads=threads,
                               target_gpu_layers=gpu_layers, draft_gpu_layers=gpu_layers,
-                              verbose=verbose, workers=choice.workers,
-                              local_head=rpc_local_head)
-        self.choice: Choice = choice
-        self.pair: Pair = load_pair(target_path, draft_path, options,
-                                    ngram=choice.ngram and k != 0)
-        self.lookahead: Lookahead = k
+                              verbose=verbose, local_head=rpc_local_head)
+        self.decision = decision
+        self.choice = decision.choice
+        self.note = decision.note
+        self.pair: Pair = open_pair(decision, options, progress=progress)
+        self.lookahead: Lookahead = decision.lookahead
         self.draft_p_min = draft_p_min
-        self.target_path, self.draft_path = target_path, draft_path
+        self.target_path = self.pair.target.path
+        self.draft_path = self.pair.draft.path if self.pair.draft else None
         self._chat = chat
         self.last: Result | None = None
 
     @property
     def name(self) -> str:
-        return self.choice.pair.name if self.choice.pair else self.target_path.name
+        return self.decision.name or self.target_path.name
 
     def wants_chat(self, prompt: Prompt, system: str | None = None) -> bool:
         """Whether a prompt is rendered with the chat template (messages always are)."""
@@ -108,7 +97,7 @@ class Specgen:
     def stream_events(self, prompt: Prompt, settings: Settings = Settings(), *,
                       system: str | None = None, reuse_prefix: bool = False,
                       cancelled: Callable[[], bool] | None = None,
-                      chat: bool | None = None) -> Iterator[object]:
+                      chat: bool | None = None) -> Iterator[TextChunk | Result]:
         """Text pieces (``TextChunk``) as they are accepted, then the ``Result``."""
         from specgen.session import stream
 
@@ -126,7 +115,7 @@ class Specgen:
         afterwards. ``settings`` are ``Settings`` fields (max_tokens, temperature, ...)."""
         for item in self.stream_events(prompt, _settings(settings), system=system):
             if not isinstance(item, Result):
-                yield item.text  # type: ignore[attr-defined]
+                yield item.text
 
     def generate(self, prompt: Prompt, *, system: str | None = None, **settings: object
                  ) -> Result:

@@ -15,12 +15,14 @@ from pathlib import Path
 
 from specgen.engine import GenerationConfig
 from specgen.errors import describe
+from specgen.pair import Pair
 from specgen.prompts import BadLine, BatchItem, BatchPrompt
-from specgen.session import Pair, generate
+from specgen.session import generate
+from specgen.stats import Stats
 
 
 @dataclass
-class Progress:
+class BatchTally:
     """What a batch has done so far (for a progress bar and the closing summary)."""
 
     total: int
@@ -32,6 +34,14 @@ class Progress:
     accepted: int = 0
     seconds: float = 0.0
     interrupted: bool = False
+
+    def add(self, stats: Stats) -> None:
+        """One prompt done, with its statistics."""
+        self.done += 1
+        self.generated += stats.n_generated
+        self.drafted += stats.n_drafted
+        self.accepted += stats.n_accepted
+        self.seconds += stats.gen_seconds
 
     @property
     def accept_rate(self) -> float | None:
@@ -70,27 +80,27 @@ def config_for(item: BatchPrompt, base: GenerationConfig) -> GenerationConfig:
 def run_batch(
     pair: Pair, items: Iterable[BatchItem], base: GenerationConfig, *, chat: bool,
     system: str | None, draft_p_min: float, write: Callable[[dict[str, object]], None],
-    skip: set[str] = frozenset(), on_progress: Callable[[Progress], None] | None = None,
+    skip: set[str] = frozenset(), on_progress: Callable[[BatchTally], None] | None = None,
     total: int = 0,
-) -> Progress:
+) -> BatchTally:
     """Generate for every item, calling ``write`` with one record per item as it finishes."""
-    progress = Progress(total=total)
+    tally = BatchTally(total=total)
     for item in items:
         if str(item.id) in skip:
-            progress.skipped += 1
+            tally.skipped += 1
         elif isinstance(item, BadLine):
             write({"id": item.id, "line": item.line, "error": item.error})
-            progress.failed += 1
-        elif not _one(pair, item, base, chat, system, draft_p_min, write, progress):
+            tally.failed += 1
+        elif not _one(pair, item, base, chat, system, draft_p_min, write, tally):
             break
         if on_progress is not None:
-            on_progress(progress)
-    return progress
+            on_progress(tally)
+    return tally
 
 
 def _one(pair: Pair, item: BatchPrompt, base: GenerationConfig, chat: bool,
          system: str | None, draft_p_min: float, write: Callable[[dict[str, object]], None],
-         progress: Progress) -> bool:
+         tally: BatchTally) -> bool:
     """Run one prompt and write its line; False when Ctrl-C stopped it."""
     prompt = item.prompt if item.prompt is not None else list(item.messages or ())
     try:
@@ -102,16 +112,11 @@ def _one(pair: Pair, item: BatchPrompt, base: GenerationConfig, chat: bool,
         if message is None:
             raise  # a bug, not a bad prompt: let the caller's error handling show it
         write({"id": item.id, "line": item.line, "error": f"line {item.line}: {message}"})
-        progress.failed += 1
+        tally.failed += 1
         return True
     if result.interrupted:
-        progress.interrupted = True
+        tally.interrupted = True
         return False
     write({"id": item.id, **result.as_dict()})
-    stats = result.stats
-    progress.done += 1
-    progress.generated += stats.n_generated
-    progress.drafted += stats.n_drafted
-    progress.accepted += stats.n_accepted
-    progress.seconds += stats.gen_seconds
+    tally.add(result.stats)
     return True

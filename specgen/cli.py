@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Sequence
 from typing import Annotated
 
 import typer
-from rich.console import Console
-from rich.markup import escape
 
 from specgen import __version__
 from specgen.cli_bench import bench
@@ -30,6 +29,7 @@ from specgen.errors import (
     lookup,
 )
 from specgen.options import HELP, readable_help_placeholders
+from specgen.output import out
 
 app = typer.Typer(
     name="specgen",
@@ -40,7 +40,7 @@ app = typer.Typer(
     context_settings=HELP,
 )
 readable_help_placeholders()
-err_console = Console(stderr=True)
+
 
 def _version(value: bool) -> None:
     if value:
@@ -64,43 +64,45 @@ app.command("serve")(serve)
 app.command("worker")(worker)
 
 
-def main() -> None:
-    """Entry point: run the app; every error a user can cause ends as one line (exit codes:
-    0 ok, 1 failed, 2 bad usage, 130 interrupted)."""
+def main(args: Sequence[str] | None = None) -> None:
+    """Entry point: run the app on ``args`` (default: the command line) and exit with its code;
+    every error a user can cause ends as one line (exit codes: 0 ok, 1 failed, 2 bad usage,
+    130 interrupted)."""
+    sys.exit(run(args))
+
+
+def run(args: Sequence[str] | None = None) -> int:
+    """Run the app and return its exit code (``main`` without the exit, for tests in-process)."""
     try:
-        code = app(standalone_mode=False)
+        code = app(args=None if args is None else list(args), standalone_mode=False)
         sys.stdout.flush()
         if code == EXIT_INTERRUPTED:  # Typer turns a Ctrl-C nobody handled into 130
-            err_console.print("interrupted", style="yellow")
-        if isinstance(code, int) and code:
-            sys.exit(code)
+            out.warning("interrupted")
+        return code if isinstance(code, int) else EXIT_OK
     except Interrupted:  # the command already showed what it had done
-        sys.exit(EXIT_INTERRUPTED)
+        return EXIT_INTERRUPTED
     except typer.Exit as exit_:
-        sys.exit(exit_.exit_code)
-    except typer.Abort:
-        err_console.print("interrupted", style="yellow")
-        sys.exit(EXIT_INTERRUPTED)
-    except KeyboardInterrupt:
-        err_console.print("interrupted", style="yellow")
-        sys.exit(EXIT_INTERRUPTED)
+        return int(exit_.exit_code)
+    except (typer.Abort, KeyboardInterrupt):
+        out.warning("interrupted")
+        return EXIT_INTERRUPTED
     except BrokenPipeError:
-        _reader_left()
+        return _reader_left()
     except SystemExit as exit_:  # Typer turns a broken pipe into exit 1
         if isinstance(exit_.__context__, BrokenPipeError):
-            _reader_left()
+            return _reader_left()
         raise
     except Exception as err:  # the error table decides what a user sees
         if os.environ.get("SPECGEN_DEBUG") == "1":
             raise
-        sys.exit(_report(err))
+        return _report(err)
 
 
-def _reader_left() -> None:
+def _reader_left() -> int:
     """The reader of stdout went away (`| head`): its choice, not an error; exit quietly."""
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())
-    sys.exit(EXIT_OK)
+    return EXIT_OK
 
 
 def _report(err: Exception) -> int:
@@ -111,10 +113,8 @@ def _report(err: Exception) -> int:
         if callable(show):  # Typer's usage errors: print them as Typer would
             show()
             return int(getattr(err, "exit_code", EXIT_USAGE))
-        err_console.print(f"[bold red]error:[/] internal error: {escape(type(err).__name__)}: "
-                          f"{escape(str(err))} (rerun with SPECGEN_DEBUG=1 for the traceback, "
-                          f"and report it)", highlight=False, soft_wrap=True)
+        out.error(f"internal error: {type(err).__name__}: {err} (rerun with SPECGEN_DEBUG=1 "
+                  f"for the traceback, and report it)")
         return EXIT_FAILED
-    err_console.print(f"[bold red]error:[/] {escape(entry.message(err))}", highlight=False,
-                      soft_wrap=True)
+    out.error(entry.message(err))
     return entry.exit_code

@@ -7,21 +7,18 @@ tests feed it made-up machines) and prints both, or JSON.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
-import sys
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-out = Console()
-err = Console(stderr=True)
+from specgen import store
+from specgen.output import out, size
 
 GPU_BUILDS = {
     "CUDA (NVIDIA)": 'CMAKE_ARGS="-DGGML_CUDA=on" pip install --force-reinstall --no-cache-dir '
@@ -50,7 +47,7 @@ def doctor(
     found = facts(hub_timeout, rpc)
     tips = advice(found)
     if json_out:
-        sys.stdout.write(json.dumps({**found, "advice": tips}, indent=2, default=str) + "\n")
+        out.json({**found, "advice": tips}, indent=2)
         return
     _render(found, tips)
 
@@ -185,8 +182,9 @@ def _self_test() -> dict[str, Any]:
 
 
 def _pairs() -> list[dict[str, Any]]:
+    from specgen.choice import Choice
+    from specgen.memo import memo_path
     from specgen.registry import Registry, cached
-    from specgen.session import Choice, bench_memo
 
     try:
         registry = Registry.load()
@@ -198,11 +196,9 @@ def _pairs() -> list[dict[str, Any]]:
         downloaded = all(files.values())
         bench: dict[str, Any] = {}
         if downloaded:
-            memo = bench_memo(Choice(pair.target, pair.draft, pair, pair.ngram), 0, -1)
-            try:
-                bench = json.loads(memo.read_text())
-            except (OSError, ValueError):
-                bench = {}
+            memo = memo_path(Choice(pair.target, pair.draft, pair, pair.ngram), 0, -1)
+            found = store.read_json(memo, {})
+            bench = found if isinstance(found, dict) else {}
         rows.append({"name": pair.name, "downloaded": downloaded,
                      "files": {r: str(p) if p else None for r, p in files.items()},
                      "bench": bench})
@@ -272,7 +268,7 @@ def _render(found: dict[str, Any], tips: list[str]) -> None:
          + ("" if verdict["ok"] else f": {verdict['message']}")),
     ]
     for name, folder in found["caches"].items():
-        state = f"{folder['bytes'] / 1e9:.2f} GB" if folder["exists"] else "absent"
+        state = size(folder["bytes"]) if folder["exists"] else "absent"
         rows.append((name, f"{folder['path']} ({state}"
                            + ("" if folder["writable"] else ", read-only") + ")"))
     pairs = [p["name"] for p in found["pairs"] if p["downloaded"]]
@@ -282,8 +278,8 @@ def _render(found: dict[str, Any], tips: list[str]) -> None:
         if worker.get("error"):
             state = f"[red]{escape(worker['error'])}[/]"
         else:
-            devices = ", ".join(f"{escape(d['name'])} {d['free_bytes'] / 2**30:.1f} GiB free of "
-                                f"{d['total_bytes'] / 2**30:.1f}" for d in worker["devices"])
+            devices = ", ".join(f"{escape(d['name'])} {size(d['free_bytes'])} free of "
+                                f"{size(d['total_bytes'])}" for d in worker["devices"])
             state = (f"protocol {worker['protocol']}, {worker['round_trip_ms']:.1f} ms round "
                      f"trip; {devices}")
         rows.append((f"worker {worker['endpoint']}", state))
@@ -292,7 +288,7 @@ def _render(found: dict[str, Any], tips: list[str]) -> None:
         rows.append(("GPU builds", "; ".join(f"{k}: {v}" for k, v in GPU_BUILDS.items())))
     for name, value in rows:
         table.add_row(name, value)
-    out.print(table)
-    out.print("\n[bold]why it may not be faster here[/]")
+    out.out.print(table)
+    out.out.print("\n[bold]why it may not be faster here[/]")
     for tip in tips or ["nothing found: run `specgen bench` to see what pays on this machine"]:
-        out.print(f"- {tip}", highlight=False)
+        out.out.print(f"- {tip}", highlight=False)

@@ -2,22 +2,18 @@
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from specgen.errors import UserError
 from specgen.options import DraftOpt, TargetOpt
+from specgen.output import out, size
 from specgen.registry import ModelSpec
 
 app = typer.Typer(help="List, download, inspect and check model pairs.", no_args_is_help=True)
-out = Console()
-err = Console(stderr=True)
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
@@ -25,13 +21,7 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a t
 def _size(path: Path | None) -> str:
     if path is None:
         return "-"
-    return _bytes(sum(p.stat().st_size for p in _parts(path)))
-
-
-def _bytes(total: int) -> str:
-    if total >= 1e8:
-        return f"{total / 1e9:.2f} GB"
-    return f"{total / 1e6:.0f} MB" if total >= 1e6 else f"{total / 1e3:.0f} kB"
+    return size(sum(p.stat().st_size for p in _parts(path)))
 
 
 def _parts(path: Path) -> list[Path]:
@@ -66,7 +56,7 @@ def list_pairs(
         return remote.get((spec.repo, spec.file, spec.revision)) if spec.repo else None
 
     if json_out:
-        sys.stdout.write(json.dumps([{
+        out.json([{
             "name": pair.name, "default": pair.name == registry.default,
             "description": pair.description, "license": pair.license, "chat": pair.chat,
             "lookahead": pair.lookahead, "source": pair.source,
@@ -75,13 +65,13 @@ def list_pairs(
                       "size_bytes": size_of(spec, files[role])}
                for role, spec in pair.members()},
             "ngram": pair.ngram,
-        } for pair, files in rows], indent=2) + "\n")
+        } for pair, files in rows], indent=2)
         return
     records = []
     for pair, files in rows:
         both = all(files.values())
         sizes = [size_of(spec, files[r]) for r, spec in pair.members()]
-        total = f" ({_bytes(sum(sizes))})" if all(s is not None for s in sizes) else ""
+        total = f" ({size(sum(sizes))})" if all(s is not None for s in sizes) else ""
         state = (" + ".join(_size(files[r]) for r, _ in pair.members()) if both
                  else ("partly" if any(files.values()) else "no") + total)
         name = pair.name + (" *" if pair.name == registry.default else "")
@@ -95,7 +85,7 @@ def list_pairs(
     # the width. `models list -v` and `models info` show them in full.
     fixed = [max(len(c), *(len(r[1][i]) for r in records)) if records else len(c)
              for i, c in ((0, "PAIR"), (1, "K"), (2, "CHAT"), (5, "DOWNLOADED"))]
-    room = max(12, (out.width - sum(fixed) - 2 * 5) // 2)  # five gaps of two spaces
+    room = max(12, (out.out.width - sum(fixed) - 2 * 5) // 2)  # five gaps of two spaces
     table = Table(box=None, pad_edge=False)
     for column in ("PAIR", "K", "CHAT", "TARGET", "DRAFT", "DOWNLOADED"):
         table.add_column(column, no_wrap=True, overflow="fold" if verbose else "ellipsis")
@@ -107,9 +97,8 @@ def list_pairs(
         if verbose:
             table.add_row("", "", "", f"[dim]{pair.description}[/]", f"[dim]{pair.license}[/]",
                           "")
-    out.print(table)
-    err.print(f"* default pair. Add your own pairs in {user_models_file()}", style="dim",
-              highlight=False, soft_wrap=True)
+    out.out.print(table)
+    out.note(f"* default pair. Add your own pairs in {user_models_file()}")
 
 
 def shorten(name: str, width: int) -> str:
@@ -139,9 +128,8 @@ def pull(
     spec = Registry.load().pair(pair)
     for role, member in spec.members():
         path = resolve(member)
-        err.print(f"[green]ready[/] {role}", highlight=False)
-        sys.stdout.write(f"{path}\n")
-        sys.stdout.flush()
+        out.err.print(f"[green]ready[/] {role}", highlight=False)
+        out.text(f"{path}\n")
 
 
 @app.command()
@@ -159,9 +147,9 @@ def info(
     found = read_header(Registry.load().spec(spec))
     details = facts(found.header, found.name, found.size)
     if found.note:
-        err.print(found.note, style="dim", highlight=False, soft_wrap=True)
+        out.note(found.note)
     if json_out:
-        sys.stdout.write(json.dumps(details, indent=2) + "\n")
+        out.json(details, indent=2)
         return
     table = Table(show_header=False, box=None)
     table.add_column(style="bold")
@@ -171,11 +159,11 @@ def info(
             value = f"{value['id']} {value['text']!r}" + ("" if value["added"] else
                                                            " (not added to prompts)")
         elif key == "size_bytes":
-            value = _bytes(value) if isinstance(value, int) else None
+            value = size(value) if isinstance(value, int) else None
         elif isinstance(value, bool):
             value = "yes" if value else "no"
         table.add_row(key.replace("_", " "), "-" if value is None else str(value))
-    out.print(table)
+    out.out.print(table)
 
 
 @app.command()
@@ -189,9 +177,9 @@ def check(
 
     Hub files that are not downloaded are checked from their headers alone (ranged reads)."""
     from specgen import compat
+    from specgen.choice import choose
     from specgen.gguf import HeaderVocabulary
     from specgen.registry import Registry, read_header
-    from specgen.session import choose
 
     choice = choose(Registry.load(), pair, target, draft)
     if choice.draft is None:
@@ -200,16 +188,16 @@ def check(
     found = [read_header(spec) for spec in (choice.target, choice.draft)]
     for one in found:
         if one.note:
-            err.print(one.note, style="dim", highlight=False, soft_wrap=True)
+            out.note(one.note)
     target_vocab, draft_vocab = (HeaderVocabulary(f.header, f.name) for f in found)
     verdict = compat.check(target_vocab, draft_vocab)
     name = choice.pair.name if choice.pair else "these models"
     if not verdict:
         raise UserError(f"{name}: draft {found[1].name} does not fit target {found[0].name}: "
                         f"{verdict.reason}")
-    sys.stdout.write(f"ok {name}: draft {found[1].name} fits target {found[0].name} "
-                     f"({compat.VOCAB_TYPES.get(target_vocab.vocab_type)}, "
-                     f"{target_vocab.n_vocab} / {draft_vocab.n_vocab} tokens)\n")
+    out.text(f"ok {name}: draft {found[1].name} fits target {found[0].name} "
+             f"({compat.VOCAB_TYPES.get(target_vocab.vocab_type)}, "
+             f"{target_vocab.n_vocab} / {draft_vocab.n_vocab} tokens)\n")
 
 
 @app.command()
@@ -227,4 +215,4 @@ def path() -> None:
     table.add_row("your models.toml", str(user_models_file()))
     table.add_row("Hugging Face cache", str(hub_cache))
     table.add_row("specgen cache", str(cache_root()))
-    out.print(table)
+    out.out.print(table)

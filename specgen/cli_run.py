@@ -1,8 +1,9 @@
 """``specgen run``: one prompt streamed to the terminal, or every prompt of a file as JSON lines.
 
-The command parses and checks options, reads the prompt(s), loads the pair once and hands over
-to the library (``specgen.session``, ``specgen.batch``); this module only decides what is shown
-where: text on stdout, statistics and progress on stderr.
+The command parses and checks options, reads the prompt(s), decides and loads the pair once
+(``specgen.choice``, ``specgen.pair``) and hands over to the library (``specgen.session``,
+``specgen.batch``); this module only decides what is shown where: text on stdout, statistics
+and progress on stderr.
 """
 
 from __future__ import annotations
@@ -11,21 +12,18 @@ import json
 import os
 import stat
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from specgen.core.sampling import DEFAULT_SAMPLING
 from specgen.engine import DEFAULT_MAX_TOKENS
 from specgen.errors import EXIT_FAILED, EXIT_INTERRUPTED, Interrupted, UsageError
-from specgen.lookahead import Lookahead
 from specgen.options import (
     OUTPUT,
     PERFORMANCE,
-    RUN_SAMPLING,
     SAMPLING,
     CtxOpt,
     DraftOpt,
@@ -46,13 +44,15 @@ from specgen.options import (
     TopPOpt,
     VerboseOpt,
 )
+from specgen.output import figure, out
 
 if TYPE_CHECKING:
+    from specgen.batch import BatchTally
+    from specgen.choice import Decision
     from specgen.engine import GenerationConfig
+    from specgen.pair import Pair
     from specgen.prompts import BatchItem
-    from specgen.session import Choice, Pair, PairOptions
 
-err_console = Console(stderr=True)
 BATCH = "Batch"
 
 
@@ -69,10 +69,10 @@ def run(
     lookahead: LookaheadOpt = None,
     ngram: NgramOpt = None,
     draft_p_min: DraftPMinOpt = 0.0,
-    temperature: TemperatureOpt = RUN_SAMPLING.temperature,
-    top_k: TopKOpt = RUN_SAMPLING.top_k,
-    top_p: TopPOpt = RUN_SAMPLING.top_p,
-    min_p: MinPOpt = RUN_SAMPLING.min_p,
+    temperature: TemperatureOpt = DEFAULT_SAMPLING.temperature,
+    top_k: TopKOpt = DEFAULT_SAMPLING.top_k,
+    top_p: TopPOpt = DEFAULT_SAMPLING.top_p,
+    min_p: MinPOpt = DEFAULT_SAMPLING.min_p,
     seed: SeedOpt = None,
     max_tokens: MaxTokensOpt = DEFAULT_MAX_TOKENS,
     stop: Annotated[list[str] | None, typer.Option(
@@ -125,10 +125,14 @@ def run(
     verbose: VerboseOpt = False,
 ) -> None:
     """Generate text from a prompt, with speculative decoding."""
+    from dataclasses import replace
+
+    from specgen.choice import decide
     from specgen.core.sampling import SamplingParams
     from specgen.engine import GenerationConfig
+    from specgen.pair import PairOptions, open_pair
     from specgen.prompts import unescape
-    from specgen.session import PairOptions, wants_chat
+    from specgen.session import wants_chat
 
     esc = unescape if escapes else (lambda text: text)
     batch = each_line or jsonl or (file is not None and file.suffix in (".jsonl", ".ndjson"))
@@ -158,17 +162,21 @@ def run(
         verbose=verbose,
         local_head=rpc_local_head,
     )
-    setup = _setup(pair, target, draft, ngram, lookahead, rpc, options, config,
-                   quiet=no_stats or json_out)
+    decision = decide(pair, target, draft, ngram=ngram, lookahead=lookahead, rpc=rpc,
+                      threads=options.target_threads, gpu_layers=options.target_gpu_layers,
+                      bench_temperature=sampling.temperature, explain_alone=True)
+    loaded = open_pair(decision, options)
+    config = replace(config, lookahead=decision.lookahead)
     system_text = None if system is None else esc(system)
-    use_chat = wants_chat(setup.loaded, setup.chat, chat, system_text)
+    use_chat = wants_chat(loaded, decision.chat, chat, system_text)
     if batch:
-        code = _batch(setup, items, sink, output, resume, use_chat, system_text, draft_p_min,
-                      no_stats)
+        code = _batch(loaded, config, items, sink, output, resume, use_chat, system_text,
+                      draft_p_min, no_stats)
         if code == EXIT_INTERRUPTED:
             raise Interrupted()
         raise typer.Exit(code)
-    _single(setup, text, use_chat, system_text, draft_p_min, json_out, no_stats)
+    _single(decision, loaded, config, text, use_chat, system_text, draft_p_min, json_out,
+            no_stats)
 
 
 def _read_prompt(argument: str | None, file: Path | None) -> str:
@@ -238,100 +246,53 @@ def _open_output(output: Path | None) -> IO[str]:
     return sink
 
 
-@dataclass
-class _Setup:
-    """The loaded pair and what was chosen for it, shared by a single run and a batch."""
-
-    choice: Choice
-    loaded: Pair
-    target_path: Path
-    draft_path: Path | None
-    config: GenerationConfig
-    k_note: str
-
-    @property
-    def chat(self) -> bool | None:
-        return self.choice.chat
-
-
-def _setup(pair: str | None, target: str | None, draft: str | None, ngram: bool | None,
-           lookahead: Lookahead | None, rpc: str | None, options: PairOptions,
-           config: GenerationConfig, quiet: bool) -> _Setup:
-    """Choose the models and K, fetch and self-test them, load them once."""
-    from dataclasses import replace
-
-    from specgen.registry import NGRAM, Registry, resolve
-    from specgen.selftest import ensure_cpu_works
-    from specgen.session import choose, from_bench, load_pair
-
-    choice = choose(Registry.load(), pair, target, draft, ngram, rpc)
-    options = replace(options, workers=choice.workers)
-    note = ""
-    if lookahead is None and ngram is None and draft != NGRAM:
-        choice, lookahead, note = from_bench(choice, options.target_threads,
-                                             options.target_gpu_layers,
-                                             config.sampling.temperature)
-    k = choice.lookahead if lookahead is None else lookahead
-    if not choice.drafts:
-        if k != 0 and not note:
-            note = ("no draft model: running the target alone (-k 0; --draft ngram drafts "
-                    "without one)")
-        k = 0
-    target_path = resolve(choice.target)
-    draft_path = resolve(choice.draft) if choice.draft is not None and k != 0 else None
-    ensure_cpu_works([p for p in (target_path, draft_path) if p is not None])
-    loaded = load_pair(target_path, draft_path, options, ngram=choice.ngram and k != 0)
-    return _Setup(choice, loaded, target_path, draft_path, replace(config, lookahead=k),
-                  "" if quiet else note)
-
-
-def _single(setup: _Setup, text: str, chat: bool, system: str | None, draft_p_min: float,
-            json_out: bool, no_stats: bool) -> None:
+def _single(decision: Decision, loaded: Pair, config: GenerationConfig, text: str, chat: bool,
+            system: str | None, draft_p_min: float, json_out: bool, no_stats: bool) -> None:
     from specgen.session import generate, new_stats
     from specgen.view import StreamView
 
-    if setup.k_note:
-        err_console.print(setup.k_note, style="dim", highlight=False, soft_wrap=True)
-    stats = new_stats(setup.loaded, setup.config, draft_p_min)
+    if decision.note and not (no_stats or json_out):
+        out.note(decision.note)
+    stats = new_stats(loaded, config, draft_p_min)
     with StreamView(stats, show_stats=not no_stats and not json_out) as view:
-        result = generate(setup.loaded, text, setup.config, chat=chat, system=system,
+        result = generate(loaded, text, config, chat=chat, system=system,
                           draft_p_min=draft_p_min, stats=stats,
                           on_text=None if json_out else view.write)
     if stats.stop_reason == "context_full":
-        err_console.print(f"stopped: the context window ({setup.loaded.target.n_ctx} tokens) is "
-                          f"full; raise --ctx-size for longer generations", style="yellow",
-                          highlight=False, soft_wrap=True)
+        out.warning(f"stopped: the context window ({loaded.target.n_ctx} tokens) is full; "
+                    f"raise --ctx-size for longer generations")
     elif not result.text and not result.interrupted:
         hint = ("the prompt may need the target's chat template (--chat)" if not chat else
                 "try another prompt or a higher --temperature")
-        err_console.print(f"the model ended its answer before any text (stop: "
-                          f"{stats.stop_reason}); {hint}", style="yellow", highlight=False,
-                          soft_wrap=True)
+        out.warning(f"the model ended its answer before any text (stop: "
+                    f"{stats.stop_reason}); {hint}")
     if json_out:
-        sys.stdout.write(json.dumps({**result.as_dict(), **_run_facts(setup, draft_p_min,
-                                                                       chat)}) + "\n")
+        out.json({**result.as_dict(), **_run_facts(decision, loaded, config, draft_p_min,
+                                                   chat)})
     if result.interrupted:
         raise Interrupted()
 
 
-def _run_facts(setup: _Setup, draft_p_min: float, chat: bool) -> dict[str, object]:
-    config = setup.config
+def _run_facts(decision: Decision, loaded: Pair, config: GenerationConfig, draft_p_min: float,
+               chat: bool) -> dict[str, object]:
+    """What ran, for ``--json``: the models, the settings and the context."""
     sampling = config.sampling
     return {
-        "pair": setup.choice.pair.name if setup.choice.pair else None,
-        "target": str(setup.target_path),
-        "draft": str(setup.draft_path) if setup.draft_path else None,
-        "ngram": setup.loaded.ngram,
+        "pair": decision.name,
+        "target": str(loaded.target.path),
+        "draft": str(loaded.draft.path) if loaded.draft else None,
+        "ngram": loaded.ngram,
         "params": {"lookahead": config.lookahead, "draft_p_min": draft_p_min,
                    "temperature": sampling.temperature, "top_k": sampling.top_k,
                    "top_p": sampling.top_p, "min_p": sampling.min_p,
                    "max_tokens": config.max_tokens, "stop": list(config.stop), "chat": chat,
-                   "n_ctx": setup.loaded.target.n_ctx},
+                   "n_ctx": loaded.target.n_ctx},
     }
 
 
-def _batch(setup: _Setup, items: list[BatchItem], sink: IO[str], output: Path | None, resume: bool,
-           chat: bool, system: str | None, draft_p_min: float, no_stats: bool) -> int:
+def _batch(loaded: Pair, config: GenerationConfig, items: list[BatchItem], sink: IO[str],
+           output: Path | None, resume: bool, chat: bool, system: str | None, draft_p_min: float,
+           no_stats: bool) -> int:
     """Run every prompt; the exit code says whether all went well (1: some failed)."""
     from specgen.batch import finished_ids, run_batch
 
@@ -343,30 +304,28 @@ def _batch(setup: _Setup, items: list[BatchItem], sink: IO[str], output: Path | 
 
     bar = Progress(TextColumn("[bold]batch"), BarColumn(), MofNCompleteColumn(),
                    TextColumn("{task.fields[rates]}"), TimeRemainingColumn(),
-                   console=err_console, transient=True,
-                   disable=no_stats or not err_console.is_terminal)
+                   console=out.err, transient=True, disable=no_stats or not out.err.is_terminal)
     with bar:
         task = bar.add_task("batch", total=len(items), rates="")
 
-        def on_progress(p) -> None:
-            rate = "-" if p.accept_rate is None else f"{p.accept_rate:.0%}"
-            speed = "-" if p.tokens_per_second is None else f"{p.tokens_per_second:.1f}"
+        def on_progress(p: BatchTally) -> None:
+            rate = figure(None if p.accept_rate is None else p.accept_rate * 100, ".0f", "%")
             bar.update(task, completed=p.done + p.failed + p.skipped,
-                       rates=f"accept {rate}  {speed} tok/s")
+                       rates=f"accept {rate}  {figure(p.tokens_per_second, '.1f')} tok/s")
 
-        progress = run_batch(setup.loaded, items, setup.config, chat=chat, system=system,
-                             draft_p_min=draft_p_min, write=write, skip=skip,
-                             on_progress=on_progress, total=len(items))
+        tally = run_batch(loaded, items, config, chat=chat, system=system,
+                          draft_p_min=draft_p_min, write=write, skip=skip,
+                          on_progress=on_progress, total=len(items))
     if sink is not sys.stdout:
         sink.close()
     if not no_stats:
-        _batch_summary(progress, output)
-    if progress.interrupted:
+        _batch_summary(tally, output)
+    if tally.interrupted:
         return EXIT_INTERRUPTED
-    return EXIT_FAILED if progress.failed else 0
+    return EXIT_FAILED if tally.failed else 0
 
 
-def _batch_summary(p, output: Path | None) -> None:
+def _batch_summary(p: BatchTally, output: Path | None) -> None:
     parts = [f"batch: {p.done} of {p.total} prompts done"]
     if p.failed:
         parts.append(f"{p.failed} failed (error lines in {output or 'the output'})")
@@ -378,5 +337,4 @@ def _batch_summary(p, output: Path | None) -> None:
         parts.append(f"accept {p.accept_rate:.0%}")
     if p.tokens_per_second is not None:
         parts.append(f"{p.tokens_per_second:.1f} tok/s")
-    err_console.print(", ".join(parts), highlight=False, soft_wrap=True,
-                      style="yellow" if p.failed or p.interrupted else None)
+    out.note(", ".join(parts), style="yellow" if p.failed or p.interrupted else None)

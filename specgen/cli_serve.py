@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from types import FrameType
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console
 
 from specgen.engine import DEFAULT_MAX_TOKENS
 from specgen.errors import UserError
@@ -23,8 +23,13 @@ from specgen.options import (
     ThreadsOpt,
     VerboseOpt,
 )
+from specgen.output import out
 
-err = Console(stderr=True)
+if TYPE_CHECKING:
+    import uvicorn
+
+    from specgen.server.queue import GenerationQueue
+
 SERVER = "Server"
 
 
@@ -71,24 +76,23 @@ def serve(
                         verbose=verbose, progress=True, from_bench=True, rpc=rpc,
                         rpc_local_head=rpc_local_head)
     if generator.note:
-        err.print(generator.note, style="dim", highlight=False, soft_wrap=True)
+        out.note(generator.note)
     app = create_app(generator, api_key=api_key, max_queue=queue, default_max_tokens=max_tokens)
     where = f"http://{host}:{port}/v1"
-    err.print(f"specgen serve: {generator.name} (K={generator.lookahead}) at {where}"
-              + ("" if api_key else "; no API key") + "; Ctrl-C to stop", highlight=False,
-              soft_wrap=True)
+    out.note(f"specgen serve: {generator.name} (K={generator.lookahead}) at {where}"
+             + ("" if api_key else "; no API key") + "; Ctrl-C to stop", style=None)
     _server(uvicorn.Config(app, host=host, port=port, log_level="warning",
-                           timeout_graceful_shutdown=10), app.state.worker).run()
+                           timeout_graceful_shutdown=10), app.state.queue).run()
 
 
-def _server(config: object, worker: object) -> object:
+def _server(config: uvicorn.Config, queue: GenerationQueue) -> uvicorn.Server:
     """uvicorn's server, told to end in-flight generations at once when asked to stop (Ctrl-C,
     SIGTERM), so their streams close with a final event instead of running to the end."""
     import uvicorn
 
     class Server(uvicorn.Server):
-        def handle_exit(self, sig: int, frame: object) -> None:
-            worker.draining.set()  # type: ignore[attr-defined]
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            queue.draining.set()
             super().handle_exit(sig, frame)
 
-    return Server(config)  # type: ignore[arg-type]
+    return Server(config)

@@ -17,14 +17,13 @@ import time
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 
 from specgen import rpc
 from specgen.errors import UserError
 from specgen.options import PERFORMANCE, VerboseOpt
+from specgen.output import out, size
 
-err = Console(stderr=True)
 _CONNECTED, _CLOSED = "Accepted client connection", "Client connection closed"
 _SHORT_S = 1.0
 
@@ -59,7 +58,7 @@ def worker(
     backend.require_rpc()
     _check_port_free(endpoint)
     if not endpoint.is_loopback:
-        err.print(f"[bold yellow]warning:[/] listening on {escape(address)}: "
+        out.err.print(f"[bold yellow]warning:[/] listening on {escape(address)}: "
                   f"{rpc.SECURITY_NOTE}. Use this only on a network you trust.",
                   highlight=False, soft_wrap=True)
     cache_dir = cache_root() / "rpc" if cache else None
@@ -76,7 +75,7 @@ def worker(
         while server.is_alive():
             server.join(0.5)
     except KeyboardInterrupt:
-        err.print("worker stopped", style="yellow")
+        out.err.print("worker stopped", style="yellow")
         sys.stderr.flush()
         os._exit(0)  # the server thread is inside C and cannot be asked to return
     raise UserError(f"the worker could not listen at {endpoint} (run with -v for llama.cpp's "
@@ -100,15 +99,15 @@ def _check_port_free(endpoint: rpc.Endpoint) -> None:
 
 
 def _banner(endpoint: rpc.Endpoint, devices: list, threads: int, cache_dir: object) -> None:
-    err.print(f"specgen worker at [bold]{endpoint}[/] (RPC protocol "
+    out.err.print(f"specgen worker at [bold]{endpoint}[/] (RPC protocol "
               f"{'.'.join(map(str, rpc.PROTOCOL))}), {threads} threads"
               + (f", cache {cache_dir}" if cache_dir else ""), highlight=False, soft_wrap=True)
     for device in devices:
-        err.print(f"  {escape(device.name)}: {escape(device.description)} "
-                  f"({device.free_bytes / 2**30:.1f} GiB free of "
-                  f"{device.total_bytes / 2**30:.1f})", highlight=False, soft_wrap=True)
+        out.err.print(f"  {escape(device.name)}: {escape(device.description)} "
+                  f"({size(device.free_bytes)} free of {size(device.total_bytes)})",
+                  highlight=False, soft_wrap=True)
     host = endpoint.host if endpoint.host != "0.0.0.0" else "THIS-HOST"
-    err.print(f"use it with: specgen run --rpc {host}:{endpoint.port} ... (one client at a "
+    out.err.print(f"use it with: specgen run --rpc {host}:{endpoint.port} ... (one client at a "
               f"time); Ctrl-C to stop", style="dim", highlight=False, soft_wrap=True)
 
 
@@ -125,7 +124,7 @@ def _show_server_events(verbose: bool) -> None:
     os.close(write_end)
 
     def say(event: str) -> None:
-        err.print(f"{time.strftime('%H:%M:%S')} {event}", highlight=False)
+        out.err.print(f"{time.strftime('%H:%M:%S')} {event}", highlight=False)
 
     def pump() -> None:
         pending: threading.Timer | None = None
@@ -145,6 +144,6 @@ def _show_server_events(verbose: bool) -> None:
                     if verbose or lasted >= _SHORT_S:
                         say(f"client disconnected after {lasted:.1f} s")
                 elif verbose and text:
-                    err.print(text, style="dim", highlight=False, markup=False)
+                    out.err.print(text, style="dim", highlight=False, markup=False)
 
     threading.Thread(target=pump, daemon=True, name="rpc-events").start()

@@ -6,15 +6,12 @@ from typing import Annotated
 
 import typer
 
-from specgen.core.sampling import SamplingParams
 from specgen.lookahead import LOOKAHEAD_RANGE, Lookahead, parse_lookahead
 from specgen.prompts import MAX_SEED
 
 MODELS, SAMPLING, OUTPUT, PERFORMANCE = "Models", "Sampling", "Output", "Performance"
 WORKERS = "Workers (RPC)"
 HELP = {"help_option_names": ["-h", "--help"]}
-# What `specgen run` samples with by default; bench measures the same.
-RUN_SAMPLING = SamplingParams()
 # llama.cpp rounds a context up to a multiple of 256 tokens; below that it silently uses 256.
 MIN_CTX = 256
 

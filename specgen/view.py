@@ -9,6 +9,9 @@ Three ways to show live stats, chosen from what the streams are:
 - stderr is a terminal and stdout is not (text piped to a file): Rich ``Live`` on stderr;
 - both are the same terminal: the text scrolls above a status bar kept on the bottom line
   (a scroll region, as apt does), so the streamed text and the stats never overwrite each other.
+  A terminal that reports no size (a pseudo-terminal of 0x0, as ``script`` and some CI runners
+  and ``docker exec -t`` give) has no bottom line to keep: the text streams as it is and the
+  final statistics follow it.
 """
 
 from __future__ import annotations
@@ -25,13 +28,10 @@ from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
+from specgen.output import figure
 from specgen.stats import Stats
 
 REFRESH_PER_SECOND = 4
-
-
-def _fmt(value: float | None, spec: str, missing: str = "-") -> str:
-    return missing if value is None else format(value, spec)
 
 
 def stats_segments(stats: Stats, final: bool = False) -> list[Text]:
@@ -41,18 +41,18 @@ def stats_segments(stats: Stats, final: bool = False) -> list[Text]:
     if speculating:
         rate = stats.accept_rate
         parts += [Text(lookahead_label(stats), style="bold cyan"),
-                  Text.assemble("accept ", (_fmt(None if rate is None else rate * 100, ".0f")
+                  Text.assemble("accept ", (figure(None if rate is None else rate * 100, ".0f")
                                             + "%", "bold green")),
-                  Text(f"{_fmt(stats.tokens_per_cycle, '.2f')} tok/cycle")]
+                  Text(f"{figure(stats.tokens_per_cycle, '.2f')} tok/cycle")]
     else:
         parts.append(Text("target alone (K=0)", style="bold cyan"))
-    parts += [Text(f"{_fmt(stats.tokens_per_second, '.1f')} tok/s", style="bold magenta"),
+    parts += [Text(f"{figure(stats.tokens_per_second, '.1f')} tok/s", style="bold magenta"),
               Text(f"{plural(stats.n_generated, 'token')}  {plural(stats.n_cycles, 'cycle')}")]
     if speculating:
         parts.append(Text(sources_label(stats)))
     if final:
         parts.append(Text(f"prompt {stats.n_prompt} tok in {stats.prompt_seconds:.2f}s"
-                          f" ({_fmt(stats.prompt_tokens_per_second, '.0f')} tok/s)",
+                          f" ({figure(stats.prompt_tokens_per_second, '.0f')} tok/s)",
                           style="dim"))
         parts.append(Text(f"seed {stats.seed}", style="dim"))
         if stats.stop_reason:
@@ -181,8 +181,9 @@ class StreamView:
     def __enter__(self) -> StreamView:
         if self.show_stats and self.console.is_terminal:
             if self.out.isatty():
-                self._bar = _BottomBar(self.stats, self.out, self.err)
-                self._bar.start()
+                if reports_size(self.err):
+                    self._bar = _BottomBar(self.stats, self.out, self.err)
+                    self._bar.start()
             else:
                 self._live = Live(_LiveStats(self.stats), console=self.console,
                                   refresh_per_second=REFRESH_PER_SECOND, transient=True,
@@ -222,6 +223,15 @@ class StreamView:
                 self.err.flush()
             self.console.print(stats_text(self.stats, final=True, width=self.console.width),
                                soft_wrap=True)
+
+
+def reports_size(stream: TextIO) -> bool:
+    """Whether the terminal behind ``stream`` says how many rows and columns it has."""
+    try:
+        size = os.get_terminal_size(stream.fileno())
+    except (OSError, ValueError, io.UnsupportedOperation):
+        return False
+    return size.lines > 0 and size.columns > 0
 
 
 def same_file(a: TextIO, b: TextIO) -> bool:

@@ -78,7 +78,7 @@ def test_a_drafts_catch_up_is_not_counted_as_the_cost_of_its_guesses() -> None:
     for row in report.per_k:
         assert row.cost_ratio == pytest.approx(DRAFT / TARGET)
         assert row.draft_ms_per_token == pytest.approx(DRAFT * 1000)
-        assert row.speedup < exact_speedup(0.8, row.lookahead)
+        assert row.speedup < exact_speedup(0.8, row.variant)
 
 
 def test_sweep_interleaves_and_warms_up() -> None:
@@ -88,7 +88,7 @@ def test_sweep_interleaves_and_warms_up() -> None:
         calls.append((prompt, k))
         return fake_runner(0.5, cycles=10)(prompt, k, seed)
 
-    runs = sweep(run_one, n_prompts=2, lookaheads=[2, 4], repeats=2, seed=0)
+    runs = sweep(run_one, n_prompts=2, variants=[2, 4], repeats=2, seed=0)
     assert calls[0] == (0, 4)  # the warm-up, not counted
     assert calls[1:7] == [(0, 0), (0, 2), (0, 4), (1, 0), (1, 2), (1, 4)]
     assert len(runs) == 12 and calls[7:] == calls[1:7]
@@ -101,10 +101,10 @@ def test_costs_prediction_and_measurement_on_known_fakes(alpha: float) -> None:
     assert report.target_ms_per_token == pytest.approx(TARGET * 1000)
     for row in report.per_k:
         assert row.cost_ratio == pytest.approx(DRAFT / TARGET)
-        assert row.verify_ratio == pytest.approx(1 + 0.1 * row.lookahead)
+        assert row.verify_ratio == pytest.approx(1 + 0.1 * row.variant)
         assert row.accept_rate == pytest.approx(alpha, abs=0.02)
         assert all(r == pytest.approx(alpha, abs=0.04) for r in row.position_accept_rates[:4])
-        assert row.speedup == pytest.approx(exact_speedup(alpha, row.lookahead), rel=0.03)
+        assert row.speedup == pytest.approx(exact_speedup(alpha, row.variant), rel=0.03)
         assert row.predicted_speedup == pytest.approx(row.speedup, rel=0.03)
         assert row.explanation == ""
     best = max(ks, key=lambda k: exact_speedup(alpha, k))
@@ -293,7 +293,7 @@ def adaptive_runner(prompt: int, k, seed: int) -> Stats:
 def test_adaptive_rows_per_kind_and_per_prompt() -> None:
     runs = sweep(adaptive_runner, 2, [2, 6, "auto", "ngram", "hybrid"], 1, seed=0)
     report = summarize(runs, kinds=["story", "rewrite"])
-    rows = {row.lookahead: row for row in report.per_k}
+    rows = {row.variant: row for row in report.per_k}
     assert list(rows) == [2, 6, "auto", "ngram", "hybrid"]
     assert rows["auto"].predicted_speedup is None and rows[6].predicted_speedup is not None
     assert rows["auto"].mean_lookahead == pytest.approx(5.4)
@@ -332,7 +332,7 @@ def test_a_row_that_adapts_is_recommended_unless_another_wins_beyond_the_noise(
         return 1.5 * (1.1 * math.exp(noise[prompt, seed]) if k == 4 else 1.0)
 
     report = summarize(sweep(timed_runner(speedup), 8, [4, "auto", "hybrid"], 2, seed=0))
-    speedups = {row.lookahead: row.speedup for row in report.per_k}
+    speedups = {row.variant: row.speedup for row in report.per_k}
     assert max(speedups, key=speedups.get) == 4
     assert report.recommended == (4 if fixed_wins else "hybrid")
     assert bool(report.note) != fixed_wins
@@ -355,8 +355,8 @@ def test_an_adaptive_row_says_when_its_draft_cost_rests_on_a_few_guesses() -> No
         return stats
 
     report = summarize(sweep(cannot_pay, 1, [2, "auto", "hybrid"], 1, seed=0))
-    rows = {row.lookahead: row for row in report.per_k}
-    assert rows["auto"].paid_guesses == 1 and rows["hybrid"].paid_guesses == 600
+    rows = {row.variant: row for row in report.per_k}
+    assert rows["auto"].model_guesses == 1 and rows["hybrid"].model_guesses == 600
     buf = io.StringIO()
     Console(file=buf, width=200).print(render(report, "demo"))
     lines = buf.getvalue().splitlines()
@@ -369,11 +369,12 @@ def test_the_table_fits_80_columns_without_cutting_a_header() -> None:
 
     from rich.console import Console
 
-    from specgen.cli_bench import recommended_options, render
+    from specgen.cli_bench import render
+    from specgen.memo import variant_options
 
     runs = sweep(adaptive_runner, 2, [1, 2, 3, 4, 6, 8, "auto", "ngram", "hybrid"], 1, seed=0)
     report = summarize(runs, kinds=["story", "rewrite"])
-    report.meta = {"title": "gemma3-270m-demo, 2 threads, T=0.0"}
+    report.title = "gemma3-270m-demo, 2 threads, T=0.0"
     buf = io.StringIO()
     Console(file=buf, width=80, force_terminal=False).print(render(report, "demo"))
     text = buf.getvalue()
@@ -383,9 +384,9 @@ def test_the_table_fits_80_columns_without_cutting_a_header() -> None:
         assert header in text
     assert "specgen run --pair demo --ngram -k auto" in text
     assert "ngram ran fastest" in text  # why the recommendation is not the fastest row
-    assert recommended_options(4, None, Path("/m/big model.gguf"), Path("/m/d.gguf")) == \
+    assert variant_options(4, None, Path("/m/big model.gguf"), Path("/m/d.gguf")) == \
         "--target '/m/big model.gguf' --draft /m/d.gguf --no-ngram -k 4"
-    assert recommended_options("hybrid", "p", None, None) == "--pair p --ngram -k auto"
+    assert variant_options("hybrid", "p", None, None) == "--pair p --ngram -k auto"
 
 
 def test_short_runs_blame_the_token_budget_not_acceptance() -> None:

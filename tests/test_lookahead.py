@@ -170,7 +170,7 @@ def test_one_early_rejection_does_not_undo_what_is_typical_but_a_hard_text_does(
     assert policy.plan([MODEL], 10_000).lookahead <= 2
 
 
-def test_paid_guesses_grow_to_twice_the_longest_run_this_text_kept() -> None:
+def test_a_models_guesses_grow_to_twice_the_longest_run_this_text_kept() -> None:
     """Where every guess survives and long cycles pay most, K for a draft model still ramps up
     (8, then twice the longest run kept: 16, 32), so one long cycle that fails early cannot cost
     much more than the cycles before it saved; a rejection early on holds it; free n-gram

@@ -246,7 +246,8 @@ def test_auto_remembers_its_costs_for_the_next_process(smollm2_target: Path,
     """What `-k auto` measured is kept per model files, machine and threads, greedy and sampled
     apart: the next load starts from it (no timing cycles), a sampled run learns its own costs
     and leaves the greedy ones alone, other threads start afresh, a broken file is ignored."""
-    from specgen.session import PairOptions, load_pair, stream
+    from specgen.pair import PairOptions, load_pair
+    from specgen.session import stream
 
     options = PairOptions(n_ctx=256, target_threads=2, draft_threads=2)
     first = load_pair(smollm2_target, smollm2_draft, options)

@@ -170,7 +170,7 @@ def test_models_check_command(smollm2_draft: Path, gemma_target: Path) -> None:
 
 
 def test_a_pair_may_draft_by_ngrams_or_turn_hybrid_drafting_off(tmp_path: Path) -> None:
-    from specgen.session import choose
+    from specgen.choice import choose
 
     user = tmp_path / "models.toml"
     user.write_text(

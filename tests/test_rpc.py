@@ -126,9 +126,9 @@ def test_an_abort_becomes_one_line_naming_the_workers() -> None:
 # -- models.toml and the command line --------------------------------------------------------
 def test_pairs_may_name_workers_and_rpc_none_runs_here(tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    from specgen import backend
+    from specgen.backend import runtime
+    from specgen.choice import choose
     from specgen.registry import Registry
-    from specgen.session import choose
 
     home = Path(os.environ["SPECGEN_HOME"])
     (home / "models.toml").write_text(
@@ -137,7 +137,7 @@ def test_pairs_may_name_workers_and_rpc_none_runs_here(tmp_path: Path,
     registry = Registry.load()
     assert registry.pair("far").workers == ("127.0.0.1:1", "127.0.0.1:2")
     assert choose(registry, "far", None, None, rpc="none").workers == ()
-    monkeypatch.setattr(backend, "supports_rpc", lambda: True)
+    monkeypatch.setattr(runtime, "supports_rpc", lambda: True)
     with pytest.raises(rpc.WorkerError, match="nothing is listening at 127.0.0.1:1"):
         choose(registry, "far", None, None)  # probed before anything loads
     (home / "models.toml").write_text(
@@ -157,9 +157,9 @@ def main(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], *a
 
 def test_a_build_without_rpc_says_how_to_rebuild(monkeypatch: pytest.MonkeyPatch,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
-    from specgen import backend
+    from specgen.backend import runtime
 
-    monkeypatch.setattr(backend, "supports_rpc", lambda: False)
+    monkeypatch.setattr(runtime, "supports_rpc", lambda: False)
     for args in (["worker"], ["run", "--target", "t.gguf", "--rpc", "127.0.0.1:1", "hi"]):
         code, err = main(monkeypatch, capsys, *args)
         assert code == 1 and err.startswith("error:") and "-DGGML_RPC=ON" in err, err
@@ -333,16 +333,17 @@ def test_bench_measures_the_verify_over_the_workers(smollm2_target: Path, smollm
 
 
 def test_bench_s_pasteable_command_keeps_the_workers() -> None:
-    from types import SimpleNamespace
-
+    from specgen.bench import BenchSetting, Report
     from specgen.cli_bench import _workers_option
 
-    def option(target: dict) -> str:
-        return _workers_option(SimpleNamespace(meta={"target": target}))  # type: ignore[arg-type]
+    def option(workers: tuple[str, ...], local_head: bool = True) -> str:
+        setting = BenchSetting("p", None, {}, None, {}, {}, workers, local_head)
+        return _workers_option(Report(1.0, 1.0, [], None, setting=setting))
 
-    assert option({"workers": ["a:1", "b:2"], "local_head": True}) == " --rpc a:1,b:2"
-    assert option({"workers": ["a:1"], "local_head": False}) == " --rpc a:1 --no-rpc-local-head"
-    assert option({"workers": []}) == ""
+    assert option(("a:1", "b:2")) == " --rpc a:1,b:2"
+    assert option(("a:1",), local_head=False) == " --rpc a:1 --no-rpc-local-head"
+    assert option(()) == ""
+    assert _workers_option(Report(1.0, 1.0, [], None)) == ""
 
 
 @pytest.mark.slow

@@ -264,11 +264,12 @@ def test_back_to_back_requests_never_find_the_model_busy(client) -> None:
 
 def test_serve_takes_the_k_bench_found(smollm2_target: Path, smollm2_draft: Path) -> None:
     from specgen.api import Specgen
+    from specgen.choice import choose
+    from specgen.memo import memo_path
     from specgen.registry import Registry
-    from specgen.session import bench_memo, choose
 
     choice = choose(Registry.load(), None, str(smollm2_target), str(smollm2_draft))
-    memo = bench_memo(choice, 2, -1)
+    memo = memo_path(choice, 2, -1)
     memo.parent.mkdir(parents=True, exist_ok=True)
     memo.write_text(json.dumps({"sampled": {"variant": 3, "speedup": 1.3, "temperature": 0.8,
                                             "date": "2026-11-29"}}))

@@ -45,6 +45,10 @@ class SamplingParams:
         return self.temperature <= 0.0
 
 
+# What specgen samples with when not told otherwise (run, batches, bench, the API, serve).
+DEFAULT_SAMPLING = SamplingParams()
+
+
 @dataclass(frozen=True)
 class Dist:
     """A probability distribution over token ids, stored sparsely.

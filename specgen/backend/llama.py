@@ -1,6 +1,6 @@
-"""The only module that imports llama_cpp: load a GGUF, tokenize, decode, roll back the cache.
+"""A GGUF loaded through llama-cpp-python's low-level API: tokenize, decode, roll back.
 
-It wraps llama-cpp-python's low-level API (batches with per-row logits flags, ``llama_decode``,
+It wraps the low-level API (batches with per-row logits flags, ``llama_decode``,
 ``llama_get_logits``, ``llama_memory_seq_rm``), never the high-level ``Llama`` class, whose
 ``logits_all=True`` would compute and keep logits for every prompt token. It knows nothing of
 speculation: the engine decides what to decode and which logits rows to read.
@@ -9,239 +9,18 @@ speculation: the engine decides what to decode and which logits rows to read.
 from __future__ import annotations
 
 import ctypes
-import os
-import sys
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 import llama_cpp
 import numpy as np
 
-from specgen import rpc
-from specgen.errors import BackendError, ContextFull, UserError
+from specgen.backend.ggml import place_on_workers
+from specgen.backend.runtime import init_backend, library_version
+from specgen.errors import BackendError, ContextFull
 from specgen.machine import default_threads
 
 _ALL_LAYERS = 2**31 - 1
-
-
-# llama.cpp logs through this callback for the life of the process; the ctypes object must stay
-# referenced from Python, or the next log line from C jumps into freed memory.
-_log_state = {"verbose": False, "callback": None}
-
-
-@llama_cpp.llama_log_callback
-def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
-    if _log_state["verbose"]:
-        sys.stderr.write(text.decode("utf-8", errors="replace"))
-
-
-_log_state["callback"] = _log_callback
-_backend_ready = False
-
-
-def _init_backend(verbose: bool) -> None:
-    global _backend_ready
-    _log_state["verbose"] = verbose
-    if not _backend_ready:
-        llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
-        llama_cpp.llama_backend_init()
-        _backend_ready = True
-
-
-def system_info() -> str:
-    """llama.cpp's own description of the build (CPU features, GPU backends)."""
-    return llama_cpp.llama_print_system_info().decode("utf-8", errors="replace").strip()
-
-
-def supports_gpu_offload() -> bool:
-    """Whether this build has a GPU to offload to (an RPC-only build answers yes to llama.cpp's
-    own question, though it has no local GPU)."""
-    return bool(llama_cpp.llama_supports_gpu_offload()) and bool(_local_devices(_GPU_TYPES))
-
-
-def supports_rpc() -> bool:
-    """Whether this build has llama.cpp's RPC backend (``-DGGML_RPC=ON``)."""
-    return bool(llama_cpp.llama_supports_rpc())
-
-
-def library_version() -> str:
-    return str(getattr(llama_cpp, "__version__", "unknown"))
-
-
-# -- ggml devices and llama.cpp's RPC backend ---------------------------------------------------
-# The bindings expose none of this. Symbols are resolved through libllama's own handle: the wheel
-# ships three copies of libggml, and loading another would map a second ggml with its own registry.
-_DEV_CPU, _DEV_GPU, _DEV_IGPU = 0, 1, 2
-_GPU_TYPES = (_DEV_GPU, _DEV_IGPU)
-# Kept on this machine when the target's layers are on workers: each verify then sends hidden
-# states (kilobytes) instead of one logit row per token (a megabyte each for a 262k vocabulary).
-LOCAL_HEAD_PATTERN = r"^(output|token_embd)\.weight$"
-RPC_REBUILD = ('CMAKE_ARGS="-DGGML_RPC=ON" pip install --force-reinstall --no-cache-dir '
-               'llama-cpp-python')
-_functions: dict[str, ctypes._CFuncPtr] = {}
-
-
-def _ggml(name: str, restype: object, *argtypes: object) -> ctypes._CFuncPtr:
-    fn = _functions.get(name)
-    if fn is None:
-        fn = getattr(llama_cpp.llama_cpp._lib, name)
-        fn.restype = restype
-        fn.argtypes = list(argtypes)
-        _functions[name] = fn
-    return fn
-
-
-@dataclass(frozen=True)
-class Device:
-    """One ggml device (a CPU, a GPU, or a worker's device seen through RPC)."""
-
-    name: str
-    description: str
-    free_bytes: int
-    total_bytes: int
-
-
-def _describe_device(device: int) -> Device:
-    free, total = ctypes.c_size_t(), ctypes.c_size_t()
-    size_p = ctypes.POINTER(ctypes.c_size_t)
-    _ggml("ggml_backend_dev_memory", None, ctypes.c_void_p, size_p, size_p)(
-        device, ctypes.byref(free), ctypes.byref(total))
-    name = _ggml("ggml_backend_dev_name", ctypes.c_char_p, ctypes.c_void_p)(device)
-    text = _ggml("ggml_backend_dev_description", ctypes.c_char_p, ctypes.c_void_p)(device)
-    return Device((name or b"?").decode(errors="replace"), (text or b"").decode(errors="replace"),
-                  free.value, total.value)
-
-
-def _local_devices(types: tuple[int, ...]) -> list[int]:
-    count = int(_ggml("ggml_backend_dev_count", ctypes.c_size_t)())
-    get = _ggml("ggml_backend_dev_get", ctypes.c_void_p, ctypes.c_size_t)
-    kind = _ggml("ggml_backend_dev_type", ctypes.c_int, ctypes.c_void_p)
-    return [device for i in range(count) if kind(device := get(i)) in types]
-
-
-def _served_devices() -> list[int]:
-    """What a worker offers: this machine's GPUs, or its CPU when it has none."""
-    return _local_devices(_GPU_TYPES) or _local_devices((_DEV_CPU,))
-
-
-def served_devices() -> list[Device]:
-    return [_describe_device(device) for device in _served_devices()]
-
-
-def require_rpc() -> None:
-    """One line, with the rebuild command, where this build has no RPC backend."""
-    if not supports_rpc():
-        raise UserError(f"this build of llama.cpp has no RPC backend (needed by `specgen worker` "
-                        f"and --rpc); rebuild it with: {RPC_REBUILD}")
-
-
-def _rpc_function(name: str, restype: object, *argtypes: object) -> ctypes._CFuncPtr:
-    require_rpc()
-    registry = _ggml("ggml_backend_reg_by_name", ctypes.c_void_p, ctypes.c_char_p)(b"RPC")
-    address = _ggml("ggml_backend_reg_get_proc_address", ctypes.c_void_p, ctypes.c_void_p,
-                    ctypes.c_char_p)(registry, name.encode())
-    if not registry or not address:
-        raise UserError(f"this build of llama.cpp lacks {name}; rebuild it with: "
-                        f"{RPC_REBUILD}")
-    return ctypes.CFUNCTYPE(restype, *argtypes)(address)
-
-
-def serve_worker(endpoint: str, n_threads: int, cache_dir: str | None) -> None:
-    """Serve this machine's devices to RPC clients at ``host:port``; returns only on failure.
-
-    One client at a time: ggml's server accepts the next connection when the current one ends.
-    """
-    _init_backend(False)
-    devices = _served_devices()
-    start = _rpc_function("ggml_backend_rpc_start_server", None, ctypes.c_char_p,
-                          ctypes.c_char_p, ctypes.c_size_t, ctypes.c_size_t,
-                          ctypes.POINTER(ctypes.c_void_p))
-    array = (ctypes.c_void_p * len(devices))(*devices)
-    start(endpoint.encode(), cache_dir.encode() if cache_dir else None,
-          n_threads or default_threads(), len(devices), array)
-
-
-# Workers attached in this process (ggml keeps one connection to each for the process's life).
-_workers: dict[str, list[int]] = {}
-
-
-def _worker_devices(endpoint: str) -> list[int]:
-    """Attach a worker (probe it first: ggml aborts on any failure) and list its devices.
-
-    Its registry is not registered globally, or every model loaded with default devices (the
-    draft) would be offloaded to it too; only the target's parameters name these devices.
-    """
-    devices = _workers.get(endpoint)
-    if devices is None:
-        add_server = _rpc_function("ggml_backend_rpc_add_server", ctypes.c_void_p,
-                                   ctypes.c_char_p)
-        rpc.hello(rpc.parse_endpoint(endpoint))
-        _on_abort_exit()
-        registry = add_server(endpoint.encode())
-        count = int(_ggml("ggml_backend_reg_dev_count", ctypes.c_size_t, ctypes.c_void_p)(
-            registry))
-        get = _ggml("ggml_backend_reg_dev_get", ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
-        devices = [get(registry, i) for i in range(count)]
-        _workers[endpoint] = devices
-    return devices
-
-
-def worker_devices(endpoint: str) -> list[Device]:
-    """A worker's devices with their free and total memory (the worker must be probed first)."""
-    _init_backend(False)
-    return [_describe_device(device) for device in _worker_devices(endpoint)]
-
-
-_abort_state: dict[str, object] = {"callback": None}
-
-
-def _on_abort_exit() -> None:
-    """Once workers are attached, a ggml abort (a worker that died mid-run) ends the process with
-    one line and exit code 1, instead of SIGABRT, ggml's backtrace and maybe a core dump."""
-    if _abort_state["callback"] is not None:
-        return
-
-    @ctypes.CFUNCTYPE(None, ctypes.c_char_p)
-    def on_abort(message: bytes | None) -> None:
-        line = rpc.abort_line((message or b"").decode(errors="replace"), list(_workers))
-        try:
-            flusher = threading.Thread(target=sys.stdout.flush, daemon=True)
-            flusher.start()
-            flusher.join(1.0)  # the text generated so far, unless stdout itself is stuck
-        finally:
-            start = "\n" if os.isatty(2) else ""  # below a live view's last line
-            os.write(2, f"{start}error: {line}\n".encode())
-            os._exit(1)
-
-    _abort_state["callback"] = on_abort  # referenced for the life of the process
-    _ggml("ggml_set_abort_callback", ctypes.c_void_p, ctypes.c_void_p)(
-        ctypes.cast(on_abort, ctypes.c_void_p))
-
-
-class _BuftOverride(ctypes.Structure):
-    """llama_model_tensor_buft_override (not bound in llama-cpp-python 0.3.36)."""
-
-    _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
-
-
-def _place_on_workers(params: llama_cpp.llama_model_params, workers: tuple[str, ...],
-                      local_head: bool) -> list[object]:
-    """Point a model's layers at the workers (after this machine's GPUs, if any); returns the
-    ctypes arrays that must stay referenced while the model loads."""
-    devices = _local_devices(_GPU_TYPES)
-    for endpoint in workers:
-        devices += _worker_devices(endpoint)
-    device_array = (ctypes.c_void_p * (len(devices) + 1))(*devices, None)
-    params.devices = ctypes.cast(device_array, ctypes.c_void_p).value
-    keep: list[object] = [device_array]
-    if local_head:
-        cpu = _ggml("ggml_backend_cpu_buffer_type", ctypes.c_void_p)()
-        overrides = (_BuftOverride * 2)(_BuftOverride(LOCAL_HEAD_PATTERN.encode(), cpu),
-                                        _BuftOverride(None, None))
-        params.tensor_buft_overrides = ctypes.cast(overrides, ctypes.c_void_p).value
-        keep.append(overrides)
-    return keep
 
 
 @dataclass(frozen=True)
@@ -266,14 +45,14 @@ class Vocabulary:
     def __init__(self, path: str | Path, verbose: bool = False, *, _weights: bool = False,
                  n_gpu_layers: int = 0, workers: tuple[str, ...] = (),
                  local_head: bool = True) -> None:
-        _init_backend(verbose)
+        init_backend(verbose)
         self.path = Path(path)
         if not self.path.is_file():
             raise BackendError(f"model file not found: {self.path}")
         params = llama_cpp.llama_model_default_params()
         params.vocab_only = not _weights
         params.n_gpu_layers = _ALL_LAYERS if n_gpu_layers < 0 else n_gpu_layers
-        keep = _place_on_workers(params, workers, local_head) if workers else []
+        keep = place_on_workers(params, workers, local_head) if workers else []
         model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), params)
         if not model:
             raise BackendError(
@@ -457,7 +236,7 @@ class LlamaModel(Vocabulary):
 
 def quantize(src: str | Path, dst: str | Path, ftype: str, n_threads: int = 0) -> None:
     """Convert a GGUF with llama.cpp's own quantizer (``ftype`` such as F32, F16, Q8_0, Q4_K_M)."""
-    _init_backend(False)
+    init_backend(False)
     upper = ftype.upper()
     name = "LLAMA_FTYPE_ALL_F32" if upper == "F32" else f"LLAMA_FTYPE_MOSTLY_{upper}"
     code = getattr(llama_cpp, name, None)

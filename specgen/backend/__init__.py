@@ -1,0 +1,29 @@
+"""The only package that imports llama_cpp: llama.cpp, as specgen uses it.
+
+- ``llama``: a GGUF loaded (``LlamaModel``) or its vocabulary alone (``Vocabulary``): tokenize,
+  decode with chosen logits rows, roll back the cache; llama.cpp's quantizer;
+- ``ggml``: devices, llama.cpp's RPC backend (workers), and where a model's layers go;
+- ``runtime``: llama.cpp's process-wide state (logs, backends) and what the build is.
+
+It knows nothing of speculation: the engine decides what to decode and which rows to read.
+"""
+
+from __future__ import annotations
+
+from specgen.backend.ggml import (
+    LOCAL_HEAD_PATTERN,
+    RPC_REBUILD,
+    Device,
+    require_rpc,
+    serve_worker,
+    served_devices,
+    supports_gpu_offload,
+    worker_devices,
+)
+from specgen.backend.llama import LlamaModel, ModelOptions, Vocabulary, quantize
+from specgen.backend.runtime import library_version, supports_rpc, system_info
+
+__all__ = ["LOCAL_HEAD_PATTERN", "RPC_REBUILD", "Device", "LlamaModel", "ModelOptions",
+           "Vocabulary", "library_version", "quantize", "require_rpc", "serve_worker",
+           "served_devices", "supports_gpu_offload", "supports_rpc", "system_info",
+           "worker_devices"]

@@ -1,0 +1,46 @@
+"""llama.cpp's process-wide state, as specgen sets it up once: its logs (silent unless asked)
+and its backends, and what the build is (version, system info, RPC)."""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+
+import llama_cpp
+
+# llama.cpp logs through this callback for the life of the process; the ctypes object must stay
+# referenced from Python, or the next log line from C jumps into freed memory.
+_log_state = {"verbose": False, "callback": None}
+
+
+@llama_cpp.llama_log_callback
+def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    if _log_state["verbose"]:
+        sys.stderr.write(text.decode("utf-8", errors="replace"))
+
+
+_log_state["callback"] = _log_callback
+_backend_ready = False
+
+
+def init_backend(verbose: bool) -> None:
+    global _backend_ready
+    _log_state["verbose"] = verbose
+    if not _backend_ready:
+        llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
+        llama_cpp.llama_backend_init()
+        _backend_ready = True
+
+
+def system_info() -> str:
+    """llama.cpp's own description of the build (CPU features, GPU backends)."""
+    return llama_cpp.llama_print_system_info().decode("utf-8", errors="replace").strip()
+
+def supports_rpc() -> bool:
+    """Whether this build has llama.cpp's RPC backend (``-DGGML_RPC=ON``)."""
+    return bool(llama_cpp.llama_supports_rpc())
+
+
+def library_version() -> str:
+    return str(getattr(llama_cpp, "__version__", "unknown"))
+

@@ -1,0 +1,154 @@
+"""Which models, K and way of drafting a command runs: one decision for every command.
+
+``specgen run``, batches, ``bench``, the Python API and ``serve`` all decide here, from the
+model options, ``models.toml`` and what ``specgen bench`` found on this machine
+(``specgen.memo``); where they differ, the difference is a parameter of ``decide``. Nothing is
+downloaded or loaded here (``specgen.pair`` does that); the workers a choice names are probed,
+since ggml would abort the process on one that does not answer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from specgen.errors import UsageError
+from specgen.lookahead import DEFAULT_LOOKAHEAD, Lookahead, effective_lookahead
+from specgen.registry import NGRAM, ModelSpec, PairSpec, Registry
+from specgen.rpc import parse_endpoints, probe
+
+
+@dataclass(frozen=True)
+class Choice:
+    """Which models a command runs, from --pair/--target/--draft and models.toml.
+
+    ``ngram`` drafts by prompt lookup: alone where ``draft`` is None, else beside the draft model.
+    """
+
+    target: ModelSpec
+    draft: ModelSpec | None
+    pair: PairSpec | None
+    ngram: bool = False
+    workers: tuple[str, ...] = ()  # where the target's layers go (`specgen worker`s)
+
+    @property
+    def lookahead(self) -> Lookahead:
+        return self.pair.lookahead if self.pair else DEFAULT_LOOKAHEAD
+
+    @property
+    def chat(self) -> bool | None:
+        """The pair's ``chat`` setting; None: decided by the target's chat template."""
+        return self.pair.chat if self.pair else None
+
+    @property
+    def drafts(self) -> bool:
+        return self.draft is not None or self.ngram
+
+
+def choose(registry: Registry, pair: str | None, target: str | None, draft: str | None,
+           ngram: bool | None = None, rpc: str | None = None) -> Choice:
+    """The models a command runs. The rule, as the README states it:
+
+    - ``--pair NAME``, or no model option at all (the default pair): both models of the pair;
+    - ``--target``/``--draft`` next to ``--pair`` replace that member of the pair;
+    - ``--target`` with no ``--pair``: your target, alone or with your ``--draft``;
+    - ``--draft`` with no ``--pair`` and no ``--target``: a usage error (whose target?).
+
+    ``--draft ngram`` drafts by prompt lookup; ``ngram`` (``--ngram/--no-ngram``) adds or
+    removes prompt lookup beside a draft model, where None keeps the pair's own setting.
+    ``rpc`` (``host:port,...``, or ``none``) names the workers for the target's layers, where
+    None keeps the pair's own.
+    """
+    if draft is not None and target is None and pair is None:
+        raise UsageError("--draft needs a target: add --target FILE, or --pair NAME to use "
+                         "the draft with that pair's target")
+    named = registry.pair(pair) if pair or target is None else None
+    if target:
+        target_spec = registry.spec(target)
+    else:
+        assert named is not None, "no --target means a pair (the default one at least)"
+        target_spec = named.target
+    workers = _workers(rpc, named)
+    if draft == NGRAM:
+        return Choice(target_spec, None, named, ngram=True, workers=workers)
+    draft_spec = registry.spec(draft) if draft else (named.draft if named else None)
+    by_pair = named.ngram if named else False
+    return Choice(target_spec, draft_spec, named, by_pair if ngram is None else ngram, workers)
+
+
+def _workers(rpc: str | None, pair: PairSpec | None) -> tuple[str, ...]:
+    """The workers named, checked before anything is downloaded or loaded: this build has RPC,
+    and each worker answers the handshake (ggml would abort the process otherwise)."""
+    if rpc is None:
+        workers = pair.workers if pair else ()
+    elif rpc.strip().lower() == "none":
+        workers = ()
+    else:
+        workers = tuple(str(endpoint) for endpoint in parse_endpoints(rpc))
+    if workers:
+        from specgen.backend import require_rpc
+
+        require_rpc()
+        probe(parse_endpoints(workers))
+    return workers
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What a command runs: the models, K (0: the target alone; or "auto"), prompt lookup, and
+    where that K came from (``note``, said on stderr) and where bench's findings for these
+    models on this machine are kept (``memo``)."""
+
+    choice: Choice
+    lookahead: Lookahead
+    note: str
+    memo: Path
+
+    @property
+    def draft(self) -> ModelSpec | None:
+        """The draft model to load: none where the target runs alone."""
+        return self.choice.draft if self.lookahead != 0 else None
+
+    @property
+    def ngram(self) -> bool:
+        """Whether the loaded pair drafts by prompt lookup (alone or beside the draft model)."""
+        return self.choice.ngram and self.lookahead != 0
+
+    @property
+    def chat(self) -> bool | None:
+        return self.choice.chat
+
+    @property
+    def name(self) -> str | None:
+        return self.choice.pair.name if self.choice.pair else None
+
+
+ALONE_NOTE = "no draft model: running the target alone (-k 0; --draft ngram drafts without one)"
+
+
+def decide(pair: str | None = None, target: str | None = None, draft: str | None = None, *,
+           ngram: bool | None = None, lookahead: Lookahead | None = None,
+           rpc: str | None = None, threads: int = 0, gpu_layers: int = -1,
+           bench_temperature: float | None = None, explain_alone: bool = False,
+           registry: Registry | None = None) -> Decision:
+    """The one decision of which models, K and drafting a command runs.
+
+    K is ``lookahead`` where given, else what ``specgen bench`` found best for these models on
+    this machine (threads, GPU layers) at ``bench_temperature``'s kind of sampling (None: bench
+    is not asked; nor is it where ``--ngram/--no-ngram`` or ``--draft ngram`` says how to draft),
+    else the pair's own, else DEFAULT_LOOKAHEAD; and 0 where nothing drafts
+    (``explain_alone``: the note says so when another K was asked for).
+    """
+    from specgen import memo
+
+    choice = choose(registry or Registry.load(), pair, target, draft, ngram, rpc)
+    found = memo.memo_path(choice, threads, gpu_layers)
+    note = ""
+    if bench_temperature is not None and lookahead is None and ngram is None and draft != NGRAM:
+        picked = memo.recall_choice(choice, found, bench_temperature)
+        if picked is not None:
+            choice, lookahead, note = picked
+    k = choice.lookahead if lookahead is None else lookahead
+    if not choice.drafts and k != 0 and not note and explain_alone:
+        note = ALONE_NOTE
+    return Decision(choice, effective_lookahead(k, choice.drafts), note, found)

@@ -1,0 +1,120 @@
+"""What ``specgen bench`` found best for a pair on this machine, remembered for ``run`` and
+``serve``: one record per models and machine (CPU, llama.cpp build, threads, GPU layers,
+workers), a verdict per kind of sampling (greedy, sampled).
+
+It is also the one home of what a bench row (a *variant*: a fixed K, ``auto``, ``ngram`` or
+``hybrid``) means as a choice of drafting (``variant_choice``) and as ``specgen run`` options
+(``variant_options``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shlex
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from specgen import store
+from specgen.core.sampling import SamplingParams
+from specgen.lookahead import Lookahead, check_lookahead
+from specgen.machine import build_id, cpu_flags, default_threads
+
+if TYPE_CHECKING:
+    from specgen.bench import Report, Variant
+    from specgen.choice import Choice
+
+
+def memo_path(choice: Choice, threads: int, gpu_layers: int) -> Path:
+    """Where ``specgen bench`` keeps, and ``specgen run`` finds, what was measured for these
+    models on this machine with these threads and GPU layers."""
+    models = [choice.target.label(), choice.draft.label() if choice.draft else "-"]
+    machine: dict[str, object] = {
+        "cpu": platform.processor() or platform.machine(), "flags": cpu_flags(),
+        "logical_cpus": os.cpu_count(), "build": build_id(),
+        "threads": threads or default_threads(), "gpu_layers": gpu_layers}
+    if choice.workers:  # a verify over the network costs otherwise: K is measured apart
+        machine["workers"] = list(choice.workers)
+    key = store.text_key(json.dumps([models, machine], sort_keys=True, default=str))
+    return store.path("bench", key)
+
+
+def mode_of(temperature: float) -> str:
+    """The kind of sampling a verdict is kept under."""
+    return "greedy" if SamplingParams(temperature=temperature).greedy else "sampled"
+
+
+def remember(path: Path, reports: Sequence[Report], when: str) -> None:
+    """Keep each sampling mode's best variant (0: nothing paid) for `run` to use by default."""
+    memo = store.read_json(path, {})
+    if not isinstance(memo, dict):
+        memo = {}
+    for report in reports:
+        temperature = report.temperature or 0.0
+        best = report.best()
+        memo[mode_of(temperature)] = {
+            "variant": best.variant if best is not None else 0,
+            "speedup": best.speedup if best is not None else 1.0,
+            "temperature": temperature, "date": when,
+            "cost_ratio": best.cost_ratio if best is not None else None,
+        }
+    store.write_json(path, memo, indent=1)  # a read-only cache: nothing remembered
+
+
+def recall(path: Path, temperature: float) -> dict[str, object] | None:
+    """What bench found for this sampling mode, or None when it never ran here."""
+    memo = store.read_json(path)
+    found = memo.get(mode_of(temperature)) if isinstance(memo, dict) else None
+    return found if isinstance(found, dict) and "variant" in found else None
+
+
+def variant_choice(choice: Choice, variant: object) -> tuple[Choice, Lookahead] | None:
+    """The choice and K that run a bench row on these models (None: not a row bench makes)."""
+    if variant == "ngram":
+        return replace(choice, draft=None, ngram=True), "auto"
+    if variant == "hybrid":
+        return replace(choice, ngram=True), "auto"
+    try:
+        return replace(choice, ngram=False), check_lookahead(variant)
+    except ValueError:
+        return None
+
+
+def recall_choice(choice: Choice, path: Path, temperature: float
+                  ) -> tuple[Choice, Lookahead, str] | None:
+    """What `specgen bench` found best for these models here at this kind of sampling, as the
+    choice to use, its K and a note that says where the K came from; None where bench never ran
+    here (or the choice drafts nothing, so there is nothing to pick)."""
+    if not choice.drafts:
+        return None
+    from specgen.bench import variant_name
+
+    found = recall(path, temperature)
+    picked = None if found is None else variant_choice(choice, found["variant"])
+    if found is None or picked is None:
+        return None
+    speedup = found.get("speedup", 1.0)
+    times = float(speedup) if isinstance(speedup, int | float) else 1.0
+    note = (f"{variant_name(found['variant'])}: what `specgen bench` found best here "
+            f"({found.get('date')}, {times:.2f}x at T={found.get('temperature')}); "
+            f"-k to choose another")
+    return (*picked, note)
+
+
+def variant_options(variant: Variant, pair: str | None, target: Path | None,
+                    draft: Path | None) -> str:
+    """The `specgen run` options that reproduce one bench row."""
+    if pair:
+        models = f"--pair {pair}"
+    else:
+        models = f"--target {shlex.quote(str(target))}"
+        if draft is not None and variant != "ngram":
+            models += f" --draft {shlex.quote(str(draft))}"
+    if variant == "ngram":
+        return f"{models} --draft ngram -k auto"
+    if variant == "hybrid":
+        return f"{models} --ngram -k auto"
+    return f"{models} --no-ngram -k {variant}"

@@ -1,0 +1,169 @@
+"""The OpenAI shapes the server speaks: requests (validated by pydantic), the choices and
+chunks of responses, usage and llama.cpp-server-style timings, and error objects."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from specgen.api import Settings
+from specgen.errors import lookup
+from specgen.prompts import MAX_SEED
+from specgen.stats import Stats
+
+# How a generation's stop reason reads as an OpenAI finish_reason.
+FINISH = {"eog": "stop", "stop": "stop", "max_tokens": "length", "context_full": "length",
+          "cancelled": "stop", "interrupted": "stop"}
+
+
+# -- requests -----------------------------------------------------------------------------------
+
+class SamplingRequest(BaseModel):
+    """The fields both endpoints take; others clients send are ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    temperature: float = Field(default=Settings.temperature, ge=0.0, le=10.0)
+    top_p: float = Field(default=Settings.top_p, gt=0.0, le=1.0)
+    top_k: int = Field(default=Settings.top_k, ge=0)
+    min_p: float = Field(default=Settings.min_p, ge=0.0, lt=1.0)
+    seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
+    stop: str | list[str] | None = None
+    stream: bool = False
+    n: int = Field(default=1, ge=1, le=1)
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, value: str | list[str] | None) -> str | list[str] | None:
+        if isinstance(value, list) and (len(value) > 4 or not all(value)):
+            raise ValueError("stop takes up to 4 non-empty strings")
+        return value
+
+    def settings(self, default_max: int) -> Settings:
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+        return Settings(max_tokens=self.max_completion_tokens or self.max_tokens or default_max,
+                        temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
+                        min_p=self.min_p, seed=self.seed, stop=stop)
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "user", "assistant"]
+    content: str | list[dict[str, Any]]
+
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.get("text", "") for part in self.content
+                       if part.get("type") == "text")
+
+
+class ChatRequest(SamplingRequest):
+    messages: list[ChatMessage] = Field(min_length=1)
+
+
+class CompletionRequest(SamplingRequest):
+    prompt: str | list[str]
+
+    @field_validator("prompt")
+    @classmethod
+    def _one_prompt(cls, value: str | list[str]) -> str | list[str]:
+        if isinstance(value, list) and len(value) != 1:
+            raise ValueError("one prompt per request")
+        return value
+
+    def text(self) -> str:
+        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+
+
+# -- responses ----------------------------------------------------------------------------------
+
+def choice(chat: bool, text: str | None, finish: str | None) -> dict[str, object]:
+    """The one choice of a whole response."""
+    out: dict[str, object] = {"index": 0, "finish_reason": finish, "logprobs": None}
+    if chat:
+        out["message"] = {"role": "assistant", "content": text}
+    else:
+        out["text"] = text
+    return out
+
+
+def chunk_choice(chat: bool, text: str | None, finish: str | None, role: bool = False
+                 ) -> dict[str, object]:
+    """The one choice of a streamed chunk: a chat's text is a delta (``role`` on the first)."""
+    if not chat:
+        return {"index": 0, "text": text or "", "finish_reason": finish}
+    delta: dict[str, object] = {"role": "assistant"} if role else {}
+    if text is not None:
+        delta["content"] = text
+    return {"index": 0, "delta": delta, "finish_reason": finish}
+
+
+def finish_reason(stats: Stats) -> str:
+    return FINISH.get(stats.stop_reason or "", "stop")
+
+
+def usage(stats: Stats) -> dict[str, object]:
+    return {"prompt_tokens": stats.n_prompt, "completion_tokens": stats.n_generated,
+            "total_tokens": stats.n_prompt + stats.n_generated,
+            "prompt_tokens_details": {"cached_tokens": stats.n_prompt_cached}}
+
+
+def timings(stats: Stats) -> dict[str, object]:
+    """llama.cpp's server ``timings``, with specgen's drafting figures."""
+    decoded = stats.n_prompt - stats.n_prompt_cached
+    prompt_ms, predicted_ms = stats.prompt_seconds * 1000, stats.elapsed() * 1000
+    return {
+        "cache_n": stats.n_prompt_cached,
+        "prompt_n": decoded,
+        "prompt_ms": prompt_ms,
+        "prompt_per_token_ms": prompt_ms / decoded if decoded else None,
+        "prompt_per_second": decoded / stats.prompt_seconds if stats.prompt_seconds else None,
+        "predicted_n": stats.n_generated,
+        "predicted_ms": predicted_ms,
+        "predicted_per_token_ms": predicted_ms / stats.n_generated if stats.n_generated else None,
+        "predicted_per_second": stats.tokens_per_second,
+        "draft_n": stats.n_drafted,
+        "draft_n_accepted": stats.n_accepted,
+    }
+
+
+def event(payload: object) -> bytes:
+    """One server-sent event."""
+    return f"data: {json.dumps(payload)}\n\n".encode()
+
+
+DONE = b"data: [DONE]\n\n"
+
+
+# -- errors ---------------------------------------------------------------------------------
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error",
+                 code: str | None = None, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.kind, self.code = status, message, kind, code
+        self.headers = headers or {}
+
+
+def error_response(status: int, message: str, kind: str = "invalid_request_error",
+                   code: str | None = None, headers: dict[str, str] | None = None
+                   ) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": kind, "param": None,
+                                   "code": code}}, status_code=status, headers=headers)
+
+
+def as_api_error(err: Exception) -> ApiError:
+    """The error table's status and message for an error a request caused (500 for a bug)."""
+    entry = lookup(err)
+    if entry is None:
+        return ApiError(500, f"internal error: {type(err).__name__}: {err}", "server_error")
+    return ApiError(entry.http_status, entry.message(err),
+                    "invalid_request_error" if entry.http_status < 500 else "server_error")
