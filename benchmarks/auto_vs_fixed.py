@@ -18,7 +18,7 @@ import statistics
 from dataclasses import replace
 
 from specgen.backend import LlamaModel, ModelOptions
-from specgen.bench import BUILTIN_KINDS, BUILTIN_PROMPTS
+from specgen.bench.prompts import BUILTIN_KINDS, BUILTIN_PROMPTS
 from specgen.core.sampling import DEFAULT_SAMPLING
 from specgen.drafters import HybridDrafter, ModelDrafter
 from specgen.engine import CycleDone, Finished, GenerationConfig, SpeculativeEngine

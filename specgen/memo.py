@@ -24,8 +24,12 @@ from specgen.lookahead import Lookahead, check_lookahead
 from specgen.machine import build_id, cpu_flags, default_threads
 
 if TYPE_CHECKING:
-    from specgen.bench import Report, Variant
+    from specgen.bench.report import Report
     from specgen.choice import Choice
+
+# A row of a bench: a fixed K of the draft model, or one of the adaptive variants (``auto``, the
+# draft model with K chosen each cycle; ``ngram``, prompt lookup alone; ``hybrid``, both).
+Variant = int | str
 
 
 def memo_path(choice: Choice, threads: int, gpu_layers: int) -> Path:
@@ -71,6 +75,11 @@ def recall(path: Path, temperature: float) -> dict[str, object] | None:
     return found if isinstance(found, dict) and "variant" in found else None
 
 
+def variant_name(variant: object) -> str:
+    """How a row is named to a user: ``K=4``, ``auto``, ``ngram``, ``hybrid``."""
+    return f"K={variant}" if isinstance(variant, int) else str(variant)
+
+
 def variant_choice(choice: Choice, variant: object) -> tuple[Choice, Lookahead] | None:
     """The choice and K that run a bench row on these models (None: not a row bench makes)."""
     if variant == "ngram":
@@ -90,8 +99,6 @@ def recall_choice(choice: Choice, path: Path, temperature: float
     here (or the choice drafts nothing, so there is nothing to pick)."""
     if not choice.drafts:
         return None
-    from specgen.bench import variant_name
-
     found = recall(path, temperature)
     picked = None if found is None else variant_choice(choice, found["variant"])
     if found is None or picked is None:

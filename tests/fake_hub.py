@@ -43,7 +43,9 @@ class FakeHub:
         self.stall = threading.Event()  # while set, a file GET stalls after `cut_after` bytes
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        # A short poll: shutting the server down waits for one.
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.02,),
+                                        daemon=True)
 
     @property
     def url(self) -> str:

@@ -4,15 +4,24 @@ Because the logits hash the *whole* cache, a rollback that leaves a stale token 
 every later distribution, so the engine tests catch cache bugs without loading any weights.
 Time is a ``FakeClock`` that the fake models advance as a real decode would take time, so what
 ``-k auto`` measures is exact and the same on every machine, and no test sleeps.
+
+A fake also has what a loaded model shows of its vocabulary (tokenize, pieces, a chat template),
+so the command line, batches, bench and the server run on it in-process: ``write_fake`` writes a
+model file that ``load_fake`` (swapped in for llama.cpp by ``fake_backend``) loads as a fake.
 """
 
 from __future__ import annotations
 
+import json
 import zlib
+from pathlib import Path
 
 import numpy as np
 
 PIECES = [bytes([ord("a") + i]) for i in range(12)] + [b" ", b"\n", b"\xc3", b"\xa9"]
+# A chat template in the Hugging Face style, as a GGUF carries one.
+CHAT_TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}<assistant>{% endif %}")
 
 
 class FakeClock:
@@ -31,7 +40,9 @@ class FakeClock:
 class FakeModel:
     def __init__(self, n_vocab: int = 16, n_ctx: int = 512, salt: int = 0, noise: float = 0.0,
                  sharpness: float = 2.0, eog: int | None = None, call_seconds: float = 0.0,
-                 token_seconds: float = 0.0, clock: FakeClock | None = None) -> None:
+                 token_seconds: float = 0.0, clock: FakeClock | None = None,
+                 path: Path = Path("fake.gguf"), n_threads: int = 1,
+                 chat_template: str | None = CHAT_TEMPLATE, repeat: int = 0) -> None:
         self.n_vocab, self.n_ctx = n_vocab, n_ctx
         # A real decode costs a fixed amount per call plus a little per token (a batch is cheap
         # per token): each decode advances ``clock`` so, which makes what the adaptive lookahead
@@ -39,8 +50,12 @@ class FakeModel:
         self.call_seconds, self.token_seconds = call_seconds, token_seconds
         self.clock = clock if clock is not None else FakeClock()
         self.salt, self.noise, self.sharpness, self.eog = salt, noise, sharpness, eog
+        self.path, self.n_threads, self.description = path, n_threads, "fake model"
+        self.template = chat_template
+        self.repeat = repeat  # > 0: the text mostly counts 0, 1, ... repeat-1 round and round
         self.cache: list[int] = []
         self.decode_calls: list[tuple[int, int]] = []
+        self._rows: dict[tuple[int, ...], np.ndarray] = {}  # logits_after, as computed
 
     @property
     def n_past(self) -> int:
@@ -51,23 +66,35 @@ class FakeModel:
         base = self._gauss(prefix, 0)
         if self.noise:
             base = base + self.noise * self._gauss(prefix, self.salt)
-        return (base * self.sharpness).astype(np.float32)
+        logits = (base * self.sharpness).astype(np.float32)
+        if self.repeat and prefix:
+            logits[(prefix[-1] + 1) % self.repeat] += 6.0
+        return logits
 
     def _gauss(self, prefix: list[int], salt: int) -> np.ndarray:
         seed = zlib.crc32(np.asarray(prefix, dtype=np.int32).tobytes()) ^ (salt * 2654435761)
         return np.random.default_rng(seed & 0xFFFFFFFF).standard_normal(self.n_vocab)
 
     def decode(self, tokens: list[int], n_logits: int = 1) -> np.ndarray:
+        assert 0 <= n_logits <= len(tokens), "logits can only be asked for decoded rows"
         assert self.n_past + len(tokens) <= self.n_ctx, "decode past the context"
         self.decode_calls.append((len(tokens), n_logits))
         self.clock.advance(self.call_seconds + self.token_seconds * len(tokens))
-        rows = []
-        for token in tokens:
-            self.cache.append(token)
-            rows.append(self.logits_after(self.cache))
+        self.cache.extend(tokens)
         if n_logits == 0:
             return np.empty((0, self.n_vocab), dtype=np.float32)
-        return np.array(rows[-n_logits:])
+        # Only the rows asked for are computed, as llama.cpp computes only the flagged ones.
+        end = len(self.cache)
+        return np.array([self._row(self.cache[: end - n_logits + 1 + i])
+                         for i in range(n_logits)])
+
+    def _row(self, prefix: list[int]) -> np.ndarray:
+        """``logits_after(prefix)``, computed once per prefix (a pure function of it)."""
+        key = tuple(prefix)
+        row = self._rows.get(key)
+        if row is None:
+            row = self._rows[key] = self.logits_after(prefix)
+        return row
 
     def rollback(self, n_past: int) -> None:
         del self.cache[n_past:]
@@ -80,3 +107,33 @@ class FakeModel:
 
     def is_eog(self, token: int) -> bool:
         return token == self.eog
+
+    # -- what a loaded model shows of its vocabulary (``backend.Vocabulary``) ------------------
+    vocab_type = 2  # BPE
+    bos = eos = -1  # none added: a prompt is its text alone
+    adds_bos = adds_eos = False
+
+    def token_text(self, token: int) -> bytes:
+        return PIECES[token] if 0 <= token < len(PIECES) else b""
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True
+                 ) -> list[int]:
+        """A token per byte: the byte's own piece where there is one, else one of the letters."""
+        return [PIECES.index(bytes([b])) if bytes([b]) in PIECES else b % 12
+                for b in text.encode("utf-8")]
+
+    def chat_template(self) -> str | None:
+        return self.template
+
+
+def write_fake(path: Path, **params: object) -> Path:
+    """A model file that ``load_fake`` loads as a ``FakeModel`` with these parameters."""
+    path.write_text(json.dumps({"fake_model": params}))
+    return path
+
+
+def load_fake(path: Path, n_ctx: int, n_threads: int, clock: FakeClock) -> FakeModel:
+    """The fake a ``write_fake`` file describes, with the context and threads asked for."""
+    params = json.loads(path.read_text())["fake_model"]
+    return FakeModel(**{**params, "n_ctx": n_ctx or params.get("n_ctx", 512)}, path=path,
+                     n_threads=n_threads or 1, clock=clock)

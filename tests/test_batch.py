@@ -1,4 +1,5 @@
-"""Batches on a real pair: every prompt of a file, one JSON line each, errors as lines, resume."""
+"""Batches: every prompt of a file, one JSON line each, errors as lines, resume; on fake models
+in this process, and Ctrl-C on the real demo pair in a process of its own."""
 
 from __future__ import annotations
 
@@ -10,19 +11,21 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
+from tests.conftest import FakePair
+from tests.invoke import specgen_here as specgen
+
 SPECGEN = [sys.executable, "-m", "specgen"]
 
 
+@pytest.fixture
+def models(fake_pair: FakePair) -> list[str]:
+    return fake_pair.args("--temperature", "0", "-n", "12", "--raw")
+
+
 @pytest.fixture(scope="module")
-def models(smollm2_target: Path, smollm2_draft: Path) -> list[str]:
+def real_models(smollm2_target: Path, smollm2_draft: Path) -> list[str]:
     return ["--target", str(smollm2_target), "--draft", str(smollm2_draft), "--threads", "2",
             "--temperature", "0", "-n", "12", "--raw"]
-
-
-def specgen(*args: str, input: str = "") -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*SPECGEN, *args], input=input, capture_output=True, text=True,
-                          timeout=600, env=dict(os.environ))
 
 
 def lines(text: str) -> list[dict]:
@@ -52,7 +55,7 @@ def test_jsonl_settings_bad_lines_and_exit_code(models: list[str], tmp_path: Pat
         json.dumps({"id": "chat", "messages": [{"role": "user", "content": "Hi!"}],
                     "max_tokens": 8, "seed": 3, "temperature": 0.7}),
         json.dumps({"id": "nothing"}),
-        json.dumps({"id": "stop", "prompt": "One, two, three, four,", "stop": [","]}),
+        json.dumps({"id": "stop", "prompt": "One, two, three, four,", "stop": [" "]}),
     ]) + "\n")
     out = tmp_path / "out.jsonl"
     done = specgen("run", "-f", str(path), "-o", str(out), *models)
@@ -63,7 +66,7 @@ def test_jsonl_settings_bad_lines_and_exit_code(models: list[str], tmp_path: Pat
     assert records[2]["error"].startswith("line 2: not valid JSON")
     assert "exactly one of 'prompt'" in records["nothing"]["error"]
     assert records["chat"]["stats"]["seed"] == 3 and records["chat"]["text"]
-    assert "," not in records["stop"]["text"] and records["stop"]["stats"]["stop_reason"] == \
+    assert " " not in records["stop"]["text"] and records["stop"]["stats"]["stop_reason"] == \
         "stop"
     assert "2 failed" in done.stderr
 
@@ -95,7 +98,8 @@ def test_stdin_batch_and_a_prompt_too_long_for_the_context(models: list[str]) ->
     assert "does not fit the context (256 tokens)" in second["error"]
 
 
-def test_ctrl_c_in_a_batch_keeps_finished_lines_and_resume_finishes(models: list[str],
+@pytest.mark.slow
+def test_ctrl_c_in_a_batch_keeps_finished_lines_and_resume_finishes(real_models: list[str],
                                                                    tmp_path: Path) -> None:
     import signal
     import time
@@ -103,9 +107,10 @@ def test_ctrl_c_in_a_batch_keeps_finished_lines_and_resume_finishes(models: list
     path = tmp_path / "prompts.txt"
     path.write_text("\n".join(f"Tell me about the number {i}." for i in range(30)) + "\n")
     out = tmp_path / "out.jsonl"
-    args = [a if a != "12" else "40" for a in models]
+    args = [a if a != "12" else "40" for a in real_models]
     proc = subprocess.Popen([*SPECGEN, "run", "-f", str(path), "--each-line", "-o", str(out),
-                             *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ))
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and (not out.exists() or out.read_text().count("\n") < 2):
         time.sleep(0.05)
@@ -115,6 +120,7 @@ def test_ctrl_c_in_a_batch_keeps_finished_lines_and_resume_finishes(models: list
     assert "interrupted (run again with --resume" in err and "Traceback" not in err
     done = lines(out.read_text())  # every line written is whole
     assert 2 <= len(done) < 30 and all("text" in r for r in done)
-    again = specgen("run", "-f", str(path), "--each-line", "-o", str(out), "--resume", *args)
+    again = subprocess.run([*SPECGEN, "run", "-f", str(path), "--each-line", "-o", str(out),
+                            "--resume", *args], capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr
     assert sorted(r["id"] for r in lines(out.read_text())) == list(range(1, 31))

@@ -1,10 +1,12 @@
-"""The bench's statistics on fakes with known costs and acceptance, and one real short bench."""
+"""The bench's statistics on fakes with known costs and acceptance, short benches on fake models,
+and one on the real demo pair cut short by Ctrl-C."""
 
 from __future__ import annotations
 
 import csv
 import json
 import math
+import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -13,11 +15,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specgen.bench import CSV_FIELDS, load_prompts, parse_lookaheads, summarize, sweep
+from specgen.bench.export import CSV_FIELDS
+from specgen.bench.prompts import load_prompts
+from specgen.bench.report import summarize
+from specgen.bench.sweep import parse_lookaheads, sweep
 from specgen.core.speculative import expected_tokens
 from specgen.errors import UserError
 from specgen.stats import SourceStats, Stats
-from tests.conftest import with_models_cache
+from tests.conftest import FakePair, with_models_cache
+from tests.invoke import specgen_here
 
 DRAFT, TARGET = 1.0, 4.0  # seconds per token, fake
 
@@ -164,18 +170,14 @@ def test_lookahead_list_and_prompt_files(tmp_path: Path) -> None:
         load_prompts(jsonl)
 
 
-@pytest.mark.slow
-def test_real_short_bench_writes_every_field(tmp_path: Path, smollm2_target: Path,
-                                             smollm2_draft: Path) -> None:
+def test_a_short_bench_writes_every_field(tmp_path: Path, fake_pair: FakePair) -> None:
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("The capital of France is\nList three colours:\n")
     outputs = {name: tmp_path / f"bench.{name}" for name in ("json", "csv", "png")}
-    done = subprocess.run(
-        [sys.executable, "-m", "specgen", "bench", "--pair", "smollm2-135m-demo", "-k", "2,4",
-         "-n", "12", "--prompts", str(prompts), "--threads", "2",
-         "--json", str(outputs["json"]), "--csv", str(outputs["csv"]),
-         "--plot", str(outputs["png"])],
-        capture_output=True, text=True, timeout=600, env=with_models_cache())
+    pair = fake_pair.named()
+    done = specgen_here("bench", "--pair", pair, "-k", "2,4", "-n", "12", "--prompts",
+                        str(prompts), "--threads", "2", "--json", str(outputs["json"]),
+                        "--csv", str(outputs["csv"]), "--plot", str(outputs["png"]))
     assert done.returncode == 0, done.stderr
     assert "recommended" in done.stdout or "warning" in done.stdout
     # by default both greedy and `run`'s own sampling are measured, each with its verdict
@@ -194,6 +196,7 @@ def test_real_short_bench_writes_every_field(tmp_path: Path, smollm2_target: Pat
     meta = greedy["meta"]
     assert meta["machine"]["llama_cpp_system_info"] and meta["machine"]["target_threads"] == 2
     assert meta["target"]["file"].endswith(".gguf") and meta["params"]["max_tokens"] == 12
+    assert meta["title"] == f"{pair}, 2 threads, T=0.0" and meta["partial"] is False
     rows = list(csv.reader(outputs["csv"].open()))
     assert rows[0] == CSV_FIELDS  # a plain CSV: the header on line 1
     assert [(float(r[0]), r[1]) for r in rows[1:]] == [(0.0, "2"), (0.0, "4"), (0.8, "2"),
@@ -201,42 +204,34 @@ def test_real_short_bench_writes_every_field(tmp_path: Path, smollm2_target: Pat
     assert outputs["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "--temperature 0 " in done.stdout and "\"...\"" not in done.stdout
     # `run` now uses what bench found for this pair here, and says so
-    ran = subprocess.run(
-        [sys.executable, "-m", "specgen", "run", "Hi", "--pair", "smollm2-135m-demo",
-         "--threads", "2", "-n", "4", "--temperature", "0", "--json"],
-        capture_output=True, text=True, timeout=600, env=with_models_cache())
+    ran = specgen_here("run", "Hi", "--pair", pair, "--threads", "2", "-n", "4",
+                       "--temperature", "0", "--json")
     record = json.loads(ran.stdout)
     best = greedy["recommended_lookahead"]
     expected = 0 if best is None else best
     assert record["params"]["lookahead"] == expected
-    quiet = subprocess.run(
-        [sys.executable, "-m", "specgen", "run", "Hi", "--pair", "smollm2-135m-demo",
-         "--threads", "2", "-n", "4", "--temperature", "0"],
-        capture_output=True, text=True, timeout=600, env=with_models_cache())
+    quiet = specgen_here("run", "Hi", "--pair", pair, "--threads", "2", "-n", "4",
+                         "--temperature", "0")
     assert "what `specgen bench` found best here" in quiet.stderr
-    chosen = subprocess.run(
-        [sys.executable, "-m", "specgen", "run", "Hi", "--pair", "smollm2-135m-demo",
-         "--threads", "2", "-n", "4", "--temperature", "0", "-k", "3", "--json"],
-        capture_output=True, text=True, timeout=600, env=with_models_cache())
+    chosen = specgen_here("run", "Hi", "--pair", pair, "--threads", "2", "-n", "4",
+                          "--temperature", "0", "-k", "3", "--json")
     assert json.loads(chosen.stdout)["params"]["lookahead"] == 3  # -k still wins
 
 
-@pytest.mark.slow
-def test_bench_leaves_the_costs_auto_learned_for_run(tmp_path: Path, smollm2_target: Path,
-                                                    smollm2_draft: Path) -> None:
+def test_bench_leaves_the_costs_auto_learned_for_run(tmp_path: Path, fake_pair: FakePair
+                                                    ) -> None:
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("List three colours:\n")
-    env = with_models_cache()
-    costs = Path(env["SPECGEN_CACHE"]) / "costs"
-    done = subprocess.run(
-        [sys.executable, "-m", "specgen", "bench", "--pair", "smollm2-135m-demo", "-k", "auto",
-         "-n", "12", "--prompts", str(prompts), "--threads", "2", "--temperature", "0"],
-        capture_output=True, text=True, timeout=600, env=env)
+    costs = Path(os.environ["SPECGEN_CACHE"]) / "costs"
+    done = specgen_here("bench", "--pair", fake_pair.named(), "-k", "auto", "-n", "12",
+                        "--prompts", str(prompts), "--threads", "2", "--temperature", "0")
     assert done.returncode == 0, done.stderr
     (kept,) = costs.glob("*.json")
     learned = json.loads(kept.read_text())
     greedy = learned["greedy"]
-    assert greedy["verify_by_n"]["1"] > 0 and greedy["per_guess"]["model"] > 0
+    # The fake clock: a target pass is 10 ms plus 1 ms a token, a draft step 2 ms.
+    assert greedy["verify_by_n"]["1"] == pytest.approx(0.011)
+    assert greedy["per_guess"]["model"] == pytest.approx(0.002)
     assert not learned["sampled"]["verify_by_n"]  # only greedy was measured
 
 

@@ -22,17 +22,15 @@ from specgen.errors import (
     describe,
     lookup,
 )
+from tests.invoke import Done, specgen_here
 
 SPECGEN = [sys.executable, "-m", "specgen"]
 
 
-def specgen(*args: str, input: str = "", env: dict[str, str] | None = None,
-            cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*SPECGEN, *args], input=input, capture_output=True, text=True,
-                          timeout=300, env={**os.environ, **(env or {})}, cwd=cwd)
+specgen = specgen_here
 
 
-def one_line(done: subprocess.CompletedProcess[str], code: int, *needles: str) -> str:
+def one_line(done: Done | subprocess.CompletedProcess[str], code: int, *needles: str) -> str:
     """The single error line of a failed command (Typer's usage errors are framed by Typer)."""
     assert done.returncode == code, (done.returncode, done.stderr)
     assert "Traceback" not in done.stderr and "internal error" not in done.stderr
@@ -120,9 +118,7 @@ def test_whitespace_prompt_argument() -> None:
 
 
 def test_no_prompt_at_all() -> None:
-    done = subprocess.run([*SPECGEN, "run", "--target", "x.gguf"], stdin=subprocess.DEVNULL,
-                          capture_output=True, text=True, timeout=120)
-    one_line(done, EXIT_USAGE, "no prompt")
+    one_line(specgen("run", "--target", "x.gguf", input=None), EXIT_USAGE, "no prompt")
 
 
 def test_malformed_models_toml_names_the_file_and_line(isolated: Path) -> None:
@@ -167,7 +163,9 @@ def test_a_read_only_cache_folder_says_so(tmp_path: Path) -> None:
 
 
 def test_debug_shows_the_traceback(tmp_path: Path) -> None:
-    done = specgen("run", "hello", "--target", str(tmp_path), env={"SPECGEN_DEBUG": "1"})
+    done = subprocess.run([*SPECGEN, "run", "hello", "--target", str(tmp_path)], text=True,
+                          capture_output=True, timeout=120,
+                          env={**os.environ, "SPECGEN_DEBUG": "1"})
     assert done.returncode == 1 and "Traceback" in done.stderr
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -10,9 +9,8 @@ import pytest
 
 from specgen.backend import LlamaModel, ModelOptions
 from specgen.core.sampling import SamplingParams, warp
-from specgen.drafters import TARGET_ALONE, HybridDrafter, ModelDrafter, NgramDrafter
+from specgen.drafters import HybridDrafter, ModelDrafter, NgramDrafter
 from specgen.engine import CycleDone, Finished, GenerationConfig, SpeculativeEngine
-from specgen.lookahead import AdaptiveLookahead, PairProfile
 from tests.stats_helpers import pooled_chisquare_pvalue
 
 pytestmark = pytest.mark.slow
@@ -239,51 +237,3 @@ def test_first_guessed_token_of_ngram_guesses_follows_target_distribution(smol, 
     assert set(counts) <= set(p.ids.tolist())
     observed = np.array([counts.get(int(t), 0) for t in p.ids])
     assert pooled_chisquare_pvalue(observed, n * p.probs) > 1e-3
-
-
-def test_auto_remembers_its_costs_for_the_next_process(smollm2_target: Path,
-                                                       smollm2_draft: Path) -> None:
-    """What `-k auto` measured is kept per model files, machine and threads, greedy and sampled
-    apart: the next load starts from it (no timing cycles), a sampled run learns its own costs
-    and leaves the greedy ones alone, other threads start afresh, a broken file is ignored."""
-    from specgen.pair import PairOptions, load_pair
-    from specgen.session import stream
-
-    options = PairOptions(n_ctx=256, target_threads=2, draft_threads=2)
-    first = load_pair(smollm2_target, smollm2_draft, options)
-    assert first.costs_file is not None and not first.costs_file.exists()
-    config = GenerationConfig(lookahead="auto", sampling=GREEDY, max_tokens=32)
-    *_, result = stream(first, "The history of the Roman Empire", config)
-    assert result.stats.k_counts.get(0, 0) >= 2  # nothing known: the target alone is timed
-    assert first.costs_file.exists()
-    learned = first.costs.snapshot()
-    assert "1" in learned["greedy"]["verify_by_n"] and "model" in learned["greedy"]["per_guess"]
-    assert not learned["sampled"]["verify_by_n"]  # a sampled run has its own costs
-
-    again = load_pair(smollm2_target, smollm2_draft, options)
-    assert again.costs_file == first.costs_file
-    assert again.costs.snapshot() == learned  # JSON keeps floats exact
-    # Trusted at once (whether drafting pays is then the policy's call on these figures, tested
-    # on fakes): no timing of the target or the draft, unlike a fresh start.
-    assert again.engine().costs is again.costs
-    greedy = again.costs.greedy
-    assert greedy.verify_by_n[1].count >= 2 and greedy.guess_timed("model")
-    candidates = again.drafter().candidates([1, 2, 3])
-    assert AdaptiveLookahead(PairProfile()).plan(candidates, 100) == TARGET_ALONE
-
-    sampled = GenerationConfig(lookahead="auto", sampling=SamplingParams(temperature=0.8),
-                               max_tokens=16, seed=1)
-    *_, result = stream(again, "The history of the Roman Empire", sampled)
-    assert result.stats.k_counts.get(0, 0) >= 2  # sampled costs are timed afresh
-    kept = load_pair(smollm2_target, smollm2_draft, options).costs.snapshot()
-    assert kept["greedy"] == learned["greedy"] and "1" in kept["sampled"]["verify_by_n"]
-
-    other = load_pair(smollm2_target, smollm2_draft,
-                      PairOptions(n_ctx=256, target_threads=1, draft_threads=1))
-    assert other.costs_file != first.costs_file and not other.costs.observations
-    assert not other.costs.greedy.verify_by_n
-
-    first.costs_file.write_text("{not json")
-    assert not load_pair(smollm2_target, smollm2_draft, options).costs.greedy.verify_by_n
-    first.costs_file.write_text(json.dumps({"verify_by_n": {"1": 0.01}}))  # before the modes
-    assert not load_pair(smollm2_target, smollm2_draft, options).costs.greedy.verify_by_n

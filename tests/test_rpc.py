@@ -333,7 +333,7 @@ def test_bench_measures_the_verify_over_the_workers(smollm2_target: Path, smollm
 
 
 def test_bench_s_pasteable_command_keeps_the_workers() -> None:
-    from specgen.bench import BenchSetting, Report
+    from specgen.bench.report import BenchSetting, Report
     from specgen.cli_bench import _workers_option
 
     def option(workers: tuple[str, ...], local_head: bool = True) -> str:

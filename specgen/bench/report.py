@@ -18,8 +18,9 @@ import statistics
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 
-from specgen.bench.sweep import Run, Variant, variant_name, variant_order
+from specgen.bench.sweep import Run, variant_order
 from specgen.core.speculative import expected_tokens, predicted_speedup
+from specgen.memo import Variant, variant_name
 
 # Where the model's prediction and the measured speedup part by more than this share, the
 # report names the cost that explains it.

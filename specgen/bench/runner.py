@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import platform
-import time
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -18,13 +17,14 @@ from typing import TYPE_CHECKING, Protocol
 
 from specgen import store
 from specgen.bench.report import BenchSetting, Report, summarize
-from specgen.bench.sweep import Run, RunOne, Variant, sweep
+from specgen.bench.sweep import Run, RunOne, sweep
 from specgen.core.sampling import DEFAULT_SAMPLING, SamplingParams
 from specgen.drafters import Drafter, HybridDrafter, ModelDrafter, make_drafter
 from specgen.engine import Finished, GenerationConfig, SpeculativeEngine
 from specgen.lookahead import CostBook
+from specgen.memo import Variant
 from specgen.pair import Pair
-from specgen.stats import Clock, Stats
+from specgen.stats import Stats
 
 if TYPE_CHECKING:
     from specgen.choice import Choice
@@ -50,19 +50,18 @@ class BenchSession:
     def __init__(self, pair: Pair, choice: Choice, prompts: Sequence[str],
                  kinds: Sequence[str] | None, variants: list[Variant], *, max_tokens: int,
                  repeats: int, seed: int, draft_p_min: float = 0.0,
-                 prompts_file: Path | None = None, local_head: bool = True,
-                 clock: Clock = time.perf_counter) -> None:
+                 prompts_file: Path | None = None, local_head: bool = True) -> None:
         from specgen.session import prompt_tokens, wants_chat
 
         self.pair, self.choice, self.kinds, self.variants = pair, choice, kinds, variants
         self.max_tokens, self.repeats, self.seed = max_tokens, repeats, seed
-        self.draft_p_min, self.clock = draft_p_min, clock
+        self.draft_p_min, self.clock = draft_p_min, pair.clock
         self.prompts_file, self.local_head = prompts_file, local_head
         self.chat = wants_chat(pair, choice.chat, None, None)
         self.encoded = [prompt_tokens(pair.target, p, self.chat) for p in prompts]
         self.learned: CostBook = pair.costs
         # One drafter per way of drafting, over the same loaded models; each run begins afresh.
-        model = (ModelDrafter(pair.draft, draft_p_min, clock) if pair.draft is not None
+        model = (ModelDrafter(pair.draft, draft_p_min, self.clock) if pair.draft is not None
                  else None)
         self._drafters: dict[str, Drafter | None] = {
             "alone": None, "ngram": make_drafter(None, True), "model": model, "auto": model,

@@ -13,14 +13,13 @@ from dataclasses import dataclass
 
 from specgen.errors import UserError
 from specgen.lookahead import MAX_LOOKAHEAD
+from specgen.memo import Variant
 from specgen.stats import Stats
 
 # What bench measures beside fixed K's: the draft model with -k auto, prompt lookup alone, and
 # both together (each with -k auto), in this order after the K's.
 ADAPTIVE_VARIANTS = ("auto", "ngram", "hybrid")
 DEFAULT_VARIANTS = "1,2,3,4,6,8,auto,ngram,hybrid"
-# A row of the bench: a fixed K of the draft model, or one of the adaptive variants.
-Variant = int | str
 
 
 def parse_lookaheads(text: str) -> list[Variant]:
@@ -43,11 +42,6 @@ def parse_lookaheads(text: str) -> list[Variant]:
         raise UserError(f"-k needs at least one K from 1 to {MAX_LOOKAHEAD} or one of "
                         f"{', '.join(ADAPTIVE_VARIANTS)} (the target alone always runs)")
     return [*sorted(ks), *(v for v in ADAPTIVE_VARIANTS if v in named)]
-
-
-def variant_name(variant: object) -> str:
-    """How a row is named to a user: ``K=4``, ``auto``, ``ngram``, ``hybrid``."""
-    return f"K={variant}" if isinstance(variant, int) else str(variant)
 
 
 def variant_order(variant: Variant) -> tuple[int, int]:

@@ -32,12 +32,18 @@ class NgramDrafter:
         self._indexed = 0
 
     def _extend_index(self, context: Sequence[int]) -> None:
-        # Every n-gram that ends before the context's last token, mapped to its latest end.
-        for end in range(self._indexed, len(context) - 1):
-            for n in range(NGRAM_MIN, NGRAM_MAX + 1):
-                if end + 1 >= n:
-                    self._index[tuple(context[end + 1 - n : end + 1])] = end
-        self._indexed = max(self._indexed, len(context) - 1)
+        # Every n-gram that ends before the context's last token, mapped to its latest end (a
+        # later end overwrites an earlier one). Built a length at a time, so a long prompt is
+        # indexed at C speed: each generation indexes its whole prompt.
+        stop = len(context) - 1
+        for n in range(NGRAM_MIN, NGRAM_MAX + 1):
+            first = max(self._indexed, n - 1)  # the first end not indexed yet with n tokens
+            if first >= stop:
+                continue
+            ends = range(first, stop)
+            starts = [context[first + 1 - n + j: stop + 1 - n + j] for j in range(n)]
+            self._index.update(zip(zip(*starts), ends))
+        self._indexed = max(self._indexed, stop)
 
     def lookup(self, context: Sequence[int], guesses: Sequence[int] = ()) -> tuple[int, int]:
         """(match length, end of the earlier occurrence) of the longest suffix seen before.

@@ -62,7 +62,7 @@ class GenerationQueue:
         finally:
             self.waiting -= 1
         loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[TextChunk | Result | BaseException | object] = asyncio.Queue()
+        queue: asyncio.Queue[object] = asyncio.Queue()  # pieces, the Result, an error, done
         done = object()
 
         def work() -> None:
@@ -83,14 +83,20 @@ class GenerationQueue:
             self.lock.release()
             raise
         try:
-            result = None
+            # The result, or the error, is handed on once the thread is done and the model free:
+            # a client that sends its next request the moment it has an answer finds the model
+            # free (an error is an answer too).
+            result: Result | None = None
+            error: BaseException | None = None
             while (item := await queue.get()) is not done:
                 if isinstance(item, BaseException):
-                    raise item
-                if isinstance(item, Result):
-                    result = item  # handed on once the thread is done and the model free
-                else:
+                    error = item
+                elif isinstance(item, Result):
+                    result = item
+                elif isinstance(item, TextChunk):
                     yield item
+            if error is not None:
+                raise error
             if result is not None:
                 yield result
         finally:
