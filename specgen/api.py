@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from specgen.core.sampling import DEFAULT_SAMPLING, SamplingParams
 from specgen.engine import DEFAULT_MAX_TOKENS, GenerationConfig, TextChunk
@@ -109,7 +110,7 @@ class Specgen:
                 self.last = item
             yield item
 
-    def stream(self, prompt: Prompt, *, system: str | None = None, **settings: object
+    def stream(self, prompt: Prompt, *, system: str | None = None, **settings: Any
                ) -> Iterator[str]:
         """The text as it is accepted, piece by piece; the whole ``Result`` is ``self.last``
         afterwards. ``settings`` are ``Settings`` fields (max_tokens, temperature, ...)."""
@@ -117,7 +118,7 @@ class Specgen:
             if not isinstance(item, Result):
                 yield item.text
 
-    def generate(self, prompt: Prompt, *, system: str | None = None, **settings: object
+    def generate(self, prompt: Prompt, *, system: str | None = None, **settings: Any
                  ) -> Result:
         """The whole generation: its text and statistics."""
         for _ in self.stream(prompt, system=system, **settings):
@@ -126,9 +127,9 @@ class Specgen:
         return self.last
 
 
-def _settings(given: dict[str, object]) -> Settings:
-    if "stop" in given and isinstance(given["stop"], str):
-        given = {**given, "stop": (given["stop"],)}
-    elif "stop" in given:
-        given = {**given, "stop": tuple(given["stop"])}  # type: ignore[arg-type]
-    return replace(Settings(), **given)  # type: ignore[arg-type]
+def _settings(given: dict[str, Any]) -> Settings:
+    """``Settings`` from keyword arguments; ``stop`` may be one text or several."""
+    stop = given.get("stop")
+    if stop is not None:
+        given = {**given, "stop": (stop,) if isinstance(stop, str) else tuple(stop)}
+    return replace(Settings(), **given)

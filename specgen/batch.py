@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -80,7 +81,7 @@ def config_for(item: BatchPrompt, base: GenerationConfig) -> GenerationConfig:
 def run_batch(
     pair: Pair, items: Iterable[BatchItem], base: GenerationConfig, *, chat: bool,
     system: str | None, draft_p_min: float, write: Callable[[dict[str, object]], None],
-    skip: set[str] = frozenset(), on_progress: Callable[[BatchTally], None] | None = None,
+    skip: AbstractSet[str] = frozenset(), on_progress: Callable[[BatchTally], None] | None = None,
     total: int = 0,
 ) -> BatchTally:
     """Generate for every item, calling ``write`` with one record per item as it finishes."""

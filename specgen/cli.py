@@ -68,10 +68,10 @@ def main(args: Sequence[str] | None = None) -> None:
     """Entry point: run the app on ``args`` (default: the command line) and exit with its code;
     every error a user can cause ends as one line (exit codes: 0 ok, 1 failed, 2 bad usage,
     130 interrupted)."""
-    sys.exit(run(args))
+    sys.exit(execute(args))
 
 
-def run(args: Sequence[str] | None = None) -> int:
+def execute(args: Sequence[str] | None = None) -> int:
     """Run the app and return its exit code (``main`` without the exit, for tests in-process)."""
     try:
         code = app(args=None if args is None else list(args), standalone_mode=False)

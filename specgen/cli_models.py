@@ -53,7 +53,9 @@ def list_pairs(
     def size_of(spec: ModelSpec, path: Path | None) -> int | None:
         if path is not None:
             return sum(p.stat().st_size for p in _parts(path))
-        return remote.get((spec.repo, spec.file, spec.revision)) if spec.repo else None
+        if spec.repo and spec.file:
+            return remote.get((spec.repo, spec.file, spec.revision))
+        return None
 
     if json_out:
         out.json([{
@@ -71,7 +73,8 @@ def list_pairs(
     for pair, files in rows:
         both = all(files.values())
         sizes = [size_of(spec, files[r]) for r, spec in pair.members()]
-        total = f" ({size(sum(sizes))})" if all(s is not None for s in sizes) else ""
+        known = [s for s in sizes if s is not None]
+        total = f" ({size(sum(known))})" if len(known) == len(sizes) else ""
         state = (" + ".join(_size(files[r]) for r, _ in pair.members()) if both
                  else ("partly" if any(files.values()) else "no") + total)
         name = pair.name + (" *" if pair.name == registry.default else "")

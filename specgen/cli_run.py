@@ -43,6 +43,7 @@ from specgen.options import (
     TopKOpt,
     TopPOpt,
     VerboseOpt,
+    lookahead_of,
 )
 from specgen.output import figure, out
 
@@ -162,7 +163,7 @@ def run(
         verbose=verbose,
         local_head=rpc_local_head,
     )
-    decision = decide(pair, target, draft, ngram=ngram, lookahead=lookahead, rpc=rpc,
+    decision = decide(pair, target, draft, ngram=ngram, lookahead=lookahead_of(lookahead), rpc=rpc,
                       threads=options.target_threads, gpu_layers=options.target_gpu_layers,
                       bench_temperature=sampling.temperature, explain_alone=True)
     loaded = open_pair(decision, options)

@@ -22,6 +22,7 @@ from specgen.options import (
     TargetOpt,
     ThreadsOpt,
     VerboseOpt,
+    lookahead_of,
 )
 from specgen.output import out
 
@@ -71,7 +72,8 @@ def serve(
         raise UserError("specgen serve needs its extra: pip install 'specgen[server]'") from error
     from specgen.api import Specgen
 
-    generator = Specgen(pair, target, draft, lookahead=lookahead, ngram=ngram, n_ctx=ctx_size,
+    generator = Specgen(pair, target, draft, lookahead=lookahead_of(lookahead), ngram=ngram,
+                        n_ctx=ctx_size,
                         threads=threads, gpu_layers=gpu_layers, draft_p_min=draft_p_min,
                         verbose=verbose, progress=True, from_bench=True, rpc=rpc,
                         rpc_local_head=rpc_local_head)

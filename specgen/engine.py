@@ -16,7 +16,7 @@ the drafter is told how many survived and rolls its own state back.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -104,7 +104,7 @@ class SpeculativeEngine:
     def generate(
         self, prompt: Sequence[int], config: GenerationConfig, stats: Stats | None = None,
         reuse_prefix: bool = False,
-    ) -> Iterator[Event]:
+    ) -> Generator[Event, None, None]:
         """Yield text as it is accepted, a ``CycleDone`` per cycle, then ``Finished``.
 
         Pass ``stats`` to watch the counters live (the view does). A run starts from empty
@@ -117,8 +117,7 @@ class SpeculativeEngine:
         drafts = drafter is not None
         policy = policy_for(config.lookahead, drafts, self.costs.of(sampling.greedy))
         lookahead = effective_lookahead(config.lookahead, drafts)
-        seed = config.seed if config.seed is not None else int(np.random.SeedSequence().entropy
-                                                                % 2**32)
+        seed = config.seed if config.seed is not None else _random_seed()
         if stats is None:
             stats = Stats(lookahead=lookahead, seed=seed)
         stats.lookahead, stats.seed, stats.speculative = lookahead, seed, drafts
@@ -210,6 +209,13 @@ class SpeculativeEngine:
         if sampling.greedy:
             return verify_greedy(proposal.tokens, lambda i: int(np.argmax(rows[i])))
         return verify(proposal.tokens, proposal.q, lambda i: warp(rows[i], sampling), rng)
+
+
+def _random_seed() -> int:
+    """A seed from the operating system's entropy, in the range a user can pass back."""
+    entropy = np.random.SeedSequence().entropy
+    assert isinstance(entropy, int), "SeedSequence() draws one integer of entropy"
+    return entropy % 2**32
 
 
 class _Emitter:

@@ -26,13 +26,14 @@ def interruptible(call: Callable[[], T], what: str = "") -> T:
     """``call()`` on a worker thread; Ctrl-C meanwhile exits 130 with one line on stderr."""
     if threading.current_thread() is not threading.main_thread():
         return call()
-    outcome: dict[str, object] = {}
+    values: list[T] = []
+    errors: list[BaseException] = []
 
     def work() -> None:
         try:
-            outcome["value"] = call()
+            values.append(call())
         except BaseException as err:  # handed back to the caller's thread below
-            outcome["error"] = err
+            errors.append(err)
 
     worker = threading.Thread(target=work, name="specgen-load", daemon=True)
     worker.start()
@@ -41,9 +42,9 @@ def interruptible(call: Callable[[], T], what: str = "") -> T:
             worker.join(0.05)
     except KeyboardInterrupt:
         abandon(what)
-    if "error" in outcome:
-        raise outcome["error"]  # type: ignore[misc]
-    return outcome["value"]  # type: ignore[return-value]
+    if errors:
+        raise errors[0]
+    return values[0]
 
 
 def abandon(what: str = "") -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, cast
 
 import typer
 
@@ -32,6 +32,7 @@ def readable_help_placeholders() -> None:
         bare = self.bare_type().removeprefix("list[").removesuffix("]")
         return names.get(bare, bare.upper())
 
+    # Typer has no setting for this: its own method is replaced, on purpose, for all commands.
     TyperOption.display_type_rich = option  # type: ignore[method-assign,assignment]
     TyperArgument.display_type_rich = lambda self, ctx: None  # type: ignore[method-assign]
 
@@ -41,6 +42,11 @@ def _ctx_size(value: int) -> int:
         raise typer.BadParameter(f"{value} is below llama.cpp's smallest context, {MIN_CTX} "
                                  f"tokens (0: the model's own, up to 4096)")
     return value
+
+
+def lookahead_of(value: str | None) -> Lookahead | None:
+    """A --lookahead value as its parser made it (declared as text: Typer has no Union types)."""
+    return cast("Lookahead | None", value)
 
 
 def _lookahead(text: str) -> Lookahead:
@@ -63,7 +69,8 @@ DraftOpt = Annotated[str | None, typer.Option(
     "or PAIR:draft (needs --target or --pair); or 'ngram' to draft by prompt lookup with no "
     "draft model (a file named so: ./ngram).",
     show_default=False, rich_help_panel=MODELS)]
-# Typer has no Union types: the parser turns the text into a Lookahead (an int, or "auto").
+# Typer has no Union types: the parser turns the text into a Lookahead (an int, or "auto"),
+# which the command reads back with lookahead_of.
 LookaheadOpt = Annotated[str | None, typer.Option(
     "--lookahead", "-k", parser=_lookahead, metavar="K|auto",
     help="Guesses per cycle, K: a number (0: the target alone), or 'auto' to choose K before "

@@ -151,7 +151,7 @@ def probe(endpoints: Iterable[Endpoint], timeout: float = PROBE_TIMEOUT_S) -> li
     return [hello(endpoint, timeout) for endpoint in endpoints]
 
 
-def abort_line(message: str, endpoints: Iterable[Endpoint]) -> str:
+def abort_line(message: str, endpoints: Iterable[Endpoint | str]) -> str:
     """The one line for a ggml abort while workers were attached (``file:line: what``)."""
     what = message.split(": ", 1)[-1].strip()
     names = ", ".join(str(e) for e in endpoints) or "the worker"

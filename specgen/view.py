@@ -22,7 +22,9 @@ import shutil
 import signal
 import sys
 import threading
-from typing import TextIO
+from collections.abc import Callable
+from types import FrameType
+from typing import Any, TextIO
 
 from rich.console import Console
 from rich.live import Live
@@ -113,7 +115,7 @@ class _BottomBar:
         self._lock = threading.Lock()
         self._done = threading.Event()
         self._rows = 0
-        self._old_term: object = None
+        self._old_term: Callable[[int, FrameType | None], Any] | int | None = None
         self._term_installed = False
         self._thread = threading.Thread(target=self._loop, daemon=True)
 

@@ -46,6 +46,31 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     return 0
 
 
+# A test marked with one of these needs llama-cpp-python built with that option: without it the
+# test is skipped, saying how to rebuild, unless SPECGEN_REQUIRE_BUILD_OPTIONS=1 (.ci/run sets
+# it, since it builds with them) turns the skip into a failure.
+BUILD_OPTIONS = {"needs_rpc": "-DGGML_RPC=ON"}
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    for marker, flag in BUILD_OPTIONS.items():
+        if item.get_closest_marker(marker) is None or _built_with(flag):
+            continue
+        why = (f"this llama-cpp-python was built without {flag}; rebuild it with: "
+               f'CMAKE_ARGS="{flag}" pip install --force-reinstall --no-cache-dir '
+               f"llama-cpp-python")
+        if os.environ.get("SPECGEN_REQUIRE_BUILD_OPTIONS") == "1":
+            pytest.fail(f"{why} (SPECGEN_REQUIRE_BUILD_OPTIONS=1: the build must have it)")
+        pytest.skip(why)
+
+
+def _built_with(flag: str) -> bool:
+    from specgen.backend import supports_rpc
+
+    assert flag == "-DGGML_RPC=ON", "the one build option tests need today"
+    return supports_rpc()
+
+
 @pytest.fixture(autouse=True)
 def isolated(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
              ) -> Iterator[Path]:

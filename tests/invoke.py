@@ -1,6 +1,6 @@
 """``specgen ARGS`` run in this process, as a user runs it but without a new interpreter.
 
-The command goes through the entry point (``cli.run``: the error table, the exit codes), with
+The command goes through the entry point (``cli.execute``: the error table, the exit codes), with
 stdin, stdout and stderr on real files, as a shell's redirections give them: piped text is a
 file on stdin (none: an empty one, as ``subprocess.run(input="")`` gives), and what each stream
 got is read back apart. A test that needs a terminal, a signal or a new process (Ctrl-C, the
@@ -48,7 +48,7 @@ def specgen_here(*args: str, input: str | None = "", env: dict[str, str] | None 
         if cwd is not None:
             os.chdir(cwd)
         try:
-            code = cli.run(list(args))
+            code = cli.execute(list(args))
         finally:
             sys.stdout.flush()
             sys.stderr.flush()

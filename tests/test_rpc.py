@@ -194,6 +194,7 @@ def run_json(target: Path, draft: Path | None, *extra: str,
 
 
 @pytest.mark.slow
+@pytest.mark.needs_rpc
 def test_greedy_through_one_and_two_workers_is_the_local_target_s(
         smollm2_target: Path, smollm2_draft: Path) -> None:
     local = run_json(smollm2_target, None, "-k", "0")
@@ -210,6 +211,7 @@ def test_greedy_through_one_and_two_workers_is_the_local_target_s(
 
 
 @pytest.mark.slow
+@pytest.mark.needs_rpc
 def test_the_draft_and_the_output_layer_stay_on_this_machine(
         smollm2_target: Path, smollm2_draft: Path) -> None:
     target_size, draft_size = smollm2_target.stat().st_size, smollm2_draft.stat().st_size
@@ -234,6 +236,7 @@ def test_the_draft_and_the_output_layer_stay_on_this_machine(
 
 
 @pytest.mark.slow
+@pytest.mark.needs_rpc
 def test_failures_before_attaching_are_one_line_each(smollm2_target: Path) -> None:
     def run(*extra: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "specgen", "run", "--target",
@@ -260,6 +263,7 @@ def test_failures_before_attaching_are_one_line_each(smollm2_target: Path) -> No
 
 
 @pytest.mark.slow
+@pytest.mark.needs_rpc
 def test_a_worker_killed_mid_run_ends_the_run_with_one_line(smollm2_target: Path,
                                                              tmp_path: Path) -> None:
     with worker() as (endpoint, worker_proc):
@@ -279,13 +283,14 @@ def test_a_worker_killed_mid_run_ends_the_run_with_one_line(smollm2_target: Path
 
 
 @pytest.mark.slow
+@pytest.mark.needs_rpc
 def test_a_worker_stops_cleanly_and_shows_what_it_serves() -> None:
     with worker() as (endpoint, proc):
         host, port = endpoint.split(":")
         held = socket.create_connection((host, int(port)))
         held.sendall(bytes([14]) + struct.pack("<Q", 24) + bytes(24))
         held.recv(36)
-        time.sleep(1.5)  # a session, not a probe: the worker shows it
+        time.sleep(2.5)  # a session, not a probe (1 s at least): the worker shows it
         held.close()
         time.sleep(0.5)
         proc.send_signal(signal.SIGTERM)
@@ -302,6 +307,7 @@ def test_a_worker_stops_cleanly_and_shows_what_it_serves() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.needs_rpc
 def test_doctor_lists_the_workers(monkeypatch: pytest.MonkeyPatch) -> None:
     with worker() as (endpoint, _):
         done = subprocess.run([sys.executable, "-m", "specgen", "doctor", "--json", "--rpc",
@@ -314,6 +320,7 @@ def test_doctor_lists_the_workers(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.needs_rpc
 def test_bench_measures_the_verify_over_the_workers(smollm2_target: Path, smollm2_draft: Path,
                                                      tmp_path: Path) -> None:
     prompts = tmp_path / "prompts.txt"
@@ -347,6 +354,7 @@ def test_bench_s_pasteable_command_keeps_the_workers() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.needs_rpc
 def test_serve_over_a_worker_answers_as_run_does_here(smollm2_target: Path,
                                                        smollm2_draft: Path) -> None:
     import openai
@@ -365,3 +373,21 @@ def test_serve_over_a_worker_answers_as_run_does_here(smollm2_target: Path,
             proc.wait(timeout=60)
     assert answer.choices[0].text == here["text"]
     assert answer.usage.completion_tokens == 24
+
+
+def test_without_the_rpc_build_its_tests_skip_saying_how_unless_ci_requires_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from tests import conftest
+
+    item = SimpleNamespace(get_closest_marker=lambda name: name == "needs_rpc" or None)
+    monkeypatch.setattr(conftest, "_built_with", lambda flag: False)
+    monkeypatch.delenv("SPECGEN_REQUIRE_BUILD_OPTIONS", raising=False)
+    with pytest.raises(pytest.skip.Exception, match=r'CMAKE_ARGS="-DGGML_RPC=ON" pip install'):
+        conftest.pytest_runtest_setup(item)  # type: ignore[arg-type]
+    monkeypatch.setenv("SPECGEN_REQUIRE_BUILD_OPTIONS", "1")  # as .ci/run sets it
+    with pytest.raises(pytest.fail.Exception, match="the build must have it"):
+        conftest.pytest_runtest_setup(item)  # type: ignore[arg-type]
+    monkeypatch.setattr(conftest, "_built_with", lambda flag: True)
+    conftest.pytest_runtest_setup(item)  # type: ignore[arg-type]  # built with it: it runs

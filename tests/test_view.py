@@ -60,7 +60,7 @@ def test_a_terminal_that_reports_no_size_gets_no_bar(fake_pair: FakePair) -> Non
     tty = io.TextIOWrapper(io.FileIO(slave, "w", closefd=False), write_through=True)
     sys.stdout = sys.stderr = tty
     try:
-        code = cli.run(["run", "Tell me about the moon.",
+        code = cli.execute(["run", "Tell me about the moon.",
                         *fake_pair.args("--temperature", "0", "-n", "40", "-k", "4")])
     finally:
         tty.flush()

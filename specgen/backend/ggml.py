@@ -14,6 +14,7 @@ import os
 import sys
 import threading
 from dataclasses import dataclass
+from typing import Any
 
 import llama_cpp
 
@@ -30,10 +31,11 @@ _GPU_TYPES = (_DEV_GPU, _DEV_IGPU)
 LOCAL_HEAD_PATTERN = r"^(output|token_embd)\.weight$"
 RPC_REBUILD = ('CMAKE_ARGS="-DGGML_RPC=ON" pip install --force-reinstall --no-cache-dir '
                'llama-cpp-python')
-_functions: dict[str, ctypes._CFuncPtr] = {}
+# ctypes functions of libllama, typed as they are declared (ctypes has no useful static type).
+_functions: dict[str, Any] = {}
 
 
-def _ggml(name: str, restype: object, *argtypes: object) -> ctypes._CFuncPtr:
+def _ggml(name: str, restype: Any, *argtypes: Any) -> Any:
     fn = _functions.get(name)
     if fn is None:
         fn = getattr(llama_cpp.llama_cpp._lib, name)
@@ -87,7 +89,7 @@ def require_rpc() -> None:
                         f"and --rpc); rebuild it with: {RPC_REBUILD}")
 
 
-def _rpc_function(name: str, restype: object, *argtypes: object) -> ctypes._CFuncPtr:
+def _rpc_function(name: str, restype: Any, *argtypes: Any) -> Any:
     require_rpc()
     registry = _ggml("ggml_backend_reg_by_name", ctypes.c_void_p, ctypes.c_char_p)(b"RPC")
     address = _ggml("ggml_backend_reg_get_proc_address", ctypes.c_void_p, ctypes.c_void_p,
@@ -184,13 +186,15 @@ def place_on_workers(params: llama_cpp.llama_model_params, workers: tuple[str, .
     for endpoint in workers:
         devices += _worker_devices(endpoint)
     device_array = (ctypes.c_void_p * (len(devices) + 1))(*devices, None)
-    params.devices = ctypes.cast(device_array, ctypes.c_void_p).value
+    # The bindings type these pointer fields as arrays; llama.cpp reads an address.
+    params.devices = ctypes.cast(device_array, ctypes.c_void_p).value  # type: ignore[assignment]
     keep: list[object] = [device_array]
     if local_head:
         cpu = _ggml("ggml_backend_cpu_buffer_type", ctypes.c_void_p)()
         overrides = (_BuftOverride * 2)(_BuftOverride(LOCAL_HEAD_PATTERN.encode(), cpu),
                                         _BuftOverride(None, None))
-        params.tensor_buft_overrides = ctypes.cast(overrides, ctypes.c_void_p).value
+        params.tensor_buft_overrides = ctypes.cast(  # type: ignore[assignment]  # an address
+            overrides, ctypes.c_void_p).value
         keep.append(overrides)
     return keep
 

@@ -10,7 +10,7 @@ import llama_cpp
 
 # llama.cpp logs through this callback for the life of the process; the ctypes object must stay
 # referenced from Python, or the next log line from C jumps into freed memory.
-_log_state = {"verbose": False, "callback": None}
+_log_state: dict[str, object] = {"verbose": False, "callback": None}
 
 
 @llama_cpp.llama_log_callback

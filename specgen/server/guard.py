@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import MutableMapping
 from typing import Any
 
 from specgen.server.metrics import Metrics
@@ -25,7 +26,7 @@ class Guard:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         status = {"code": 500}
 
-        async def send_and_note(message: dict[str, Any]) -> None:
+        async def send_and_note(message: MutableMapping[str, Any]) -> None:
             if message["type"] == "http.response.start":
                 status["code"] = message["status"]
             await send(message)

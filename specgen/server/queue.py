@@ -22,7 +22,8 @@ from specgen.session import Prompt, Result
 class Generator(Protocol):
     """What the server serves: ``specgen.api.Specgen`` (a loaded pair)."""
 
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def stream_events(self, prompt: Prompt, settings: Settings = ..., *,
                       system: str | None = None, reuse_prefix: bool = False,
@@ -32,7 +33,7 @@ class Generator(Protocol):
 
 @dataclass
 class Job:
-    prompt: str | list[dict[str, str]]
+    prompt: Prompt
     settings: Settings
     cancelled: threading.Event
     chat: bool
