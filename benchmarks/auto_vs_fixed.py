@@ -37,11 +37,17 @@ def main() -> None:
     parser.add_argument("--chat", action="store_true", help="wrap prompts in the chat template")
     parser.add_argument("--trace", action="store_true", help="print auto's cycles (K/kept)")
     parser.add_argument("--only", help="prompt numbers to run (0-based, comma-separated)")
-    parser.add_argument("--ngram", action="store_true",
-                        help="draft with the model and prompt lookup together (the hybrid)")
-    parser.add_argument("--remember", action="store_true",
-                        help="auto starts from the costs the previous auto run left, as "
-                             "`specgen run` does once it has run on these models here")
+    parser.add_argument(
+        "--ngram",
+        action="store_true",
+        help="draft with the model and prompt lookup together (the hybrid)",
+    )
+    parser.add_argument(
+        "--remember",
+        action="store_true",
+        help="auto starts from the costs the previous auto run left, as "
+        "`specgen run` does once it has run on these models here",
+    )
     args = parser.parse_args()
     target = LlamaModel(args.target, ModelOptions(n_threads=args.threads))
     draft = LlamaModel(args.draft, ModelOptions(n_ctx=target.n_ctx, n_threads=args.threads))
@@ -56,11 +62,15 @@ def main() -> None:
     def run(k: int | str, prompt: list[int]) -> tuple[float, list[str]]:
         nonlocal remembered
         way = engines["alone" if k == 0 else "model"]
-        engine = SpeculativeEngine(way.target, way.drafter, costs=CostBook.restore(remembered)
-                                   if args.remember and k == "auto" else CostBook())
+        engine = SpeculativeEngine(
+            way.target,
+            way.drafter,
+            costs=CostBook.restore(remembered) if args.remember and k == "auto" else CostBook(),
+        )
         cycles = []
-        config = GenerationConfig(lookahead=k, sampling=sampling, max_tokens=args.max_tokens,
-                                  seed=0)
+        config = GenerationConfig(
+            lookahead=k, sampling=sampling, max_tokens=args.max_tokens, seed=0
+        )
         for event in engine.generate(prompt, config):
             if isinstance(event, CycleDone):
                 cycles.append(f"{event.drafted}/{event.accepted}")
@@ -87,14 +97,19 @@ def main() -> None:
         for name, value in speedups.items():
             ratios[name].append(value)
         ratios["auto/best"].append(speedups["auto"] / best)
-        print(f"{kind:10s} " + " ".join(f"{name}:{value:.2f}x" for name, value in
-                                        speedups.items())
-              + f"  auto/best {speedups['auto'] / best:.2f}", flush=True)
+        print(
+            f"{kind:10s} "
+            + " ".join(f"{name}:{value:.2f}x" for name, value in speedups.items())
+            + f"  auto/best {speedups['auto'] / best:.2f}",
+            flush=True,
+        )
         if args.trace:
             print("    " + " ".join(cycles))
     for average in (statistics.median, statistics.mean):
-        print(f"{average.__name__:6s} " + " ".join(f"{name}:{average(values):.3f}"
-                                                   for name, values in ratios.items()))
+        print(
+            f"{average.__name__:6s} "
+            + " ".join(f"{name}:{average(values):.3f}" for name, values in ratios.items())
+        )
     print(f"auto/best: min {min(ratios['auto/best']):.2f}")
 
 

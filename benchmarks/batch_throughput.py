@@ -26,25 +26,39 @@ def main() -> None:
     parser.add_argument("-n", "--max-tokens", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
-    common = ["--pair", args.pair, "--temperature", "0", "-n", str(args.max_tokens),
-              "--threads", str(args.threads), "-k", "auto"]
+    common = [
+        "--pair",
+        args.pair,
+        "--temperature",
+        "0",
+        "-n",
+        str(args.max_tokens),
+        "--threads",
+        str(args.threads),
+        "-k",
+        "auto",
+    ]
     prompts = PROMPTS[: args.prompts]
     specgen = [sys.executable, "-m", "specgen", "run"]
-    subprocess.run([*specgen, "warm-up", *common, "--no-stats"], check=True,
-                   capture_output=True)
+    subprocess.run([*specgen, "warm-up", *common, "--no-stats"], check=True, capture_output=True)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "prompts.txt"
         path.write_text("\n".join(prompts) + "\n")
         started = time.perf_counter()
-        done = subprocess.run([*specgen, "-f", str(path), "--each-line", *common, "--no-stats"],
-                              check=True, capture_output=True, text=True)
+        done = subprocess.run(
+            [*specgen, "-f", str(path), "--each-line", *common, "--no-stats"],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
         batch_seconds = time.perf_counter() - started
     batch = [json.loads(line)["text"] for line in done.stdout.splitlines()]
     started = time.perf_counter()
     single = []
     for prompt in prompts:
-        one = subprocess.run([*specgen, prompt, *common, "--json"], check=True,
-                             capture_output=True, text=True)
+        one = subprocess.run(
+            [*specgen, prompt, *common, "--json"], check=True, capture_output=True, text=True
+        )
         single.append(json.loads(one.stdout)["text"])
     single_seconds = time.perf_counter() - started
     print(f"{len(prompts)} prompts, -n {args.max_tokens}, pair {args.pair}")

@@ -35,45 +35,147 @@ GREEDY = ["--temperature", "0", "--threads", "2"]
 # Figures that depend on the clock, and the folders of one recording.
 _VARYING = re.compile(r"\d+(\.\d+)?(x| ?tok/s| ?ms|s\b| ?%)|seed \d+|\d+(\.\d+)? (GB|MB|kB)")
 # Stats that depend only on the text (greedy, fixed K): kept as values; the rest as keys.
-_EXACT_STATS = ("lookahead", "prompt_tokens", "generated_tokens", "stop_reason", "cycles",
-                "drafted", "accepted", "position_accept_rates", "drafters")
+_EXACT_STATS = (
+    "lookahead",
+    "prompt_tokens",
+    "generated_tokens",
+    "stop_reason",
+    "cycles",
+    "drafted",
+    "accepted",
+    "position_accept_rates",
+    "drafters",
+)
 
 
 def commands(tmp: Path) -> dict[str, list[str]]:
     prompts = tmp / "prompts.txt"
     prompts.write_text("The capital of France is\nList three colours:\n")
     batch = tmp / "batch.jsonl"
-    batch.write_text(json.dumps({"id": "a", "prompt": "Name a fruit:", "max_tokens": 6}) + "\n"
-                     + "{oops\n" + json.dumps({"id": "b", "messages": [
-                         {"role": "user", "content": "Hi!"}], "max_tokens": 6}) + "\n")
+    batch.write_text(
+        json.dumps({"id": "a", "prompt": "Name a fruit:", "max_tokens": 6})
+        + "\n"
+        + "{oops\n"
+        + json.dumps({"id": "b", "messages": [{"role": "user", "content": "Hi!"}], "max_tokens": 6})
+        + "\n"
+    )
     runs: dict[str, list[str]] = {}
     for pair, prompt in ((SMOL, PROMPT), (GEMMA, STORY)):
         for k in ("0", "4", "auto"):
-            runs[f"run {pair} -k {k}"] = ["run", prompt, "--pair", pair, "-k", k, "-n", "48",
-                                          *GREEDY, "--json"]
-        runs[f"run {pair} ngram"] = ["run", prompt, "--pair", pair, "--draft", "ngram", "-k",
-                                     "auto", "-n", "48", *GREEDY, "--json"]
-        runs[f"run {pair} -k 4 text"] = ["run", prompt, "--pair", pair, "-k", "4", "-n", "24",
-                                         *GREEDY]
-    runs["run --no-ngram -k 3 --raw stop"] = ["run", "Count: 1, 2, 3,", "--pair", SMOL,
-                                              "--no-ngram", "-k", "3", "--raw", "--stop", "8",
-                                              "-n", "40", *GREEDY, "--json"]
-    runs["run system"] = ["run", "Hi", "--pair", SMOL, "--system", "Be brief.", "-k", "4", "-n",
-                          "16", *GREEDY, "--json"]
-    runs["batch each-line"] = ["run", "-f", str(prompts), "--each-line", "--pair", SMOL, "-k",
-                               "4", "-n", "8", *GREEDY]
+            runs[f"run {pair} -k {k}"] = [
+                "run",
+                prompt,
+                "--pair",
+                pair,
+                "-k",
+                k,
+                "-n",
+                "48",
+                *GREEDY,
+                "--json",
+            ]
+        runs[f"run {pair} ngram"] = [
+            "run",
+            prompt,
+            "--pair",
+            pair,
+            "--draft",
+            "ngram",
+            "-k",
+            "auto",
+            "-n",
+            "48",
+            *GREEDY,
+            "--json",
+        ]
+        runs[f"run {pair} -k 4 text"] = [
+            "run",
+            prompt,
+            "--pair",
+            pair,
+            "-k",
+            "4",
+            "-n",
+            "24",
+            *GREEDY,
+        ]
+    runs["run --no-ngram -k 3 --raw stop"] = [
+        "run",
+        "Count: 1, 2, 3,",
+        "--pair",
+        SMOL,
+        "--no-ngram",
+        "-k",
+        "3",
+        "--raw",
+        "--stop",
+        "8",
+        "-n",
+        "40",
+        *GREEDY,
+        "--json",
+    ]
+    runs["run system"] = [
+        "run",
+        "Hi",
+        "--pair",
+        SMOL,
+        "--system",
+        "Be brief.",
+        "-k",
+        "4",
+        "-n",
+        "16",
+        *GREEDY,
+        "--json",
+    ]
+    runs["batch each-line"] = [
+        "run",
+        "-f",
+        str(prompts),
+        "--each-line",
+        "--pair",
+        SMOL,
+        "-k",
+        "4",
+        "-n",
+        "8",
+        *GREEDY,
+    ]
     runs["batch jsonl"] = ["run", "-f", str(batch), "--pair", SMOL, "-k", "4", *GREEDY]
-    runs["bench"] = ["bench", "--pair", SMOL, "-k", "2,auto,ngram", "-n", "8", "--prompts",
-                     str(prompts), "--threads", "2", "--temperature", "0", "--json",
-                     str(tmp / "bench.json")]
+    runs["bench"] = [
+        "bench",
+        "--pair",
+        SMOL,
+        "-k",
+        "2,auto,ngram",
+        "-n",
+        "8",
+        "--prompts",
+        str(prompts),
+        "--threads",
+        "2",
+        "--temperature",
+        "0",
+        "--json",
+        str(tmp / "bench.json"),
+    ]
     runs["models list"] = ["models", "list"]
     runs["models list --json"] = ["models", "list", "--json"]
     runs["models list -v"] = ["models", "list", "-v"]
     runs["models check"] = ["models", "check", SMOL]
     runs["models path"] = ["models", "path"]
     runs["doctor --json"] = ["doctor", "--json", "--hub-timeout", "0.5"]
-    for command in ([], ["run"], ["bench"], ["serve"], ["models"], ["models", "list"],
-                    ["doctor"], ["worker"]):
+    for command in (
+        [],
+        ["run"],
+        ["bench"],
+        ["serve"],
+        ["models"],
+        ["models", "list"],
+        ["doctor"],
+        ["worker"],
+    ):
         runs[" ".join(["help", *command])] = [*command, "--help"]
     bad = {
         "bad -k": ["run", "hi", "--target", "x.gguf", "-k", "65"],
@@ -87,8 +189,15 @@ def commands(tmp: Path) -> dict[str, list[str]]:
         "pair member": ["run", "hi", "--target", f"{SMOL}:foo"],
         "draft alone": ["run", "hi", "--draft", "d.gguf"],
         "empty prompt": ["run", "  ", "--target", "x.gguf"],
-        "resume without output": ["run", "-f", str(prompts), "--each-line", "--resume",
-                                  "--target", "x.gguf"],
+        "resume without output": [
+            "run",
+            "-f",
+            str(prompts),
+            "--each-line",
+            "--resume",
+            "--target",
+            "x.gguf",
+        ],
         "output without batch": ["run", "hi", "-o", str(tmp / "o.jsonl"), "--target", "x.gguf"],
         "system and raw": ["run", "hi", "--pair", SMOL, "--system", "x", "--raw", "-n", "2"],
         "bench bad -k": ["bench", "--pair", SMOL, "-k", "0"],
@@ -109,9 +218,15 @@ def environment(tmp: Path) -> dict[str, str]:
         (models / folder).mkdir(parents=True, exist_ok=True)
         (cache / folder).symlink_to(models / folder, target_is_directory=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SPECGEN_", "HF_"))}
-    return {**env, "SPECGEN_HOME": str(home), "SPECGEN_CACHE": str(cache),
-            "HF_HOME": str(tmp / "hf"), "HF_HUB_OFFLINE": "1", "COLUMNS": "100",
-            "SPECGEN_SELFTEST": "0"}
+    return {
+        **env,
+        "SPECGEN_HOME": str(home),
+        "SPECGEN_CACHE": str(cache),
+        "HF_HOME": str(tmp / "hf"),
+        "HF_HUB_OFFLINE": "1",
+        "COLUMNS": "100",
+        "SPECGEN_SELFTEST": "0",
+    }
 
 
 def mask(text: str, tmp: Path) -> str:
@@ -124,8 +239,9 @@ def keys(value: Any, prefix: str = "") -> list[str]:
     if isinstance(value, dict) and value and all(k.isdigit() for k in value):
         value = {"<n>": next(iter(value.values()))}  # numbered keys (cycles by K) stand for one
     if isinstance(value, dict):
-        return sorted({p for k, v in value.items() for p in [f"{prefix}.{k}",
-                                                            *keys(v, f"{prefix}.{k}")]})
+        return sorted(
+            {p for k, v in value.items() for p in [f"{prefix}.{k}", *keys(v, f"{prefix}.{k}")]}
+        )
     if isinstance(value, list):
         return sorted({p for item in value for p in keys(item, f"{prefix}[]")})
     return []
@@ -136,9 +252,11 @@ def exact(record: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"text": record.get("text"), "params": record.get("params")}
     stats = record.get("stats") or {}
     fixed_k = isinstance(stats.get("lookahead"), int)
-    out["stats"] = {k: stats.get(k) for k in _EXACT_STATS
-                    if fixed_k or k in ("lookahead", "prompt_tokens", "generated_tokens",
-                                        "stop_reason")}
+    out["stats"] = {
+        k: stats.get(k)
+        for k in _EXACT_STATS
+        if fixed_k or k in ("lookahead", "prompt_tokens", "generated_tokens", "stop_reason")
+    }
     return out
 
 
@@ -148,21 +266,32 @@ def record(path: Path) -> None:
         tmp = Path(name)
         env = environment(tmp)
         for label, args in commands(tmp).items():
-            done = subprocess.run([sys.executable, "-m", "specgen", *args], env=env,
-                                  capture_output=True, text=True, timeout=900,
-                                  stdin=subprocess.DEVNULL)
+            done = subprocess.run(
+                [sys.executable, "-m", "specgen", *args],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=900,
+                stdin=subprocess.DEVNULL,
+            )
             entry: dict[str, Any] = {"exit": done.returncode}
             stdout = done.stdout.replace(str(tmp), "<tmp>").replace(str(Path.home()), "<home>")
             try:
-                parsed = [json.loads(line) for line in stdout.splitlines()] \
-                    if args[0] == "run" and "--json" not in args else [json.loads(stdout)]
+                parsed = (
+                    [json.loads(line) for line in stdout.splitlines()]
+                    if args[0] == "run" and "--json" not in args
+                    else [json.loads(stdout)]
+                )
             except ValueError:
                 parsed = None
             if parsed is not None and stdout.strip():
                 entry["keys"] = keys(parsed)
-                entry["values"] = [exact(p) if isinstance(p, dict) and "stats" in p else
-                                   (p if label.startswith("models list") else None)
-                                   for p in parsed]
+                entry["values"] = [
+                    exact(p)
+                    if isinstance(p, dict) and "stats" in p
+                    else (p if label.startswith("models list") else None)
+                    for p in parsed
+                ]
             else:
                 entry["stdout"] = mask(done.stdout, tmp)
             entry["stderr"] = mask(done.stderr, tmp)
@@ -188,8 +317,10 @@ def compare(before: Path, after: Path) -> int:
         for field in sorted(set(a.get(label, {})) | set(b.get(label, {}))):
             x, y = a.get(label, {}).get(field), b.get(label, {}).get(field)
             if x != y:
-                print(f"  {field}:\n    before: {json.dumps(x)[:2000]}\n"
-                      f"    after:  {json.dumps(y)[:2000]}")
+                print(
+                    f"  {field}:\n    before: {json.dumps(x)[:2000]}\n"
+                    f"    after:  {json.dumps(y)[:2000]}"
+                )
     print(f"{len(set(a) | set(b)) - differ} of {len(set(a) | set(b))} commands unchanged")
     return 1 if differ else 0
 

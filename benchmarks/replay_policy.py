@@ -65,8 +65,9 @@ def survivals(target, draft, prompt: list[int], max_tokens: int) -> list[int]:
     return runs[:-1]
 
 
-def replay(policy: LookaheadPolicy, runs: list[int], world: PairProfile, max_tokens: int
-           ) -> tuple[float, list[int]]:
+def replay(
+    policy: LookaheadPolicy, runs: list[int], world: PairProfile, max_tokens: int
+) -> tuple[float, list[int]]:
     """Tokens per second of ``policy`` over one prompt's text, and the K of each cycle."""
     policy.begin()
     guess = world.guess("model") or 0.0
@@ -94,14 +95,19 @@ def main() -> None:
     parser.add_argument("--chat", action="store_true", help="wrap prompts in the chat template")
     parser.add_argument("--costs", type=Path, help="costs as -k auto keeps them (JSON)")
     args = parser.parse_args()
-    pair = load_pair(args.target, args.draft,
-                     PairOptions(target_threads=args.threads, draft_threads=args.threads))
+    pair = load_pair(
+        args.target,
+        args.draft,
+        PairOptions(target_threads=args.threads, draft_threads=args.threads),
+    )
     path = args.costs or pair.costs_file
     try:
         world = CostBook.restore(json.loads(path.read_text())).greedy
     except (OSError, ValueError):
-        sys.exit(f"no costs at {path}: run `specgen run -k auto --threads {args.threads}` (or "
-                 "bench) on these models first, or give --costs")
+        sys.exit(
+            f"no costs at {path}: run `specgen run -k auto --threads {args.threads}` (or "
+            "bench) on these models first, or give --costs"
+        )
     if world.guess("model") is None or world.verify(1) is None:
         sys.exit(f"{path} holds no greedy costs for a draft model")
     fixed = [int(k) for k in args.lookaheads.split(",")]
@@ -113,8 +119,10 @@ def main() -> None:
     learned = PairProfile.restore(world.snapshot())
     rows: dict[str, list[float]] = {**{str(k): [] for k in fixed}, "auto": [], "auto/best": []}
     for kind, runs in zip(BUILTIN_KINDS, texts, strict=True):
-        speed = {str(k): replay(FixedLookahead(k), runs, world, args.max_tokens)[0] / alone
-                 for k in fixed}
+        speed = {
+            str(k): replay(FixedLookahead(k), runs, world, args.max_tokens)[0] / alone
+            for k in fixed
+        }
         auto, chosen = replay(AdaptiveLookahead(learned), runs, world, args.max_tokens)
         speed["auto"] = auto / alone
         best = max(speed[str(k)] for k in fixed)
@@ -122,13 +130,18 @@ def main() -> None:
         for name, value in speed.items():
             rows[name].append(value)
         kept = sum(1 for r in runs if r) / len(runs)
-        print(f"{kind:10s} {len(runs):3d} tokens, draft right {kept:4.0%}  "
-              + " ".join(f"{k}:{speed[str(k)]:.2f}" for k in fixed)
-              + f"  auto:{speed['auto']:.2f} (mean K {statistics.mean(chosen):.1f})"
-              + f"  auto/best {speed['auto/best']:.2f}", flush=True)
+        print(
+            f"{kind:10s} {len(runs):3d} tokens, draft right {kept:4.0%}  "
+            + " ".join(f"{k}:{speed[str(k)]:.2f}" for k in fixed)
+            + f"  auto:{speed['auto']:.2f} (mean K {statistics.mean(chosen):.1f})"
+            + f"  auto/best {speed['auto/best']:.2f}",
+            flush=True,
+        )
     print("mean   " + " ".join(f"{name}:{statistics.mean(v):.3f}" for name, v in rows.items()))
-    print(f"auto/best per prompt: median {statistics.median(rows['auto/best']):.3f}, "
-          f"worst {min(rows['auto/best']):.3f}")
+    print(
+        f"auto/best per prompt: median {statistics.median(rows['auto/best']):.3f}, "
+        f"worst {min(rows['auto/best']):.3f}"
+    )
 
 
 if __name__ == "__main__":

@@ -40,8 +40,13 @@ class Settings:
 
     def config(self, lookahead: Lookahead) -> GenerationConfig:
         sampling = SamplingParams(self.temperature, self.top_k, self.top_p, self.min_p)
-        return GenerationConfig(lookahead=lookahead, sampling=sampling,
-                                max_tokens=self.max_tokens, stop=self.stop, seed=self.seed)
+        return GenerationConfig(
+            lookahead=lookahead,
+            sampling=sampling,
+            max_tokens=self.max_tokens,
+            stop=self.stop,
+            seed=self.seed,
+        )
 
 
 class Specgen:
@@ -55,23 +60,48 @@ class Specgen:
     that dies mid-generation ends the process with one line (ggml aborts; nothing can be
     caught)."""
 
-    def __init__(self, pair: str | None = None, target: str | Path | None = None,
-                 draft: str | Path | None = None, *, lookahead: Lookahead | None = None,
-                 ngram: bool | None = None, n_ctx: int = 0, threads: int = 0,
-                 gpu_layers: int = -1, draft_p_min: float = 0.0, chat: bool | None = None,
-                 verbose: bool = False, progress: bool = False,
-                 from_bench: bool = False, rpc: str | None = None,
-                 rpc_local_head: bool = True) -> None:
+    def __init__(
+        self,
+        pair: str | None = None,
+        target: str | Path | None = None,
+        draft: str | Path | None = None,
+        *,
+        lookahead: Lookahead | None = None,
+        ngram: bool | None = None,
+        n_ctx: int = 0,
+        threads: int = 0,
+        gpu_layers: int = -1,
+        draft_p_min: float = 0.0,
+        chat: bool | None = None,
+        verbose: bool = False,
+        progress: bool = False,
+        from_bench: bool = False,
+        rpc: str | None = None,
+        rpc_local_head: bool = True,
+    ) -> None:
         from specgen.choice import decide
         from specgen.pair import open_pair
 
-        decision = decide(pair, None if target is None else str(target),
-                          None if draft is None else str(draft), ngram=ngram,
-                          lookahead=lookahead, rpc=rpc, threads=threads, gpu_layers=gpu_layers,
-                          bench_temperature=Settings.temperature if from_bench else None)
-        options = PairOptions(n_ctx=n_ctx, target_threads=threads, draft_threads=threads,
-                              target_gpu_layers=gpu_layers, draft_gpu_layers=gpu_layers,
-                              verbose=verbose, local_head=rpc_local_head)
+        decision = decide(
+            pair,
+            None if target is None else str(target),
+            None if draft is None else str(draft),
+            ngram=ngram,
+            lookahead=lookahead,
+            rpc=rpc,
+            threads=threads,
+            gpu_layers=gpu_layers,
+            bench_temperature=Settings.temperature if from_bench else None,
+        )
+        options = PairOptions(
+            n_ctx=n_ctx,
+            target_threads=threads,
+            draft_threads=threads,
+            target_gpu_layers=gpu_layers,
+            draft_gpu_layers=gpu_layers,
+            verbose=verbose,
+            local_head=rpc_local_head,
+        )
         self.decision = decision
         self.choice = decision.choice
         self.note = decision.note
@@ -95,31 +125,44 @@ class Specgen:
             return True
         return wants_chat(self.pair, self.choice.chat, self._chat, system)
 
-    def stream_events(self, prompt: Prompt, settings: Settings = Settings(), *,
-                      system: str | None = None, reuse_prefix: bool = False,
-                      cancelled: Callable[[], bool] | None = None,
-                      chat: bool | None = None) -> Iterator[TextChunk | Result]:
+    def stream_events(
+        self,
+        prompt: Prompt,
+        settings: Settings = Settings(),
+        *,
+        system: str | None = None,
+        reuse_prefix: bool = False,
+        cancelled: Callable[[], bool] | None = None,
+        chat: bool | None = None,
+    ) -> Iterator[TextChunk | Result]:
         """Text pieces (``TextChunk``) as they are accepted, then the ``Result``."""
         from specgen.session import stream
 
         use_chat = self.wants_chat(prompt, system) if chat is None else chat
-        for item in stream(self.pair, prompt, settings.config(self.lookahead), chat=use_chat,
-                           system=system, draft_p_min=self.draft_p_min,
-                           reuse_prefix=reuse_prefix, cancelled=cancelled):
+        for item in stream(
+            self.pair,
+            prompt,
+            settings.config(self.lookahead),
+            chat=use_chat,
+            system=system,
+            draft_p_min=self.draft_p_min,
+            reuse_prefix=reuse_prefix,
+            cancelled=cancelled,
+        ):
             if isinstance(item, Result):
                 self.last = item
             yield item
 
-    def stream(self, prompt: Prompt, *, system: str | None = None, **settings: Any
-               ) -> Iterator[str]:
+    def stream(
+        self, prompt: Prompt, *, system: str | None = None, **settings: Any
+    ) -> Iterator[str]:
         """The text as it is accepted, piece by piece; the whole ``Result`` is ``self.last``
         afterwards. ``settings`` are ``Settings`` fields (max_tokens, temperature, ...)."""
         for item in self.stream_events(prompt, _settings(settings), system=system):
             if not isinstance(item, Result):
                 yield item.text
 
-    def generate(self, prompt: Prompt, *, system: str | None = None, **settings: Any
-                 ) -> Result:
+    def generate(self, prompt: Prompt, *, system: str | None = None, **settings: Any) -> Result:
         """The whole generation: its text and statistics."""
         for _ in self.stream(prompt, system=system, **settings):
             pass

@@ -79,9 +79,16 @@ def config_for(item: BatchPrompt, base: GenerationConfig) -> GenerationConfig:
 
 
 def run_batch(
-    pair: Pair, items: Iterable[BatchItem], base: GenerationConfig, *, chat: bool,
-    system: str | None, draft_p_min: float, write: Callable[[dict[str, object]], None],
-    skip: AbstractSet[str] = frozenset(), on_progress: Callable[[BatchTally], None] | None = None,
+    pair: Pair,
+    items: Iterable[BatchItem],
+    base: GenerationConfig,
+    *,
+    chat: bool,
+    system: str | None,
+    draft_p_min: float,
+    write: Callable[[dict[str, object]], None],
+    skip: AbstractSet[str] = frozenset(),
+    on_progress: Callable[[BatchTally], None] | None = None,
     total: int = 0,
 ) -> BatchTally:
     """Generate for every item, calling ``write`` with one record per item as it finishes."""
@@ -99,15 +106,28 @@ def run_batch(
     return tally
 
 
-def _one(pair: Pair, item: BatchPrompt, base: GenerationConfig, chat: bool,
-         system: str | None, draft_p_min: float, write: Callable[[dict[str, object]], None],
-         tally: BatchTally) -> bool:
+def _one(
+    pair: Pair,
+    item: BatchPrompt,
+    base: GenerationConfig,
+    chat: bool,
+    system: str | None,
+    draft_p_min: float,
+    write: Callable[[dict[str, object]], None],
+    tally: BatchTally,
+) -> bool:
     """Run one prompt and write its line; False when Ctrl-C stopped it."""
     prompt = item.prompt if item.prompt is not None else list(item.messages or ())
     try:
         config = config_for(item, base)
-        result = generate(pair, prompt, config, chat=chat or item.messages is not None,
-                          system=item.system or system, draft_p_min=draft_p_min)
+        result = generate(
+            pair,
+            prompt,
+            config,
+            chat=chat or item.messages is not None,
+            system=item.system or system,
+            draft_p_min=draft_p_min,
+        )
     except Exception as err:
         message = describe(err)
         if message is None:

@@ -33,17 +33,21 @@ def render_chat(
 ) -> str:
     """The text of a conversation, ending where the assistant's next answer begins."""
     if not template:
-        raise ChatTemplateError("the target model has no chat template; run with --raw to "
-                                "send the prompt as it is")
+        raise ChatTemplateError(
+            "the target model has no chat template; run with --raw to send the prompt as it is"
+        )
     # The same environment as transformers' apply_chat_template: templates on the Hub rely on
     # trim_blocks, lstrip_blocks and {% break %} / {% continue %}.
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=["jinja2.ext.loopcontrols"])
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+    )
     env.globals["raise_exception"] = _raise
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     try:
         return env.from_string(template).render(
-            messages=list(messages), add_generation_prompt=True, bos_token=bos_token,
+            messages=list(messages),
+            add_generation_prompt=True,
+            bos_token=bos_token,
             eos_token=eos_token,
         )
     except jinja2.TemplateError as err:

@@ -45,8 +45,14 @@ class Choice:
         return self.draft is not None or self.ngram
 
 
-def choose(registry: Registry, pair: str | None, target: str | None, draft: str | None,
-           ngram: bool | None = None, rpc: str | None = None) -> Choice:
+def choose(
+    registry: Registry,
+    pair: str | None,
+    target: str | None,
+    draft: str | None,
+    ngram: bool | None = None,
+    rpc: str | None = None,
+) -> Choice:
     """The models a command runs. The rule, as the README states it:
 
     - ``--pair NAME``, or no model option at all (the default pair): both models of the pair;
@@ -60,8 +66,10 @@ def choose(registry: Registry, pair: str | None, target: str | None, draft: str 
     None keeps the pair's own.
     """
     if draft is not None and target is None and pair is None:
-        raise UsageError("--draft needs a target: add --target FILE, or --pair NAME to use "
-                         "the draft with that pair's target")
+        raise UsageError(
+            "--draft needs a target: add --target FILE, or --pair NAME to use "
+            "the draft with that pair's target"
+        )
     named = registry.pair(pair) if pair or target is None else None
     if target:
         target_spec = registry.spec(target)
@@ -126,11 +134,20 @@ class Decision:
 ALONE_NOTE = "no draft model: running the target alone (-k 0; --draft ngram drafts without one)"
 
 
-def decide(pair: str | None = None, target: str | None = None, draft: str | None = None, *,
-           ngram: bool | None = None, lookahead: Lookahead | None = None,
-           rpc: str | None = None, threads: int = 0, gpu_layers: int = -1,
-           bench_temperature: float | None = None, explain_alone: bool = False,
-           registry: Registry | None = None) -> Decision:
+def decide(
+    pair: str | None = None,
+    target: str | None = None,
+    draft: str | None = None,
+    *,
+    ngram: bool | None = None,
+    lookahead: Lookahead | None = None,
+    rpc: str | None = None,
+    threads: int = 0,
+    gpu_layers: int = -1,
+    bench_temperature: float | None = None,
+    explain_alone: bool = False,
+    registry: Registry | None = None,
+) -> Decision:
     """The one decision of which models, K and drafting a command runs.
 
     K is ``lookahead`` where given, else what ``specgen bench`` found best for these models on

@@ -50,8 +50,12 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _root(
-    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
-                                          help="Print the version and exit.")] = False,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
 ) -> None:
     """Fast local text generation with speculative decoding on llama.cpp."""
 
@@ -113,8 +117,10 @@ def _report(err: Exception) -> int:
         if callable(show):  # Typer's usage errors: print them as Typer would
             show()
             return int(getattr(err, "exit_code", EXIT_USAGE))
-        out.error(f"internal error: {type(err).__name__}: {err} (rerun with SPECGEN_DEBUG=1 "
-                  f"for the traceback, and report it)")
+        out.error(
+            f"internal error: {type(err).__name__}: {err} (rerun with SPECGEN_DEBUG=1 "
+            f"for the traceback, and report it)"
+        )
         return EXIT_FAILED
     out.error(entry.message(err))
     return entry.exit_code

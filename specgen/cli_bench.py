@@ -49,34 +49,71 @@ def bench(
     pair: PairOpt = None,
     target: TargetOpt = None,
     draft: DraftOpt = None,
-    lookaheads: Annotated[str, typer.Option(
-        "--lookahead", "-k", metavar="LIST", help="What to measure, comma-separated: fixed K's "
-        "of the draft model, 'auto' (the draft model, K chosen each cycle), 'ngram' (prompt "
-        "lookup alone) and 'hybrid' (both); K=0, the target alone, always runs.")
+    lookaheads: Annotated[
+        str,
+        typer.Option(
+            "--lookahead",
+            "-k",
+            metavar="LIST",
+            help="What to measure, comma-separated: fixed K's "
+            "of the draft model, 'auto' (the draft model, K chosen each cycle), 'ngram' (prompt "
+            "lookup alone) and 'hybrid' (both); K=0, the target alone, always runs.",
+        ),
     ] = DEFAULT_VARIANTS,
     draft_p_min: DraftPMinOpt = 0.0,
-    prompts_file: Annotated[Path | None, typer.Option(
-        "--prompts", metavar="FILE", help="Prompts, one per line or JSON lines with a "
-        "\"prompt\" field (default: a built-in set of thirteen).", show_default=False)] = None,
-    max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", min=4,
-                                            help="New tokens per run.")] = 64,
-    repeats: Annotated[int, typer.Option("--repeats", "-r", min=1,
-                                         help="Times to run the whole sweep.")] = 1,
-    temperature: Annotated[float | None, typer.Option(
-        "--temperature", "--temp", min=0.0, help="Measure at this temperature only (with "
-        "run's --top-k/--top-p/--min-p); default: both greedy (0) and run's default, "
-        f"{DEFAULT_SAMPLING.temperature}, with a recommendation for each.",
-        show_default=False)] = None,
+    prompts_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--prompts",
+            metavar="FILE",
+            help="Prompts, one per line or JSON lines with a "
+            '"prompt" field (default: a built-in set of thirteen).',
+            show_default=False,
+        ),
+    ] = None,
+    max_tokens: Annotated[
+        int, typer.Option("--max-tokens", "-n", min=4, help="New tokens per run.")
+    ] = 64,
+    repeats: Annotated[
+        int, typer.Option("--repeats", "-r", min=1, help="Times to run the whole sweep.")
+    ] = 1,
+    temperature: Annotated[
+        float | None,
+        typer.Option(
+            "--temperature",
+            "--temp",
+            min=0.0,
+            help="Measure at this temperature only (with "
+            "run's --top-k/--top-p/--min-p); default: both greedy (0) and run's default, "
+            f"{DEFAULT_SAMPLING.temperature}, with a recommendation for each.",
+            show_default=False,
+        ),
+    ] = None,
     seed: SeedOpt = None,
-    json_path: Annotated[Path | None, typer.Option(
-        "--json", metavar="FILE", help="Write every figure, the machine and the parameters as "
-        "JSON here.", show_default=False)] = None,
-    csv_path: Annotated[Path | None, typer.Option(
-        "--csv", metavar="FILE", help="Write the per-K table as CSV here.",
-        show_default=False)] = None,
-    plot_path: Annotated[Path | None, typer.Option(
-        "--plot", metavar="FILE", help="Write a PNG chart of speedup against K (needs "
-        "specgen[plot]).", show_default=False)] = None,
+    json_path: Annotated[
+        Path | None,
+        typer.Option(
+            "--json",
+            metavar="FILE",
+            help="Write every figure, the machine and the parameters as JSON here.",
+            show_default=False,
+        ),
+    ] = None,
+    csv_path: Annotated[
+        Path | None,
+        typer.Option(
+            "--csv", metavar="FILE", help="Write the per-K table as CSV here.", show_default=False
+        ),
+    ] = None,
+    plot_path: Annotated[
+        Path | None,
+        typer.Option(
+            "--plot",
+            metavar="FILE",
+            help="Write a PNG chart of speedup against K (needs specgen[plot]).",
+            show_default=False,
+        ),
+    ] = None,
     threads: ThreadsOpt = 0,
     gpu_layers: GpuLayersOpt = -1,
     ctx_size: CtxOpt = 0,
@@ -102,31 +139,64 @@ def bench(
     else:
         prompts, kinds = BUILTIN_PROMPTS, BUILTIN_KINDS
     # Every row but K=0 needs the draft model loaded, whatever K the pair itself runs at.
-    decision = decide(pair, target, draft, ngram=False, lookahead="auto", rpc=rpc,
-                      threads=threads, gpu_layers=gpu_layers)
+    decision = decide(
+        pair,
+        target,
+        draft,
+        ngram=False,
+        lookahead="auto",
+        rpc=rpc,
+        threads=threads,
+        gpu_layers=gpu_layers,
+    )
     choice = decision.choice
     if choice.draft is None:
         if lookaheads == DEFAULT_VARIANTS:
             variants = ["ngram"]  # a target alone can still draft by prompt lookup
         elif any(k != "ngram" for k in variants):
-            raise UsageError("bench needs a draft model for K's, auto and hybrid: name a pair, "
-                             "or both --target and --draft (or -k ngram)")
-    loaded = open_pair(decision, PairOptions(
-        n_ctx=ctx_size, target_threads=threads, draft_threads=threads,
-        target_gpu_layers=gpu_layers, draft_gpu_layers=gpu_layers, verbose=verbose,
-        local_head=rpc_local_head))
-    session = BenchSession(loaded, choice, prompts, kinds, variants, max_tokens=max_tokens,
-                           repeats=repeats, seed=seed if seed is not None else 0,
-                           draft_p_min=draft_p_min, prompts_file=prompts_file,
-                           local_head=rpc_local_head)
+            raise UsageError(
+                "bench needs a draft model for K's, auto and hybrid: name a pair, "
+                "or both --target and --draft (or -k ngram)"
+            )
+    loaded = open_pair(
+        decision,
+        PairOptions(
+            n_ctx=ctx_size,
+            target_threads=threads,
+            draft_threads=threads,
+            target_gpu_layers=gpu_layers,
+            draft_gpu_layers=gpu_layers,
+            verbose=verbose,
+            local_head=rpc_local_head,
+        ),
+    )
+    session = BenchSession(
+        loaded,
+        choice,
+        prompts,
+        kinds,
+        variants,
+        max_tokens=max_tokens,
+        repeats=repeats,
+        seed=seed if seed is not None else 0,
+        draft_p_min=draft_p_min,
+        prompts_file=prompts_file,
+        local_head=rpc_local_head,
+    )
     settings = [temperature] if temperature is not None else [0.0, DEFAULT_SAMPLING.temperature]
     reports, interrupted = session.all(settings, _ProgressBar(len(prompts), repeats))
     if not reports:
         out.warning("interrupted before anything was measured; nothing written")
         raise Interrupted()
     for report in reports:
-        out.show(render(report, decision.name, loaded.target.path,
-                        loaded.draft.path if loaded.draft else None))
+        out.show(
+            render(
+                report,
+                decision.name,
+                loaded.target.path,
+                loaded.draft.path if loaded.draft else None,
+            )
+        )
     session.remember_costs()
     if not interrupted:
         remember(decision.memo, reports, datetime.date.today().isoformat())
@@ -146,9 +216,14 @@ class _ProgressBar:
         self._task: TaskID | None = None
 
     def started(self, temperature: float, total: int) -> None:
-        self._bar = Progress(TextColumn(f"[bold]bench[/] T={temperature} {{task.description}}"),
-                             BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                             console=out.err, transient=True)
+        self._bar = Progress(
+            TextColumn(f"[bold]bench[/] T={temperature} {{task.description}}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeRemainingColumn(),
+            console=out.err,
+            transient=True,
+        )
         self._bar.start()
         self._task = self._bar.add_task("warm-up", total=total)
 
@@ -156,8 +231,11 @@ class _ProgressBar:
         assert self._bar is not None and self._task is not None
         if self._bar.tasks[self._task].description != "warm-up":
             self._bar.advance(self._task)
-        self._bar.update(self._task, description=f"prompt {prompt + 1}/{self.prompts} "
-                         f"K={variant}" + (f" repeat {repeat + 1}" if self.repeats > 1 else ""))
+        self._bar.update(
+            self._task,
+            description=f"prompt {prompt + 1}/{self.prompts} "
+            f"K={variant}" + (f" repeat {repeat + 1}" if self.repeats > 1 else ""),
+        )
 
     def ended(self) -> None:
         if self._bar is not None:
@@ -171,12 +249,16 @@ def _remembered_note(reports: list[Report]) -> Text:
         best = report.best()
         what = "-k 0 (the target alone)" if best is None else variant_name(best.variant)
         parts.append(f"{what} at T={report.temperature}")
-    return Text("specgen run will now use " + " and ".join(parts) + " for these models on "
-                "this machine, unless -k says otherwise", style="dim")
+    return Text(
+        "specgen run will now use " + " and ".join(parts) + " for these models on "
+        "this machine, unless -k says otherwise",
+        style="dim",
+    )
 
 
-def _write_outputs(reports: list[Report], json_path: Path | None, csv_path: Path | None,
-                   plot_path: Path | None) -> None:
+def _write_outputs(
+    reports: list[Report], json_path: Path | None, csv_path: Path | None, plot_path: Path | None
+) -> None:
     from specgen.bench.export import write_csv, write_json, write_plot
 
     if json_path:
@@ -190,26 +272,47 @@ def _write_outputs(reports: list[Report], json_path: Path | None, csv_path: Path
             out.note(f"wrote {path}")
 
 
-def render(report: Report, pair: str | None, target: Path | None = None,
-           draft: Path | None = None) -> Group:
+def render(
+    report: Report, pair: str | None, target: Path | None = None, draft: Path | None = None
+) -> Group:
     """The table, acceptance by position, speedup by kind of prompt, a chart, the verdict.
 
     Everything fits 80 columns, so a file or a pipe gets the whole table.
     """
-    table = Table(title=f"specgen bench: {report.title}", title_justify="left",
-                  box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1))
+    table = Table(
+        title=f"specgen bench: {report.title}",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        padding=(0, 1),
+    )
     for name in ("K", "tok/s", "speedup", "pred.", "alpha", "tok/cyc", "draft", "verify", "c"):
         table.add_column(name, justify="right", no_wrap=True)
-    table.add_row("0", f"{report.baseline_tokens_per_second:.1f}", "1.00x", "1.00x", "-", "1.00",
-                  "-", f"{report.target_ms_per_token:.1f}", "-")
+    table.add_row(
+        "0",
+        f"{report.baseline_tokens_per_second:.1f}",
+        "1.00x",
+        "1.00x",
+        "-",
+        "1.00",
+        "-",
+        f"{report.target_ms_per_token:.1f}",
+        "-",
+    )
     for row in report.per_k:
         style = "bold green" if row.variant == report.recommended else None
         table.add_row(
-            str(row.variant), f"{row.tokens_per_second:.1f}", f"{row.speedup:.2f}x",
+            str(row.variant),
+            f"{row.tokens_per_second:.1f}",
+            f"{row.speedup:.2f}x",
             figure(row.predicted_speedup, ".2f", "x"),
             figure(None if row.accept_rate is None else row.accept_rate * 100, ".0f", "%"),
-            f"{row.tokens_per_cycle:.2f}", figure(row.draft_ms_per_token, ".1f"),
-            f"{row.verify_ms:.1f}", figure(row.cost_ratio, ".2f"), style=style)
+            f"{row.tokens_per_cycle:.2f}",
+            figure(row.draft_ms_per_token, ".1f"),
+            f"{row.verify_ms:.1f}",
+            figure(row.cost_ratio, ".2f"),
+            style=style,
+        )
     parts: list[RenderableType] = [table, _positions(report)]
     adaptive = _adaptive_notes(report)
     if adaptive:
@@ -217,8 +320,7 @@ def render(report: Report, pair: str | None, target: Path | None = None,
     if report.per_kind:
         parts.append(_kinds_table(report))
     parts.append(_chart(report))
-    notes = [f"{variant_name(r.variant)}: {r.explanation}" for r in report.per_k
-             if r.explanation]
+    notes = [f"{variant_name(r.variant)}: {r.explanation}" for r in report.per_k if r.explanation]
     if notes:
         parts.append(Text("\n".join(notes), style="yellow"))
     if report.warning:
@@ -228,23 +330,38 @@ def render(report: Report, pair: str | None, target: Path | None = None,
         parts.append(Text(report.note, style="yellow"))
     if best is not None:
         name = variant_name(best.variant)
-        parts.append(Text.assemble(
-            ("recommended: ", "bold"), (name, "bold green"),
-            f" ({best.speedup:.2f}x the target alone; "
-            f"{best.tokens_per_second:.1f} tok/s against {report.baseline_tokens_per_second:.1f})"))
+        parts.append(
+            Text.assemble(
+                ("recommended: ", "bold"),
+                (name, "bold green"),
+                f" ({best.speedup:.2f}x the target alone; {best.tokens_per_second:.1f} tok/s "
+                f"against {report.baseline_tokens_per_second:.1f})",
+            )
+        )
         # One line however long, so a copy of it pastes as one command.
-        command = (f"  specgen run {variant_options(best.variant, pair, target, draft)}"
-                   f"{_workers_option(report)}"
-                   f"{_temperature_option(report)} \"Your prompt\"")
+        command = (
+            f"  specgen run {variant_options(best.variant, pair, target, draft)}"
+            f"{_workers_option(report)}"
+            f'{_temperature_option(report)} "Your prompt"'
+        )
         parts.append(Text(command, no_wrap=True, overflow="ignore"))
     if _workers_option(report):
-        parts.append(Text("the target runs on RPC workers: 'verify' and the K=0 row include the "
-                          "network round trip; K was chosen against that cost", style="dim"))
-    parts.append(Text("speedup: median of per-run ratios to the target alone on the same prompt; "
-                      "draft: ms per guess; verify: ms per target pass; c: draft/target time "
-                      "per token; pred.: E[tokens/cycle] / (K*c + verify/target) "
-                      "(Leviathan et al. 2023); auto, ngram, hybrid choose K before each cycle",
-                      style="dim"))
+        parts.append(
+            Text(
+                "the target runs on RPC workers: 'verify' and the K=0 row include the "
+                "network round trip; K was chosen against that cost",
+                style="dim",
+            )
+        )
+    parts.append(
+        Text(
+            "speedup: median of per-run ratios to the target alone on the same prompt; "
+            "draft: ms per guess; verify: ms per target pass; c: draft/target time "
+            "per token; pred.: E[tokens/cycle] / (K*c + verify/target) "
+            "(Leviathan et al. 2023); auto, ngram, hybrid choose K before each cycle",
+            style="dim",
+        )
+    )
     return Group(*parts)
 
 
@@ -252,8 +369,9 @@ def _workers_option(report: Report) -> str:
     setting = report.setting
     if setting is None or not setting.workers:
         return ""
-    return f" --rpc {','.join(setting.workers)}" + ("" if setting.local_head
-                                                   else " --no-rpc-local-head")
+    return f" --rpc {','.join(setting.workers)}" + (
+        "" if setting.local_head else " --no-rpc-local-head"
+    )
 
 
 def _temperature_option(report: Report) -> str:
@@ -278,24 +396,34 @@ def _adaptive_notes(report: Report) -> Text | None:
         return None
     text = Text("adaptive K\n", style="bold")
     for row in rows:
-        line = (f"  {row.variant:>6}  mean K {figure(row.mean_lookahead, '.1f')}, target "
-                f"alone in {row.target_alone_share:.0%} of cycles")
+        line = (
+            f"  {row.variant:>6}  mean K {figure(row.mean_lookahead, '.1f')}, target "
+            f"alone in {row.target_alone_share:.0%} of cycles"
+        )
         if row.variant == "hybrid" and row.ngram_share is not None:
             line += f", {row.ngram_share:.0%} of guesses from n-grams"
         if 0 < row.model_guesses < FEW_GUESSES:
-            line += (f"; draft and c rest on {row.model_guesses} draft-model "
-                     f"guess{'es' if row.model_guesses > 1 else ''}")
+            line += (
+                f"; draft and c rest on {row.model_guesses} draft-model "
+                f"guess{'es' if row.model_guesses > 1 else ''}"
+            )
         text.append(line + "\n")
     return text
 
 
 def _kinds_table(report: Report) -> Table:
     """Median speedup for each kind of prompt, one column per K or variant."""
-    table = Table(title="speedup by kind of prompt", title_justify="left", box=box.SIMPLE_HEAD,
-                  pad_edge=False, padding=(0, 1))
+    table = Table(
+        title="speedup by kind of prompt",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        padding=(0, 1),
+    )
     table.add_column("kind", no_wrap=True)
-    best_of = {kind: max(speedups.values(), default=0.0)
-               for kind, speedups in report.per_kind.items()}
+    best_of = {
+        kind: max(speedups.values(), default=0.0) for kind, speedups in report.per_kind.items()
+    }
     for row in report.per_k:
         table.add_column(str(row.variant), justify="right", no_wrap=True)
     for kind, speedups in report.per_kind.items():

@@ -22,22 +22,33 @@ from specgen.output import out, size
 
 GPU_BUILDS = {
     "CUDA (NVIDIA)": 'CMAKE_ARGS="-DGGML_CUDA=on" pip install --force-reinstall --no-cache-dir '
-                     'llama-cpp-python',
+    "llama-cpp-python",
     "Metal (Apple)": 'CMAKE_ARGS="-DGGML_METAL=on" pip install --force-reinstall '
-                     '--no-cache-dir llama-cpp-python',
+    "--no-cache-dir llama-cpp-python",
     "Vulkan": 'CMAKE_ARGS="-DGGML_VULKAN=on" pip install --force-reinstall --no-cache-dir '
-              'llama-cpp-python',
+    "llama-cpp-python",
 }
 
 
 def doctor(
-    json_out: Annotated[bool, typer.Option("--json", help="Print the facts and advice as "
-                                           "JSON.")] = False,
-    hub_timeout: Annotated[float, typer.Option("--hub-timeout", metavar="SECONDS", min=0.1,
-                                               help="How long to wait for the Hub.")] = 3.0,
-    rpc: Annotated[str | None, typer.Option(
-        "--rpc", metavar="HOST:PORT,...", help="Also check these `specgen worker`s (default: "
-        "the workers your pairs name).", show_default=False)] = None,
+    json_out: Annotated[
+        bool, typer.Option("--json", help="Print the facts and advice as JSON.")
+    ] = False,
+    hub_timeout: Annotated[
+        float,
+        typer.Option(
+            "--hub-timeout", metavar="SECONDS", min=0.1, help="How long to wait for the Hub."
+        ),
+    ] = 3.0,
+    rpc: Annotated[
+        str | None,
+        typer.Option(
+            "--rpc",
+            metavar="HOST:PORT,...",
+            help="Also check these `specgen worker`s (default: the workers your pairs name).",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Check this machine, and why speculative decoding may not be faster here.
 
@@ -95,47 +106,66 @@ def advice(found: dict[str, Any]) -> list[str]:
         tips.append(found["self_test"]["message"])
     built_with_amx = any(f.startswith("AMX") for f in found["cpu_features"])
     if found["cpu_lists_amx"] and built_with_amx and found["self_test"].get("ok") is None:
-        tips.append("the CPU lists AMX: if generation dies with 'Illegal instruction', "
-                    "rebuild llama-cpp-python portably (see the README's install section)")
+        tips.append(
+            "the CPU lists AMX: if generation dies with 'Illegal instruction', "
+            "rebuild llama-cpp-python portably (see the README's install section)"
+        )
     if not found["gpu_offload"] and found["nvidia_gpu_present"]:
-        tips.append("this machine has an NVIDIA GPU but llama.cpp was built for the CPU only: "
-                    f"rebuild it with CUDA: {GPU_BUILDS['CUDA (NVIDIA)']}")
+        tips.append(
+            "this machine has an NVIDIA GPU but llama.cpp was built for the CPU only: "
+            f"rebuild it with CUDA: {GPU_BUILDS['CUDA (NVIDIA)']}"
+        )
     if found["gpu_offload"]:
-        tips.append("a GPU build: keep the draft on the GPU too (--draft-gpu-layers -1, the "
-                    "default); a draft left on the CPU often costs more than it saves")
+        tips.append(
+            "a GPU build: keep the draft on the GPU too (--draft-gpu-layers -1, the "
+            "default); a draft left on the CPU often costs more than it saves"
+        )
     for worker in found["workers"]:
         if worker.get("error"):
             tips.append(f"worker {worker['endpoint']}: {worker['error']}")
         elif worker["round_trip_ms"] > 5:
-            tips.append(f"worker {worker['endpoint']}: {worker['round_trip_ms']:.0f} ms per round "
-                        f"trip, paid once per cycle: run `specgen bench --rpc "
-                        f"{worker['endpoint']}` to find the K that amortizes it")
+            tips.append(
+                f"worker {worker['endpoint']}: {worker['round_trip_ms']:.0f} ms per round "
+                f"trip, paid once per cycle: run `specgen bench --rpc "
+                f"{worker['endpoint']}` to find the K that amortizes it"
+            )
     cores, threads = found["physical_cores"], found["default_threads"]
     if cores and threads > cores:
-        tips.append(f"the default of {threads} threads is more than the {cores} physical "
-                    f"cores: pass --threads {cores}")
+        tips.append(
+            f"the default of {threads} threads is more than the {cores} physical "
+            f"cores: pass --threads {cores}"
+        )
     for pair in found["pairs"]:
         bench = pair.get("bench") or {}
         for mode, result in bench.items():
             if result.get("variant") == 0:
-                tips.append(f"{pair['name']}: `specgen bench` found that no K pays at {mode} "
-                            f"decoding here; run it with -k 0, or try a smaller draft")
+                tips.append(
+                    f"{pair['name']}: `specgen bench` found that no K pays at {mode} "
+                    f"decoding here; run it with -k 0, or try a smaller draft"
+                )
             ratio = result.get("cost_ratio")
             if isinstance(ratio, float) and ratio > 0.5:
-                tips.append(f"{pair['name']}: the draft costs {ratio:.2f} of a target step "
-                            f"here; a draft that slow rarely pays back: pick a "
-                            f"smaller one, or --draft ngram")
+                tips.append(
+                    f"{pair['name']}: the draft costs {ratio:.2f} of a target step "
+                    f"here; a draft that slow rarely pays back: pick a "
+                    f"smaller one, or --draft ngram"
+                )
     if not found["pairs"] or not any(p["downloaded"] for p in found["pairs"]):
         tips.append("no pair downloaded yet: `specgen models pull` fetches the default one")
     elif not any(p.get("bench") for p in found["pairs"] if p["downloaded"]):
-        tips.append("run `specgen bench` once per pair: it measures which K pays on this "
-                    "machine, and `specgen run` uses it from then on")
+        tips.append(
+            "run `specgen bench` once per pair: it measures which K pays on this "
+            "machine, and `specgen run` uses it from then on"
+        )
     return tips
 
 
 def _backends(info: str) -> list[str]:
-    names = [name for name in ("CUDA", "Metal", "Vulkan", "SYCL", "HIP", "OpenCL", "RPC",
-                               "BLAS") if re.search(rf"\b{name}\b", info, re.IGNORECASE)]
+    names = [
+        name
+        for name in ("CUDA", "Metal", "Vulkan", "SYCL", "HIP", "OpenCL", "RPC", "BLAS")
+        if re.search(rf"\b{name}\b", info, re.IGNORECASE)
+    ]
     return ["CPU", *names]
 
 
@@ -159,8 +189,12 @@ def _folder(path: Path) -> dict[str, Any]:
     existing = path
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
-    return {"path": str(path), "exists": path.exists(), "bytes": size,
-            "writable": os.access(existing, os.W_OK)}
+    return {
+        "path": str(path),
+        "exists": path.exists(),
+        "bytes": size,
+        "writable": os.access(existing, os.W_OK),
+    }
 
 
 def _self_test() -> dict[str, Any]:
@@ -199,9 +233,14 @@ def _pairs() -> list[dict[str, Any]]:
             memo = memo_path(Choice(pair.target, pair.draft, pair, pair.ngram), 0, -1)
             found = store.read_json(memo, {})
             bench = found if isinstance(found, dict) else {}
-        rows.append({"name": pair.name, "downloaded": downloaded,
-                     "files": {r: str(p) if p else None for r, p in files.items()},
-                     "bench": bench})
+        rows.append(
+            {
+                "name": pair.name,
+                "downloaded": downloaded,
+                "files": {r: str(p) if p else None for r, p in files.items()},
+                "bench": bench,
+            }
+        )
     return rows
 
 
@@ -222,8 +261,7 @@ def _workers(rpc: str | None) -> list[dict[str, Any]]:
     for endpoint in dict.fromkeys(named):
         row: dict[str, Any] = {"endpoint": endpoint}
         try:
-            hellos = [rpc_protocol.hello(rpc_protocol.parse_endpoint(endpoint))
-                      for _ in range(3)]
+            hellos = [rpc_protocol.hello(rpc_protocol.parse_endpoint(endpoint)) for _ in range(3)]
             row["protocol"] = ".".join(map(str, hellos[0].version))
             row["round_trip_ms"] = min(h.round_trip_s for h in hellos) * 1000
             backend.require_rpc()
@@ -257,20 +295,32 @@ def _render(found: dict[str, Any], tips: list[str]) -> None:
     verdict = found["self_test"]
     rows = [
         ("llama-cpp-python", found["llama_cpp_python"]),
-        ("backends", ", ".join(found["backends"]) + ("" if found["gpu_offload"]
-                                                       else " (no GPU offload)")),
+        (
+            "backends",
+            ", ".join(found["backends"]) + ("" if found["gpu_offload"] else " (no GPU offload)"),
+        ),
         ("CPU features", " ".join(found["cpu_features"]) or "-"),
-        ("CPU", f"{found['cpu']}, {found['logical_cpus']} logical CPUs"
-                + (f", {found['physical_cores']} cores" if found["physical_cores"] else "")
-                + (", lists AMX" if found["cpu_lists_amx"] else "")),
+        (
+            "CPU",
+            f"{found['cpu']}, {found['logical_cpus']} logical CPUs"
+            + (f", {found['physical_cores']} cores" if found["physical_cores"] else "")
+            + (", lists AMX" if found["cpu_lists_amx"] else ""),
+        ),
         ("threads", f"{found['default_threads']} by default (--threads to change)"),
-        ("CPU self-test", {True: "passed", False: "FAILED", None: "-"}[verdict["ok"]]
-         + ("" if verdict["ok"] else f": {verdict['message']}")),
+        (
+            "CPU self-test",
+            {True: "passed", False: "FAILED", None: "-"}[verdict["ok"]]
+            + ("" if verdict["ok"] else f": {verdict['message']}"),
+        ),
     ]
     for name, folder in found["caches"].items():
         state = size(folder["bytes"]) if folder["exists"] else "absent"
-        rows.append((name, f"{folder['path']} ({state}"
-                           + ("" if folder["writable"] else ", read-only") + ")"))
+        rows.append(
+            (
+                name,
+                f"{folder['path']} ({state}" + ("" if folder["writable"] else ", read-only") + ")",
+            )
+        )
     pairs = [p["name"] for p in found["pairs"] if p["downloaded"]]
     rows.append(("pairs downloaded", ", ".join(pairs) or "none"))
     rows.append(("RPC (workers)", "built in" if found["rpc"] else "not in this build"))
@@ -278,10 +328,14 @@ def _render(found: dict[str, Any], tips: list[str]) -> None:
         if worker.get("error"):
             state = f"[red]{escape(worker['error'])}[/]"
         else:
-            devices = ", ".join(f"{escape(d['name'])} {size(d['free_bytes'])} free of "
-                                f"{size(d['total_bytes'])}" for d in worker["devices"])
-            state = (f"protocol {worker['protocol']}, {worker['round_trip_ms']:.1f} ms round "
-                     f"trip; {devices}")
+            devices = ", ".join(
+                f"{escape(d['name'])} {size(d['free_bytes'])} free of {size(d['total_bytes'])}"
+                for d in worker["devices"]
+            )
+            state = (
+                f"protocol {worker['protocol']}, {worker['round_trip_ms']:.1f} ms round "
+                f"trip; {devices}"
+            )
         rows.append((f"worker {worker['endpoint']}", state))
     rows.append(("Hugging Face Hub", f"{found['hub']['endpoint']}: {found['hub']['state']}"))
     if not found["gpu_offload"]:

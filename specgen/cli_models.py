@@ -33,8 +33,9 @@ def _parts(path: Path) -> list[Path]:
 @app.command("list")
 def list_pairs(
     json_out: JsonOpt = False,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show full specs, licenses "
-                                          "and descriptions.")] = False,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="Show full specs, licenses and descriptions.")
+    ] = False,
 ) -> None:
     """The known pairs, and which of their files are already downloaded."""
     from specgen.hub import remote_sizes
@@ -45,10 +46,14 @@ def list_pairs(
     for pair in registry.pairs.values():
         files = {role: cached(spec) for role, spec in pair.members()}
         rows.append((pair, files))
-    remote = remote_sizes([(spec.repo, spec.file, spec.revision)
-                           for pair, files in rows for role, spec in pair.members()
-                           if spec.kind == "hub" and files[role] is None and spec.repo
-                           and spec.file])
+    remote = remote_sizes(
+        [
+            (spec.repo, spec.file, spec.revision)
+            for pair, files in rows
+            for role, spec in pair.members()
+            if spec.kind == "hub" and files[role] is None and spec.repo and spec.file
+        ]
+    )
 
     def size_of(spec: ModelSpec, path: Path | None) -> int | None:
         if path is not None:
@@ -58,16 +63,30 @@ def list_pairs(
         return None
 
     if json_out:
-        out.json([{
-            "name": pair.name, "default": pair.name == registry.default,
-            "description": pair.description, "license": pair.license, "chat": pair.chat,
-            "lookahead": pair.lookahead, "source": pair.source,
-            **{role: {"spec": spec.label(),
-                      "cached": str(files[role]) if files[role] else None,
-                      "size_bytes": size_of(spec, files[role])}
-               for role, spec in pair.members()},
-            "ngram": pair.ngram,
-        } for pair, files in rows], indent=2)
+        out.json(
+            [
+                {
+                    "name": pair.name,
+                    "default": pair.name == registry.default,
+                    "description": pair.description,
+                    "license": pair.license,
+                    "chat": pair.chat,
+                    "lookahead": pair.lookahead,
+                    "source": pair.source,
+                    **{
+                        role: {
+                            "spec": spec.label(),
+                            "cached": str(files[role]) if files[role] else None,
+                            "size_bytes": size_of(spec, files[role]),
+                        }
+                        for role, spec in pair.members()
+                    },
+                    "ngram": pair.ngram,
+                }
+                for pair, files in rows
+            ],
+            indent=2,
+        )
         return
     records = []
     for pair, files in rows:
@@ -75,8 +94,11 @@ def list_pairs(
         sizes = [size_of(spec, files[r]) for r, spec in pair.members()]
         known = [s for s in sizes if s is not None]
         total = f" ({size(sum(known))})" if len(known) == len(sizes) else ""
-        state = (" + ".join(_size(files[r]) for r, _ in pair.members()) if both
-                 else ("partly" if any(files.values()) else "no") + total)
+        state = (
+            " + ".join(_size(files[r]) for r, _ in pair.members())
+            if both
+            else ("partly" if any(files.values()) else "no") + total
+        )
         name = pair.name + (" *" if pair.name == registry.default else "")
         labels = [spec.label() if verbose else _short(spec) for _, spec in pair.members()]
         if pair.draft is None:
@@ -86,8 +108,10 @@ def list_pairs(
     # Every column stays whole; file names, the only long ones, are shortened in the middle
     # (their ends say the most: the family and the quantization) to share what is left of
     # the width. `models list -v` and `models info` show them in full.
-    fixed = [max(len(c), *(len(r[1][i]) for r in records)) if records else len(c)
-             for i, c in ((0, "PAIR"), (1, "K"), (2, "CHAT"), (5, "DOWNLOADED"))]
+    fixed = [
+        max(len(c), *(len(r[1][i]) for r in records)) if records else len(c)
+        for i, c in ((0, "PAIR"), (1, "K"), (2, "CHAT"), (5, "DOWNLOADED"))
+    ]
     room = max(12, (out.out.width - sum(fixed) - 2 * 5) // 2)  # five gaps of two spaces
     table = Table(box=None, pad_edge=False)
     for column in ("PAIR", "K", "CHAT", "TARGET", "DRAFT", "DOWNLOADED"):
@@ -98,8 +122,7 @@ def list_pairs(
         cells[5] = f"[green]{cells[5]}[/]" if both else cells[5]
         table.add_row(*cells)
         if verbose:
-            table.add_row("", "", "", f"[dim]{pair.description}[/]", f"[dim]{pair.license}[/]",
-                          "")
+            table.add_row("", "", "", f"[dim]{pair.description}[/]", f"[dim]{pair.license}[/]", "")
     out.out.print(table)
     out.note(f"* default pair. Add your own pairs in {user_models_file()}")
 
@@ -109,21 +132,26 @@ def shorten(name: str, width: int) -> str:
     if len(name) <= width:
         return name
     tail = (width - 1) // 2
-    return name[: width - 1 - tail] + "…" + name[len(name) - tail:]
+    return name[: width - 1 - tail] + "…" + name[len(name) - tail :]
 
 
 def _short(spec: ModelSpec) -> str:
     from specgen.fetch import pip_file_path
 
-    name = (pip_file_path(spec.pip, spec.file or "") if spec.pip
-            else Path(spec.path or spec.file or "")).name
+    name = (
+        pip_file_path(spec.pip, spec.file or "") if spec.pip else Path(spec.path or spec.file or "")
+    ).name
     return f"{name} -> {spec.quant}" if spec.quant else name
 
 
 @app.command()
 def pull(
-    pair: Annotated[str | None, typer.Argument(metavar="PAIR", help="Pair name (default: the "
-                                               "default pair).", show_default=False)] = None,
+    pair: Annotated[
+        str | None,
+        typer.Argument(
+            metavar="PAIR", help="Pair name (default: the default pair).", show_default=False
+        ),
+    ] = None,
 ) -> None:
     """Download both models of a pair (resumable; HF_TOKEN for gated repos); print their paths."""
     from specgen.registry import Registry, resolve
@@ -137,8 +165,12 @@ def pull(
 
 @app.command()
 def info(
-    spec: Annotated[str, typer.Argument(metavar="SPEC", help="A GGUF path, org/repo:file.gguf, "
-                                        "or PAIR:target / PAIR:draft.")],
+    spec: Annotated[
+        str,
+        typer.Argument(
+            metavar="SPEC", help="A GGUF path, org/repo:file.gguf, or PAIR:target / PAIR:draft."
+        ),
+    ],
     json_out: JsonOpt = False,
 ) -> None:
     """A GGUF's metadata: architecture, size, quantization, context, vocabulary, chat template.
@@ -159,8 +191,9 @@ def info(
     table.add_column(overflow="fold")
     for key, value in details.items():
         if isinstance(value, dict):
-            value = f"{value['id']} {value['text']!r}" + ("" if value["added"] else
-                                                           " (not added to prompts)")
+            value = f"{value['id']} {value['text']!r}" + (
+                "" if value["added"] else " (not added to prompts)"
+            )
         elif key == "size_bytes":
             value = size(value) if isinstance(value, int) else None
         elif isinstance(value, bool):
@@ -171,8 +204,12 @@ def info(
 
 @app.command()
 def check(
-    pair: Annotated[str | None, typer.Argument(metavar="PAIR", help="Pair name (default: the "
-                                               "default pair).", show_default=False)] = None,
+    pair: Annotated[
+        str | None,
+        typer.Argument(
+            metavar="PAIR", help="Pair name (default: the default pair).", show_default=False
+        ),
+    ] = None,
     target: TargetOpt = None,
     draft: DraftOpt = None,
 ) -> None:
@@ -186,8 +223,9 @@ def check(
 
     choice = choose(Registry.load(), pair, target, draft)
     if choice.draft is None:
-        raise UserError("nothing to check: name a pair with a draft model, or both --target "
-                        "and --draft")
+        raise UserError(
+            "nothing to check: name a pair with a draft model, or both --target and --draft"
+        )
     found = [read_header(spec) for spec in (choice.target, choice.draft)]
     for one in found:
         if one.note:
@@ -196,11 +234,14 @@ def check(
     verdict = compat.check(target_vocab, draft_vocab)
     name = choice.pair.name if choice.pair else "these models"
     if not verdict:
-        raise UserError(f"{name}: draft {found[1].name} does not fit target {found[0].name}: "
-                        f"{verdict.reason}")
-    out.text(f"ok {name}: draft {found[1].name} fits target {found[0].name} "
-             f"({compat.VOCAB_TYPES.get(target_vocab.vocab_type)}, "
-             f"{target_vocab.n_vocab} / {draft_vocab.n_vocab} tokens)\n")
+        raise UserError(
+            f"{name}: draft {found[1].name} does not fit target {found[0].name}: {verdict.reason}"
+        )
+    out.text(
+        f"ok {name}: draft {found[1].name} fits target {found[0].name} "
+        f"({compat.VOCAB_TYPES.get(target_vocab.vocab_type)}, "
+        f"{target_vocab.n_vocab} / {draft_vocab.n_vocab} tokens)\n"
+    )
 
 
 @app.command()
@@ -211,6 +252,7 @@ def path() -> None:
 
     try:
         from huggingface_hub import constants
+
         hub_cache = constants.HF_HUB_CACHE
     except ImportError:  # pragma: no cover
         hub_cache = "-"

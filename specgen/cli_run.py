@@ -58,12 +58,26 @@ BATCH = "Batch"
 
 
 def run(
-    prompt: Annotated[str | None, typer.Argument(
-        metavar="PROMPT", help="The prompt (escapes like \\n are processed). Piped text is "
-        "added after it on a new line.", show_default=False)] = None,
-    file: Annotated[Path | None, typer.Option(
-        "--file", "-f", metavar="FILE", help="Read the prompt from a file ('-': stdin); a "
-        ".jsonl file, or --each-line, runs every prompt in it.", show_default=False)] = None,
+    prompt: Annotated[
+        str | None,
+        typer.Argument(
+            metavar="PROMPT",
+            help="The prompt (escapes like \\n are processed). Piped text is "
+            "added after it on a new line.",
+            show_default=False,
+        ),
+    ] = None,
+    file: Annotated[
+        Path | None,
+        typer.Option(
+            "--file",
+            "-f",
+            metavar="FILE",
+            help="Read the prompt from a file ('-': stdin); a "
+            ".jsonl file, or --each-line, runs every prompt in it.",
+            show_default=False,
+        ),
+    ] = None,
     pair: PairOpt = None,
     target: TargetOpt = None,
     draft: DraftOpt = None,
@@ -76,50 +90,124 @@ def run(
     min_p: MinPOpt = DEFAULT_SAMPLING.min_p,
     seed: SeedOpt = None,
     max_tokens: MaxTokensOpt = DEFAULT_MAX_TOKENS,
-    stop: Annotated[list[str] | None, typer.Option(
-        "--stop", metavar="TEXT", help="Stop when this text appears (repeatable; escapes like "
-        "\\n are processed).", show_default=False, rich_help_panel=SAMPLING)] = None,
-    chat: Annotated[bool | None, typer.Option(
-        "--chat/--raw", help="Wrap the prompt in the target's chat template, or send it as it "
-        "is (default: the pair's setting, else --chat when the target's GGUF has a template).",
-        show_default=False)] = None,
-    system: Annotated[str | None, typer.Option(
-        "--system", metavar="TEXT", help="System message (implies --chat).",
-        show_default=False)] = None,
-    escapes: Annotated[bool, typer.Option(
-        "--escape/--no-escape", help="Process \\n, \\t, \\\\, \\\", \\' and \\xNN in the prompt "
-        "argument, --system and --stop, as llama.cpp does.")] = True,
-    each_line: Annotated[bool, typer.Option(
-        "--each-line", help="Batch: every line of --file is a prompt.",
-        rich_help_panel=BATCH)] = False,
-    jsonl: Annotated[bool, typer.Option(
-        "--jsonl", help="Batch: --file is JSON lines (the default for .jsonl/.ndjson files).",
-        rich_help_panel=BATCH)] = False,
-    output: Annotated[Path | None, typer.Option(
-        "--output", "-o", metavar="FILE", help="Batch: append the JSON lines to this file "
-        "(default: stdout).", show_default=False, rich_help_panel=BATCH)] = None,
-    resume: Annotated[bool, typer.Option(
-        "--resume", help="Batch: skip the ids that already have a result in --output.",
-        rich_help_panel=BATCH)] = False,
-    json_out: Annotated[bool, typer.Option(
-        "--json", help="Print one JSON object (text and stats) at the end; nothing else on "
-        "stdout.", rich_help_panel=OUTPUT)] = False,
-    no_stats: Annotated[bool, typer.Option(
-        "--no-stats", help="Print no statistics.", rich_help_panel=OUTPUT)] = False,
+    stop: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--stop",
+            metavar="TEXT",
+            help="Stop when this text appears (repeatable; escapes like \\n are processed).",
+            show_default=False,
+            rich_help_panel=SAMPLING,
+        ),
+    ] = None,
+    chat: Annotated[
+        bool | None,
+        typer.Option(
+            "--chat/--raw",
+            help="Wrap the prompt in the target's chat template, or send it as it "
+            "is (default: the pair's setting, else --chat when the target's GGUF has a template).",
+            show_default=False,
+        ),
+    ] = None,
+    system: Annotated[
+        str | None,
+        typer.Option(
+            "--system", metavar="TEXT", help="System message (implies --chat).", show_default=False
+        ),
+    ] = None,
+    escapes: Annotated[
+        bool,
+        typer.Option(
+            "--escape/--no-escape",
+            help="Process \\n, \\t, \\\\, \\\", \\' and \\xNN in the prompt "
+            "argument, --system and --stop, as llama.cpp does.",
+        ),
+    ] = True,
+    each_line: Annotated[
+        bool,
+        typer.Option(
+            "--each-line", help="Batch: every line of --file is a prompt.", rich_help_panel=BATCH
+        ),
+    ] = False,
+    jsonl: Annotated[
+        bool,
+        typer.Option(
+            "--jsonl",
+            help="Batch: --file is JSON lines (the default for .jsonl/.ndjson files).",
+            rich_help_panel=BATCH,
+        ),
+    ] = False,
+    output: Annotated[
+        Path | None,
+        typer.Option(
+            "--output",
+            "-o",
+            metavar="FILE",
+            help="Batch: append the JSON lines to this file (default: stdout).",
+            show_default=False,
+            rich_help_panel=BATCH,
+        ),
+    ] = None,
+    resume: Annotated[
+        bool,
+        typer.Option(
+            "--resume",
+            help="Batch: skip the ids that already have a result in --output.",
+            rich_help_panel=BATCH,
+        ),
+    ] = False,
+    json_out: Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            help="Print one JSON object (text and stats) at the end; nothing else on stdout.",
+            rich_help_panel=OUTPUT,
+        ),
+    ] = False,
+    no_stats: Annotated[
+        bool, typer.Option("--no-stats", help="Print no statistics.", rich_help_panel=OUTPUT)
+    ] = False,
     threads: ThreadsOpt = 0,
-    target_threads: Annotated[int | None, typer.Option(
-        "--target-threads", min=0, help="CPU threads for the target (default: --threads).",
-        show_default=False, rich_help_panel=PERFORMANCE)] = None,
-    draft_threads: Annotated[int | None, typer.Option(
-        "--draft-threads", min=0, help="CPU threads for the draft (default: --threads).",
-        show_default=False, rich_help_panel=PERFORMANCE)] = None,
+    target_threads: Annotated[
+        int | None,
+        typer.Option(
+            "--target-threads",
+            min=0,
+            help="CPU threads for the target (default: --threads).",
+            show_default=False,
+            rich_help_panel=PERFORMANCE,
+        ),
+    ] = None,
+    draft_threads: Annotated[
+        int | None,
+        typer.Option(
+            "--draft-threads",
+            min=0,
+            help="CPU threads for the draft (default: --threads).",
+            show_default=False,
+            rich_help_panel=PERFORMANCE,
+        ),
+    ] = None,
     gpu_layers: GpuLayersOpt = -1,
-    target_gpu_layers: Annotated[int | None, typer.Option(
-        "--target-gpu-layers", help="Target layers to offload (default: --gpu-layers).",
-        show_default=False, rich_help_panel=PERFORMANCE)] = None,
-    draft_gpu_layers: Annotated[int | None, typer.Option(
-        "--draft-gpu-layers", "-ngld", help="Draft layers to offload (default: --gpu-layers).",
-        show_default=False, rich_help_panel=PERFORMANCE)] = None,
+    target_gpu_layers: Annotated[
+        int | None,
+        typer.Option(
+            "--target-gpu-layers",
+            help="Target layers to offload (default: --gpu-layers).",
+            show_default=False,
+            rich_help_panel=PERFORMANCE,
+        ),
+    ] = None,
+    draft_gpu_layers: Annotated[
+        int | None,
+        typer.Option(
+            "--draft-gpu-layers",
+            "-ngld",
+            help="Draft layers to offload (default: --gpu-layers).",
+            show_default=False,
+            rich_help_panel=PERFORMANCE,
+        ),
+    ] = None,
     ctx_size: CtxOpt = 0,
     rpc: RpcOpt = None,
     rpc_local_head: LocalHeadOpt = True,
@@ -138,8 +226,9 @@ def run(
     esc = unescape if escapes else (lambda text: text)
     batch = each_line or jsonl or (file is not None and file.suffix in (".jsonl", ".ndjson"))
     if (output is not None or resume) and not batch:
-        raise UsageError("--output and --resume are for batches: add --each-line, or give a "
-                         ".jsonl --file")
+        raise UsageError(
+            "--output and --resume are for batches: add --each-line, or give a .jsonl --file"
+        )
     if resume and output is None:
         raise UsageError("--resume needs --output FILE (the results to resume from)")
     if batch:
@@ -150,10 +239,14 @@ def run(
     try:
         sampling = SamplingParams(temperature, top_k, top_p, min_p)
     except ValueError as err:  # the open ends of the ranges the options already check
-        raise UsageError(str(err).replace("top_p", "--top-p").replace("min_p", "--min-p"))\
-            from err
-    config = GenerationConfig(lookahead=0, sampling=sampling, max_tokens=max_tokens,
-                              stop=tuple(esc(s) for s in stop or ()), seed=seed)
+        raise UsageError(str(err).replace("top_p", "--top-p").replace("min_p", "--min-p")) from err
+    config = GenerationConfig(
+        lookahead=0,
+        sampling=sampling,
+        max_tokens=max_tokens,
+        stop=tuple(esc(s) for s in stop or ()),
+        seed=seed,
+    )
     options = PairOptions(
         n_ctx=ctx_size,
         target_threads=target_threads or threads,
@@ -163,21 +256,39 @@ def run(
         verbose=verbose,
         local_head=rpc_local_head,
     )
-    decision = decide(pair, target, draft, ngram=ngram, lookahead=lookahead_of(lookahead), rpc=rpc,
-                      threads=options.target_threads, gpu_layers=options.target_gpu_layers,
-                      bench_temperature=sampling.temperature, explain_alone=True)
+    decision = decide(
+        pair,
+        target,
+        draft,
+        ngram=ngram,
+        lookahead=lookahead_of(lookahead),
+        rpc=rpc,
+        threads=options.target_threads,
+        gpu_layers=options.target_gpu_layers,
+        bench_temperature=sampling.temperature,
+        explain_alone=True,
+    )
     loaded = open_pair(decision, options)
     config = replace(config, lookahead=decision.lookahead)
     system_text = None if system is None else esc(system)
     use_chat = wants_chat(loaded, decision.chat, chat, system_text)
     if batch:
-        code = _batch(loaded, config, items, sink, output, resume, use_chat, system_text,
-                      draft_p_min, no_stats)
+        code = _batch(
+            loaded,
+            config,
+            items,
+            sink,
+            output,
+            resume,
+            use_chat,
+            system_text,
+            draft_p_min,
+            no_stats,
+        )
         if code == EXIT_INTERRUPTED:
             raise Interrupted()
         raise typer.Exit(code)
-    _single(decision, loaded, config, text, use_chat, system_text, draft_p_min, json_out,
-            no_stats)
+    _single(decision, loaded, config, text, use_chat, system_text, draft_p_min, json_out, no_stats)
 
 
 def _read_prompt(argument: str | None, file: Path | None) -> str:
@@ -193,8 +304,10 @@ def _read_prompt(argument: str | None, file: Path | None) -> str:
         piped = sys.stdin.read() if _stdin_is_piped() else None
         text = combine(argument, None if piped is None else strip_final_newline(piped))
     if text is None:
-        raise UsageError("no prompt: give one as an argument, with -f FILE, or on stdin "
-                         "(e.g. cat prompt.txt | specgen run ...)")
+        raise UsageError(
+            "no prompt: give one as an argument, with -f FILE, or on stdin "
+            "(e.g. cat prompt.txt | specgen run ...)"
+        )
     if not text.strip():
         raise UsageError("the prompt is empty: give some text to continue")
     return text
@@ -217,8 +330,9 @@ def _read_file(file: Path) -> str:
     return file.read_text(encoding="utf-8")
 
 
-def _read_batch(argument: str | None, file: Path | None, each_line: bool, jsonl: bool
-                ) -> list[BatchItem]:
+def _read_batch(
+    argument: str | None, file: Path | None, each_line: bool, jsonl: bool
+) -> list[BatchItem]:
     from specgen.prompts import parse_jsonl, parse_lines
 
     if file is None:
@@ -247,8 +361,17 @@ def _open_output(output: Path | None) -> IO[str]:
     return sink
 
 
-def _single(decision: Decision, loaded: Pair, config: GenerationConfig, text: str, chat: bool,
-            system: str | None, draft_p_min: float, json_out: bool, no_stats: bool) -> None:
+def _single(
+    decision: Decision,
+    loaded: Pair,
+    config: GenerationConfig,
+    text: str,
+    chat: bool,
+    system: str | None,
+    draft_p_min: float,
+    json_out: bool,
+    no_stats: bool,
+) -> None:
     from specgen.session import generate, new_stats
     from specgen.view import StreamView
 
@@ -256,26 +379,39 @@ def _single(decision: Decision, loaded: Pair, config: GenerationConfig, text: st
         out.note(decision.note)
     stats = new_stats(loaded, config, draft_p_min)
     with StreamView(stats, show_stats=not no_stats and not json_out) as view:
-        result = generate(loaded, text, config, chat=chat, system=system,
-                          draft_p_min=draft_p_min, stats=stats,
-                          on_text=None if json_out else view.write)
+        result = generate(
+            loaded,
+            text,
+            config,
+            chat=chat,
+            system=system,
+            draft_p_min=draft_p_min,
+            stats=stats,
+            on_text=None if json_out else view.write,
+        )
     if stats.stop_reason == "context_full":
-        out.warning(f"stopped: the context window ({loaded.target.n_ctx} tokens) is full; "
-                    f"raise --ctx-size for longer generations")
+        out.warning(
+            f"stopped: the context window ({loaded.target.n_ctx} tokens) is full; "
+            f"raise --ctx-size for longer generations"
+        )
     elif not result.text and not result.interrupted:
-        hint = ("the prompt may need the target's chat template (--chat)" if not chat else
-                "try another prompt or a higher --temperature")
-        out.warning(f"the model ended its answer before any text (stop: "
-                    f"{stats.stop_reason}); {hint}")
+        hint = (
+            "the prompt may need the target's chat template (--chat)"
+            if not chat
+            else "try another prompt or a higher --temperature"
+        )
+        out.warning(
+            f"the model ended its answer before any text (stop: {stats.stop_reason}); {hint}"
+        )
     if json_out:
-        out.json({**result.as_dict(), **_run_facts(decision, loaded, config, draft_p_min,
-                                                   chat)})
+        out.json({**result.as_dict(), **_run_facts(decision, loaded, config, draft_p_min, chat)})
     if result.interrupted:
         raise Interrupted()
 
 
-def _run_facts(decision: Decision, loaded: Pair, config: GenerationConfig, draft_p_min: float,
-               chat: bool) -> dict[str, object]:
+def _run_facts(
+    decision: Decision, loaded: Pair, config: GenerationConfig, draft_p_min: float, chat: bool
+) -> dict[str, object]:
     """What ran, for ``--json``: the models, the settings and the context."""
     sampling = config.sampling
     return {
@@ -283,17 +419,33 @@ def _run_facts(decision: Decision, loaded: Pair, config: GenerationConfig, draft
         "target": str(loaded.target.path),
         "draft": str(loaded.draft.path) if loaded.draft else None,
         "ngram": loaded.ngram,
-        "params": {"lookahead": config.lookahead, "draft_p_min": draft_p_min,
-                   "temperature": sampling.temperature, "top_k": sampling.top_k,
-                   "top_p": sampling.top_p, "min_p": sampling.min_p,
-                   "max_tokens": config.max_tokens, "stop": list(config.stop), "chat": chat,
-                   "n_ctx": loaded.target.n_ctx},
+        "params": {
+            "lookahead": config.lookahead,
+            "draft_p_min": draft_p_min,
+            "temperature": sampling.temperature,
+            "top_k": sampling.top_k,
+            "top_p": sampling.top_p,
+            "min_p": sampling.min_p,
+            "max_tokens": config.max_tokens,
+            "stop": list(config.stop),
+            "chat": chat,
+            "n_ctx": loaded.target.n_ctx,
+        },
     }
 
 
-def _batch(loaded: Pair, config: GenerationConfig, items: list[BatchItem], sink: IO[str],
-           output: Path | None, resume: bool, chat: bool, system: str | None, draft_p_min: float,
-           no_stats: bool) -> int:
+def _batch(
+    loaded: Pair,
+    config: GenerationConfig,
+    items: list[BatchItem],
+    sink: IO[str],
+    output: Path | None,
+    resume: bool,
+    chat: bool,
+    system: str | None,
+    draft_p_min: float,
+    no_stats: bool,
+) -> int:
     """Run every prompt; the exit code says whether all went well (1: some failed)."""
     from specgen.batch import finished_ids, run_batch
 
@@ -303,20 +455,39 @@ def _batch(loaded: Pair, config: GenerationConfig, items: list[BatchItem], sink:
         sink.write(json.dumps(record, ensure_ascii=False) + "\n")
         sink.flush()
 
-    bar = Progress(TextColumn("[bold]batch"), BarColumn(), MofNCompleteColumn(),
-                   TextColumn("{task.fields[rates]}"), TimeRemainingColumn(),
-                   console=out.err, transient=True, disable=no_stats or not out.err.is_terminal)
+    bar = Progress(
+        TextColumn("[bold]batch"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[rates]}"),
+        TimeRemainingColumn(),
+        console=out.err,
+        transient=True,
+        disable=no_stats or not out.err.is_terminal,
+    )
     with bar:
         task = bar.add_task("batch", total=len(items), rates="")
 
         def on_progress(p: BatchTally) -> None:
             rate = figure(None if p.accept_rate is None else p.accept_rate * 100, ".0f", "%")
-            bar.update(task, completed=p.done + p.failed + p.skipped,
-                       rates=f"accept {rate}  {figure(p.tokens_per_second, '.1f')} tok/s")
+            bar.update(
+                task,
+                completed=p.done + p.failed + p.skipped,
+                rates=f"accept {rate}  {figure(p.tokens_per_second, '.1f')} tok/s",
+            )
 
-        tally = run_batch(loaded, items, config, chat=chat, system=system,
-                          draft_p_min=draft_p_min, write=write, skip=skip,
-                          on_progress=on_progress, total=len(items))
+        tally = run_batch(
+            loaded,
+            items,
+            config,
+            chat=chat,
+            system=system,
+            draft_p_min=draft_p_min,
+            write=write,
+            skip=skip,
+            on_progress=on_progress,
+            total=len(items),
+        )
     if sink is not sys.stdout:
         sink.close()
     if not no_stats:

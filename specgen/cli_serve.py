@@ -41,21 +41,50 @@ def serve(
     lookahead: LookaheadOpt = None,
     ngram: NgramOpt = None,
     draft_p_min: DraftPMinOpt = 0.0,
-    host: Annotated[str, typer.Option("--host", metavar="ADDRESS", help="Address to listen on "
-                                      "(0.0.0.0: every interface).",
-                                      rich_help_panel=SERVER)] = "127.0.0.1",
-    port: Annotated[int, typer.Option("--port", min=0, max=65535, help="Port to listen on.",
-                                      rich_help_panel=SERVER)] = 8080,
-    api_key: Annotated[str | None, typer.Option(
-        "--api-key", metavar="KEY", envvar="SPECGEN_API_KEY", help="Require 'Authorization: "
-        "Bearer KEY' on /v1/ (default: $SPECGEN_API_KEY; none: open).", show_default=False,
-        rich_help_panel=SERVER)] = None,
-    queue: Annotated[int, typer.Option("--queue", min=0, help="Requests that may wait while "
-                                       "one generates; past that, 503.",
-                                       rich_help_panel=SERVER)] = 8,
-    max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", min=1, help="New tokens per "
-                                            "request when it does not say.",
-                                            rich_help_panel=SERVER)] = DEFAULT_MAX_TOKENS,
+    host: Annotated[
+        str,
+        typer.Option(
+            "--host",
+            metavar="ADDRESS",
+            help="Address to listen on (0.0.0.0: every interface).",
+            rich_help_panel=SERVER,
+        ),
+    ] = "127.0.0.1",
+    port: Annotated[
+        int,
+        typer.Option("--port", min=0, max=65535, help="Port to listen on.", rich_help_panel=SERVER),
+    ] = 8080,
+    api_key: Annotated[
+        str | None,
+        typer.Option(
+            "--api-key",
+            metavar="KEY",
+            envvar="SPECGEN_API_KEY",
+            help="Require 'Authorization: "
+            "Bearer KEY' on /v1/ (default: $SPECGEN_API_KEY; none: open).",
+            show_default=False,
+            rich_help_panel=SERVER,
+        ),
+    ] = None,
+    queue: Annotated[
+        int,
+        typer.Option(
+            "--queue",
+            min=0,
+            help="Requests that may wait while one generates; past that, 503.",
+            rich_help_panel=SERVER,
+        ),
+    ] = 8,
+    max_tokens: Annotated[
+        int,
+        typer.Option(
+            "--max-tokens",
+            "-n",
+            min=1,
+            help="New tokens per request when it does not say.",
+            rich_help_panel=SERVER,
+        ),
+    ] = DEFAULT_MAX_TOKENS,
     threads: ThreadsOpt = 0,
     gpu_layers: GpuLayersOpt = -1,
     ctx_size: CtxOpt = 0,
@@ -72,19 +101,38 @@ def serve(
         raise UserError("specgen serve needs its extra: pip install 'specgen[server]'") from error
     from specgen.api import Specgen
 
-    generator = Specgen(pair, target, draft, lookahead=lookahead_of(lookahead), ngram=ngram,
-                        n_ctx=ctx_size,
-                        threads=threads, gpu_layers=gpu_layers, draft_p_min=draft_p_min,
-                        verbose=verbose, progress=True, from_bench=True, rpc=rpc,
-                        rpc_local_head=rpc_local_head)
+    generator = Specgen(
+        pair,
+        target,
+        draft,
+        lookahead=lookahead_of(lookahead),
+        ngram=ngram,
+        n_ctx=ctx_size,
+        threads=threads,
+        gpu_layers=gpu_layers,
+        draft_p_min=draft_p_min,
+        verbose=verbose,
+        progress=True,
+        from_bench=True,
+        rpc=rpc,
+        rpc_local_head=rpc_local_head,
+    )
     if generator.note:
         out.note(generator.note)
     app = create_app(generator, api_key=api_key, max_queue=queue, default_max_tokens=max_tokens)
     where = f"http://{host}:{port}/v1"
-    out.note(f"specgen serve: {generator.name} (K={generator.lookahead}) at {where}"
-             + ("" if api_key else "; no API key") + "; Ctrl-C to stop", style=None)
-    _server(uvicorn.Config(app, host=host, port=port, log_level="warning",
-                           timeout_graceful_shutdown=10), app.state.queue).run()
+    out.note(
+        f"specgen serve: {generator.name} (K={generator.lookahead}) at {where}"
+        + ("" if api_key else "; no API key")
+        + "; Ctrl-C to stop",
+        style=None,
+    )
+    _server(
+        uvicorn.Config(
+            app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=10
+        ),
+        app.state.queue,
+    ).run()
 
 
 def _server(config: uvicorn.Config, queue: GenerationQueue) -> uvicorn.Server:

@@ -29,18 +29,36 @@ _SHORT_S = 1.0
 
 
 def worker(
-    host: Annotated[str, typer.Option(
-        "--host", metavar="ADDRESS", help="IPv4 address to listen on. Beyond 127.0.0.1 "
-        "(0.0.0.0: every interface) anyone who can reach the port can use this machine: the "
-        "RPC protocol has no authentication.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option("--port", min=1, max=65535,
-                                      help="Port to listen on.")] = 50052,
-    threads: Annotated[int, typer.Option(
-        "--threads", "-t", min=0, help="CPU threads for the clients' computations (0: physical "
-        "cores).", rich_help_panel=PERFORMANCE)] = 0,
-    cache: Annotated[bool, typer.Option(
-        "--cache/--no-cache", help="Keep the tensors clients send in a local cache "
-        "(SPECGEN_CACHE/rpc), so the next load of the same model sends hashes, not weights.")
+    host: Annotated[
+        str,
+        typer.Option(
+            "--host",
+            metavar="ADDRESS",
+            help="IPv4 address to listen on. Beyond 127.0.0.1 "
+            "(0.0.0.0: every interface) anyone who can reach the port can use this machine: the "
+            "RPC protocol has no authentication.",
+        ),
+    ] = "127.0.0.1",
+    port: Annotated[
+        int, typer.Option("--port", min=1, max=65535, help="Port to listen on.")
+    ] = 50052,
+    threads: Annotated[
+        int,
+        typer.Option(
+            "--threads",
+            "-t",
+            min=0,
+            help="CPU threads for the clients' computations (0: physical cores).",
+            rich_help_panel=PERFORMANCE,
+        ),
+    ] = 0,
+    cache: Annotated[
+        bool,
+        typer.Option(
+            "--cache/--no-cache",
+            help="Keep the tensors clients send in a local cache "
+            "(SPECGEN_CACHE/rpc), so the next load of the same model sends hashes, not weights.",
+        ),
     ] = False,
     verbose: VerboseOpt = False,
 ) -> None:
@@ -58,17 +76,23 @@ def worker(
     backend.require_rpc()
     _check_port_free(endpoint)
     if not endpoint.is_loopback:
-        out.err.print(f"[bold yellow]warning:[/] listening on {escape(address)}: "
-                  f"{rpc.SECURITY_NOTE}. Use this only on a network you trust.",
-                  highlight=False, soft_wrap=True)
+        out.err.print(
+            f"[bold yellow]warning:[/] listening on {escape(address)}: "
+            f"{rpc.SECURITY_NOTE}. Use this only on a network you trust.",
+            highlight=False,
+            soft_wrap=True,
+        )
     cache_dir = cache_root() / "rpc" if cache else None
     if cache_dir is not None:
         cache_dir.mkdir(parents=True, exist_ok=True)
     _banner(endpoint, backend.served_devices(), threads or default_threads(), cache_dir)
     _show_server_events(verbose)
-    server = threading.Thread(target=backend.serve_worker,
-                              args=(str(endpoint), threads, str(cache_dir) if cache_dir else None),
-                              daemon=True, name="rpc-server")
+    server = threading.Thread(
+        target=backend.serve_worker,
+        args=(str(endpoint), threads, str(cache_dir) if cache_dir else None),
+        daemon=True,
+        name="rpc-server",
+    )
     signal.signal(signal.SIGTERM, _stop)
     server.start()
     try:
@@ -78,8 +102,9 @@ def worker(
         out.err.print("worker stopped", style="yellow")
         sys.stderr.flush()
         os._exit(0)  # the server thread is inside C and cannot be asked to return
-    raise UserError(f"the worker could not listen at {endpoint} (run with -v for llama.cpp's "
-                    f"reason)")
+    raise UserError(
+        f"the worker could not listen at {endpoint} (run with -v for llama.cpp's reason)"
+    )
 
 
 def _stop(signum: int, frame: object) -> None:
@@ -92,23 +117,37 @@ def _check_port_free(endpoint: rpc.Endpoint) -> None:
     try:
         probe.bind((endpoint.host, endpoint.port))
     except OSError as error:
-        raise UserError(f"cannot listen at {endpoint}: {error.strerror} (another worker there? "
-                        f"pick another --port)") from None
+        raise UserError(
+            f"cannot listen at {endpoint}: {error.strerror} (another worker there? "
+            f"pick another --port)"
+        ) from None
     finally:
         probe.close()
 
 
 def _banner(endpoint: rpc.Endpoint, devices: list, threads: int, cache_dir: object) -> None:
-    out.err.print(f"specgen worker at [bold]{endpoint}[/] (RPC protocol "
-              f"{'.'.join(map(str, rpc.PROTOCOL))}), {threads} threads"
-              + (f", cache {cache_dir}" if cache_dir else ""), highlight=False, soft_wrap=True)
+    out.err.print(
+        f"specgen worker at [bold]{endpoint}[/] (RPC protocol "
+        f"{'.'.join(map(str, rpc.PROTOCOL))}), {threads} threads"
+        + (f", cache {cache_dir}" if cache_dir else ""),
+        highlight=False,
+        soft_wrap=True,
+    )
     for device in devices:
-        out.err.print(f"  {escape(device.name)}: {escape(device.description)} "
-                  f"({size(device.free_bytes)} free of {size(device.total_bytes)})",
-                  highlight=False, soft_wrap=True)
+        out.err.print(
+            f"  {escape(device.name)}: {escape(device.description)} "
+            f"({size(device.free_bytes)} free of {size(device.total_bytes)})",
+            highlight=False,
+            soft_wrap=True,
+        )
     host = endpoint.host if endpoint.host != "0.0.0.0" else "THIS-HOST"
-    out.err.print(f"use it with: specgen run --rpc {host}:{endpoint.port} ... (one client at a "
-              f"time); Ctrl-C to stop", style="dim", highlight=False, soft_wrap=True)
+    out.err.print(
+        f"use it with: specgen run --rpc {host}:{endpoint.port} ... (one client at a "
+        f"time); Ctrl-C to stop",
+        style="dim",
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 def _show_server_events(verbose: bool) -> None:
@@ -134,8 +173,9 @@ def _show_server_events(verbose: bool) -> None:
                 text = line.strip()
                 if text == _CONNECTED:
                     since = time.monotonic()
-                    pending = threading.Timer(0 if verbose else _SHORT_S, say,
-                                              ("client connected",))
+                    pending = threading.Timer(
+                        0 if verbose else _SHORT_S, say, ("client connected",)
+                    )
                     pending.start()
                 elif text == _CLOSED:
                     if pending is not None:

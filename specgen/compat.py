@@ -46,26 +46,37 @@ class Verdict:
 def check(target: VocabView, draft: VocabView) -> Verdict:
     """Whether the draft fits the target, with the first reason it does not."""
     if target.vocab_type != draft.vocab_type:
-        return Verdict(False, f"vocabulary types differ (target {_type(target.vocab_type)}, "
-                              f"draft {_type(draft.vocab_type)})")
+        return Verdict(
+            False,
+            f"vocabulary types differ (target {_type(target.vocab_type)}, "
+            f"draft {_type(draft.vocab_type)})",
+        )
     for name in ("bos", "eos"):
         adds = f"adds_{name}"
         if getattr(target, adds) != getattr(draft, adds):
-            return Verdict(False, f"one model adds {name.upper()} to prompts and the other "
-                                  f"does not")
+            return Verdict(
+                False, f"one model adds {name.upper()} to prompts and the other does not"
+            )
         if getattr(target, adds) and getattr(target, name) != getattr(draft, name):
-            return Verdict(False, f"{name.upper()} ids differ (target {getattr(target, name)}, "
-                                  f"draft {getattr(draft, name)})")
+            return Verdict(
+                False,
+                f"{name.upper()} ids differ (target {getattr(target, name)}, "
+                f"draft {getattr(draft, name)})",
+            )
     difference = abs(target.n_vocab - draft.n_vocab)
     if difference > MAX_SIZE_DIFFERENCE:
-        return Verdict(False, f"vocabulary sizes differ by {difference} (target "
-                              f"{target.n_vocab}, draft {draft.n_vocab}; at most "
-                              f"{MAX_SIZE_DIFFERENCE} allowed)")
+        return Verdict(
+            False,
+            f"vocabulary sizes differ by {difference} (target "
+            f"{target.n_vocab}, draft {draft.n_vocab}; at most "
+            f"{MAX_SIZE_DIFFERENCE} allowed)",
+        )
     for token in range(FIRST_CHECKED_TOKEN, min(target.n_vocab, draft.n_vocab)):
         t_text, d_text = target.token_text(token), draft.token_text(token)
         if t_text != d_text:
-            return Verdict(False, f"token {token} differs: target {_show(t_text)}, draft "
-                                  f"{_show(d_text)}")
+            return Verdict(
+                False, f"token {token} differs: target {_show(t_text)}, draft {_show(d_text)}"
+            )
     return Verdict(True)
 
 

@@ -90,8 +90,14 @@ class SpeculativeEngine:
     clock that its fake models advance); the random generator comes from each run's seed.
     """
 
-    def __init__(self, target: Model, drafter: Drafter | None = None, *,
-                 costs: CostBook | None = None, clock: Clock = time.perf_counter) -> None:
+    def __init__(
+        self,
+        target: Model,
+        drafter: Drafter | None = None,
+        *,
+        costs: CostBook | None = None,
+        clock: Clock = time.perf_counter,
+    ) -> None:
         self.target = target
         self.drafter = drafter
         self.costs = costs if costs is not None else CostBook()
@@ -102,7 +108,10 @@ class SpeculativeEngine:
         self._clean = False
 
     def generate(
-        self, prompt: Sequence[int], config: GenerationConfig, stats: Stats | None = None,
+        self,
+        prompt: Sequence[int],
+        config: GenerationConfig,
+        stats: Stats | None = None,
         reuse_prefix: bool = False,
     ) -> Generator[Event, None, None]:
         """Yield text as it is accepted, a ``CycleDone`` per cycle, then ``Finished``.
@@ -130,13 +139,14 @@ class SpeculativeEngine:
         #    reads it only once asked for guesses (time to first token is the target's).
         started = clock()
         if len(tokens) > target.n_ctx:
-            raise PromptTooLong(f"the prompt ({len(tokens)} tokens) does not fit the context "
-                                f"({target.n_ctx} tokens); raise --ctx-size")
+            raise PromptTooLong(
+                f"the prompt ({len(tokens)} tokens) does not fit the context "
+                f"({target.n_ctx} tokens); raise --ctx-size"
+            )
         held = self._context[: target.n_past] if reuse_prefix and self._clean else []
         self._context, self._clean = tokens, False
         stats.n_prompt_cached, rows = reuse_prefix_cache(target, held, tokens, 1)
-        first = (int(np.argmax(rows[0])) if sampling.greedy
-                 else sample(warp(rows[0], sampling), rng))
+        first = int(np.argmax(rows[0])) if sampling.greedy else sample(warp(rows[0], sampling), rng)
         tokens.append(first)
         self._clean = True  # the cache holds every token of the context but the last
         policy.begin()
@@ -156,13 +166,16 @@ class SpeculativeEngine:
                 break
             # 2. Guesses: the policy picks a candidate and K within the token budget and context.
             t0 = clock()
-            budget = min(config.max_tokens - stats.n_generated - 1,
-                         target.n_ctx - target.n_past - 1)
+            budget = min(
+                config.max_tokens - stats.n_generated - 1, target.n_ctx - target.n_past - 1
+            )
             candidates = drafter.candidates(tokens) if drafter is not None and budget > 0 else []
             plan = policy.plan(candidates, budget)
-            proposal = (drafter.propose(tokens, plan.candidate, plan.lookahead, sampling, rng)
-                        if drafter is not None and plan.candidate and plan.lookahead
-                        else Proposal())
+            proposal = (
+                drafter.propose(tokens, plan.candidate, plan.lookahead, sampling, rng)
+                if drafter is not None and plan.candidate and plan.lookahead
+                else Proposal()
+            )
             guesses = proposal.tokens
             t1 = clock()
 
@@ -186,13 +199,25 @@ class SpeculativeEngine:
             stats.target_seconds += t2 - t1
             new = [*guesses[: verdict.n_accepted], verdict.next_token]
             tail = proposal.ngram_tail
-            policy.observe(plan, len(guesses), verdict.n_accepted,
-                           drafting - proposal.catch_up_seconds, t2 - t1, candidates=candidates,
-                           produced=new, ngram_tail=tail)
-            stats.record_cycle(plan.candidate.source if plan.candidate and guesses else None,
-                               plan.lookahead, len(guesses), verdict.n_accepted, plan.explore,
-                               model_guesses(len(guesses), tail),
-                               tail.candidate.source if tail else None)
+            policy.observe(
+                plan,
+                len(guesses),
+                verdict.n_accepted,
+                drafting - proposal.catch_up_seconds,
+                t2 - t1,
+                candidates=candidates,
+                produced=new,
+                ngram_tail=tail,
+            )
+            stats.record_cycle(
+                plan.candidate.source if plan.candidate and guesses else None,
+                plan.lookahead,
+                len(guesses),
+                verdict.n_accepted,
+                plan.explore,
+                model_guesses(len(guesses), tail),
+                tail.candidate.source if tail else None,
+            )
             tokens.extend(new)
             self._clean = True  # the cache holds every token of the context but the last
             yield CycleDone(len(guesses), verdict.n_accepted, tuple(new))
@@ -204,8 +229,9 @@ class SpeculativeEngine:
         yield Finished(emit.reason, stats)
 
     @staticmethod
-    def _verify(proposal: Proposal, rows: np.ndarray, sampling: SamplingParams,
-                rng: np.random.Generator) -> Verdict:
+    def _verify(
+        proposal: Proposal, rows: np.ndarray, sampling: SamplingParams, rng: np.random.Generator
+    ) -> Verdict:
         if sampling.greedy:
             return verify_greedy(proposal.tokens, lambda i: int(np.argmax(rows[i])))
         return verify(proposal.tokens, proposal.q, lambda i: warp(rows[i], sampling), rng)

@@ -64,8 +64,10 @@ def _os_error(err: BaseException) -> str:
     if err.errno == errno.ENOSPC:
         return f"the disk is full (writing{where}): free some space and run again"
     if err.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-        return f"permission denied:{where} ({err.strerror}); check the folder's permissions " \
-               f"or point SPECGEN_CACHE / -o elsewhere"
+        return (
+            f"permission denied:{where} ({err.strerror}); check the folder's permissions "
+            f"or point SPECGEN_CACHE / -o elsewhere"
+        )
     return f"{err.strerror or err}:{where}"
 
 
@@ -81,10 +83,12 @@ TABLE: dict[type[BaseException], Entry] = {
     UserError: Entry(_text, EXIT_FAILED, 400),
     ContextFull: Entry(_text, EXIT_FAILED, 400),
     BackendError: Entry(_text, EXIT_FAILED, 500),
-    FileNotFoundError: Entry(lambda e: f"file not found: {getattr(e, 'filename', '') or e}",
-                             EXIT_FAILED, 404),
-    IsADirectoryError: Entry(lambda e: f"{getattr(e, 'filename', '')} is a folder, not a file",
-                             EXIT_FAILED, 400),
+    FileNotFoundError: Entry(
+        lambda e: f"file not found: {getattr(e, 'filename', '') or e}", EXIT_FAILED, 404
+    ),
+    IsADirectoryError: Entry(
+        lambda e: f"{getattr(e, 'filename', '')} is a folder, not a file", EXIT_FAILED, 400
+    ),
     UnicodeDecodeError: Entry(lambda e: "the input is not valid UTF-8 text", EXIT_FAILED, 400),
     OSError: Entry(_os_error, EXIT_FAILED, 500),
 }

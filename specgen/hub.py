@@ -60,36 +60,51 @@ def hub_errors(repo: str, name: str) -> Iterator[None]:
     try:
         yield
     except hf_errors.GatedRepoError as err:
-        raise UserError(f"{repo} is gated: accept its license at https://huggingface.co/{repo}, "
-                        f"then set HF_TOKEN to a read token") from err
+        raise UserError(
+            f"{repo} is gated: accept its license at https://huggingface.co/{repo}, "
+            f"then set HF_TOKEN to a read token"
+        ) from err
     except hf_errors.RepositoryNotFoundError as err:
-        raise UserError(f"repository {repo} not found on the Hub (check the name; a private "
-                        f"repository needs HF_TOKEN)") from err
+        raise UserError(
+            f"repository {repo} not found on the Hub (check the name; a private "
+            f"repository needs HF_TOKEN)"
+        ) from err
     except hf_errors.RevisionNotFoundError as err:
-        raise UserError(f"revision not found in {repo}: check the 'revision' of this model")\
-            from err
+        raise UserError(
+            f"revision not found in {repo}: check the 'revision' of this model"
+        ) from err
     except hf_errors.LocalEntryNotFoundError as err:
         if offline():
-            raise UserError(f"{repo}:{name} is not in the cache and offline mode is on "
-                            f"(HF_HUB_OFFLINE=1); unset it and run `specgen models pull` "
-                            f"once with a network") from err
-        raise UserError(f"could not reach the Hub for {repo}:{name}, and it is not cached: "
-                        f"check the network (or HF_ENDPOINT)") from err
+            raise UserError(
+                f"{repo}:{name} is not in the cache and offline mode is on "
+                f"(HF_HUB_OFFLINE=1); unset it and run `specgen models pull` "
+                f"once with a network"
+            ) from err
+        raise UserError(
+            f"could not reach the Hub for {repo}:{name}, and it is not cached: "
+            f"check the network (or HF_ENDPOINT)"
+        ) from err
     except _RemoteEntryNotFound as err:
-        raise UserError(f"no file {name} in {repo}: check the file name (names are "
-                        f"case-sensitive)") from err
+        raise UserError(
+            f"no file {name} in {repo}: check the file name (names are case-sensitive)"
+        ) from err
     except _network_errors() as err:
-        raise UserError(f"could not reach the Hub for {repo}:{name} ({type(err).__name__}), and "
-                        f"it is not cached: check the network (or HF_ENDPOINT)") from err
+        raise UserError(
+            f"could not reach the Hub for {repo}:{name} ({type(err).__name__}), and "
+            f"it is not cached: check the network (or HF_ENDPOINT)"
+        ) from err
     except hf_errors.HfHubHTTPError as err:
         raise UserError(f"the Hub refused {repo}:{name}: {str(err).splitlines()[0]}") from err
     except OSError as err:  # a broken connection after retries, a full disk
         if err.errno == errno.ENOSPC:
-            raise UserError(f"the disk is full while downloading {repo}:{name}: free some "
-                            f"space in {hf_constants.HF_HUB_CACHE} (or set HF_HOME elsewhere) "
-                            f"and run again; the download resumes where it stopped") from err
-        raise UserError(f"downloading {repo}:{name} failed: {err}; run the command again to "
-                        f"resume") from err
+            raise UserError(
+                f"the disk is full while downloading {repo}:{name}: free some "
+                f"space in {hf_constants.HF_HUB_CACHE} (or set HF_HOME elsewhere) "
+                f"and run again; the download resumes where it stopped"
+            ) from err
+        raise UserError(
+            f"downloading {repo}:{name} failed: {err}; run the command again to resume"
+        ) from err
 
 
 def _network_errors() -> tuple[type[BaseException], ...]:
@@ -113,8 +128,9 @@ def resolve_names(repo: str, pattern: str, revision: str | None = None) -> list[
         if not firsts:
             raise UserError(f"no file in {repo} matches {pattern!r}")
         if len(firsts) > 1:
-            raise UserError(f"{pattern!r} matches several models in {repo}: "
-                            f"{', '.join(firsts[:5])}; name one")
+            raise UserError(
+                f"{pattern!r} matches several models in {repo}: {', '.join(firsts[:5])}; name one"
+            )
         pattern = firsts[0]
     return split_parts(pattern)
 
@@ -156,8 +172,13 @@ def cached_file(repo: str, pattern: str, revision: str | None = None) -> Path | 
     return paths[0]
 
 
-def download(repo: str, pattern: str, revision: str | None = None, progress: bool = True,
-             console: Console | None = None) -> Path:
+def download(
+    repo: str,
+    pattern: str,
+    revision: str | None = None,
+    progress: bool = True,
+    console: Console | None = None,
+) -> Path:
     """Fetch a model file (every part of a split GGUF) into the HF cache; the first part's path."""
     names = resolve_names(repo, pattern, revision)
     console = console or Console(stderr=True)
@@ -174,8 +195,13 @@ def download(repo: str, pattern: str, revision: str | None = None, progress: boo
             with hub_errors(repo, name):
                 if missing:
                     _fetch_blob(repo, name, revision, bar_class)
-                paths.append(Path(huggingface_hub.hf_hub_download(
-                    repo, name, revision=revision, tqdm_class=bar_class)))
+                paths.append(
+                    Path(
+                        huggingface_hub.hf_hub_download(
+                            repo, name, revision=revision, tqdm_class=bar_class
+                        )
+                    )
+                )
     return paths[0]
 
 
@@ -214,8 +240,14 @@ def _fetch_blob(repo: str, name: str, revision: str | None, bar_class: Any) -> N
             partial.unlink()
             done = 0
         with partial.open("ab") as out:
-            http_get(meta.location or url, out, resume_size=done, headers=headers,
-                     expected_size=meta.size, tqdm_class=bar_class)
+            http_get(
+                meta.location or url,
+                out,
+                resume_size=done,
+                headers=headers,
+                expected_size=meta.size,
+                tqdm_class=bar_class,
+            )
         partial.replace(blob)
 
 
@@ -223,15 +255,26 @@ def _fetch_blob(repo: str, name: str, revision: str | None, bar_class: Any) -> N
 def _progress(console: Console, show: bool) -> Iterator[Any]:
     """A tqdm-shaped class for huggingface_hub, drawing on one Rich ``Progress`` (or silent)."""
     progress = Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), DownloadColumn(),
-        TransferSpeedColumn(), TimeRemainingColumn(), console=console, disable=not show,
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        disable=not show,
     )
 
     class Bar:
         label = ""  # the file being fetched; huggingface_hub's own desc is often the URL
 
-        def __init__(self, *args: Any, total: int | None = None, initial: int = 0,
-                     desc: str = "", **kwargs: Any) -> None:
+        def __init__(
+            self,
+            *args: Any,
+            total: int | None = None,
+            initial: int = 0,
+            desc: str = "",
+            **kwargs: Any,
+        ) -> None:
             self.task = progress.add_task(self.label or desc, total=total, completed=initial)
 
         def update(self, n: int = 1) -> None:
@@ -250,8 +293,9 @@ def _progress(console: Console, show: bool) -> Iterator[Any]:
         yield Bar
 
 
-def remote_sizes(files: list[tuple[str, str, str | None]], timeout: float = 5.0
-                 ) -> dict[tuple[str, str, str | None], int]:
+def remote_sizes(
+    files: list[tuple[str, str, str | None]], timeout: float = 5.0
+) -> dict[tuple[str, str, str | None], int]:
     """Download sizes of Hub files (all parts of a split GGUF added up), asked in parallel.
 
     Answers are remembered in the specgen cache, so a second listing asks nothing; files that
@@ -268,8 +312,11 @@ def remote_sizes(files: list[tuple[str, str, str | None]], timeout: float = 5.0
         memo = {}
     key = {f: f"{f[0]}@{f[2] or 'main'}:{f[1]}" for f in files}
     now = time.time()
-    memo = {k: v for k, v in memo.items() if isinstance(v, int) or
-            (isinstance(v, dict) and now - v.get("failed_at", 0) < 86400)}
+    memo = {
+        k: v
+        for k, v in memo.items()
+        if isinstance(v, int) or (isinstance(v, dict) and now - v.get("failed_at", 0) < 86400)
+    }
     wanted = [f for f in files if key[f] not in memo and not _is_glob(f[1])]
 
     def ask(spec: tuple[str, str, str | None]) -> tuple[tuple[str, str, str | None], int | None]:
@@ -311,7 +358,7 @@ class _RangedReader:
         while len(self.buffer) - self.position < n and not self._at_end():
             self._fetch(max(self._next, n))
             self._next = min(self._next * 2, 16 << 20)
-        data = self.buffer[self.position:self.position + n]
+        data = self.buffer[self.position : self.position + n]
         self.position += len(data)
         return data
 
@@ -323,9 +370,11 @@ class _RangedReader:
 
         start = len(self.buffer)
         end = start + length - 1 if self.size is None else min(start + length, self.size) - 1
-        response = get_session().get(self.url, headers={**self.headers,
-                                                        "Range": f"bytes={start}-{end}"},
-                                     follow_redirects=True)
+        response = get_session().get(
+            self.url,
+            headers={**self.headers, "Range": f"bytes={start}-{end}"},
+            follow_redirects=True,
+        )
         hf_raise_for_status(response)
         chunk = response.content
         if response.status_code == 200:  # the server ignored Range: it sent the whole file
@@ -336,8 +385,9 @@ class _RangedReader:
         self.fetched += len(chunk)
 
 
-def remote_header(repo: str, pattern: str, revision: str | None = None
-                  ) -> tuple[Any, int | None, int]:
+def remote_header(
+    repo: str, pattern: str, revision: str | None = None
+) -> tuple[Any, int | None, int]:
     """A Hub GGUF's header read by ranged requests, with no download: (header, file size,
     bytes fetched). A split GGUF's header is in its first part."""
     from huggingface_hub.utils import build_hf_headers

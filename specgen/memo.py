@@ -37,9 +37,13 @@ def memo_path(choice: Choice, threads: int, gpu_layers: int) -> Path:
     models on this machine with these threads and GPU layers."""
     models = [choice.target.label(), choice.draft.label() if choice.draft else "-"]
     machine: dict[str, object] = {
-        "cpu": platform.processor() or platform.machine(), "flags": cpu_flags(),
-        "logical_cpus": os.cpu_count(), "build": build_id(),
-        "threads": threads or default_threads(), "gpu_layers": gpu_layers}
+        "cpu": platform.processor() or platform.machine(),
+        "flags": cpu_flags(),
+        "logical_cpus": os.cpu_count(),
+        "build": build_id(),
+        "threads": threads or default_threads(),
+        "gpu_layers": gpu_layers,
+    }
     if choice.workers:  # a verify over the network costs otherwise: K is measured apart
         machine["workers"] = list(choice.workers)
     key = store.text_key(json.dumps([models, machine], sort_keys=True, default=str))
@@ -62,7 +66,8 @@ def remember(path: Path, reports: Sequence[Report], when: str) -> None:
         memo[mode_of(temperature)] = {
             "variant": best.variant if best is not None else 0,
             "speedup": best.speedup if best is not None else 1.0,
-            "temperature": temperature, "date": when,
+            "temperature": temperature,
+            "date": when,
             "cost_ratio": best.cost_ratio if best is not None else None,
         }
     store.write_json(path, memo, indent=1)  # a read-only cache: nothing remembered
@@ -92,8 +97,9 @@ def variant_choice(choice: Choice, variant: object) -> tuple[Choice, Lookahead] 
         return None
 
 
-def recall_choice(choice: Choice, path: Path, temperature: float
-                  ) -> tuple[Choice, Lookahead, str] | None:
+def recall_choice(
+    choice: Choice, path: Path, temperature: float
+) -> tuple[Choice, Lookahead, str] | None:
     """What `specgen bench` found best for these models here at this kind of sampling, as the
     choice to use, its K and a note that says where the K came from; None where bench never ran
     here (or the choice drafts nothing, so there is nothing to pick)."""
@@ -105,14 +111,17 @@ def recall_choice(choice: Choice, path: Path, temperature: float
         return None
     speedup = found.get("speedup", 1.0)
     times = float(speedup) if isinstance(speedup, int | float) else 1.0
-    note = (f"{variant_name(found['variant'])}: what `specgen bench` found best here "
-            f"({found.get('date')}, {times:.2f}x at T={found.get('temperature')}); "
-            f"-k to choose another")
+    note = (
+        f"{variant_name(found['variant'])}: what `specgen bench` found best here "
+        f"({found.get('date')}, {times:.2f}x at T={found.get('temperature')}); "
+        f"-k to choose another"
+    )
     return (*picked, note)
 
 
-def variant_options(variant: Variant, pair: str | None, target: Path | None,
-                    draft: Path | None) -> str:
+def variant_options(
+    variant: Variant, pair: str | None, target: Path | None, draft: Path | None
+) -> str:
     """The `specgen run` options that reproduce one bench row."""
     if pair:
         models = f"--pair {pair}"

@@ -39,8 +39,10 @@ def readable_help_placeholders() -> None:
 
 def _ctx_size(value: int) -> int:
     if value and value < MIN_CTX:
-        raise typer.BadParameter(f"{value} is below llama.cpp's smallest context, {MIN_CTX} "
-                                 f"tokens (0: the model's own, up to 4096)")
+        raise typer.BadParameter(
+            f"{value} is below llama.cpp's smallest context, {MIN_CTX} "
+            f"tokens (0: the model's own, up to 4096)"
+        )
     return value
 
 
@@ -56,69 +58,190 @@ def _lookahead(text: str) -> Lookahead:
         raise typer.BadParameter(f"{text!r} is not {LOOKAHEAD_RANGE}") from err
 
 
-PairOpt = Annotated[str | None, typer.Option(
-    "--pair", "-p", metavar="NAME", help="A named draft/target pair from models.toml "
-    "(default: the default pair; see `specgen models list`).", show_default=False,
-    rich_help_panel=MODELS)]
-TargetOpt = Annotated[str | None, typer.Option(
-    "--target", "-m", metavar="SPEC", help="Target model: a GGUF path, org/repo:file.gguf, "
-    "or PAIR:target; with no --pair, your own target (alone, or with --draft).",
-    show_default=False, rich_help_panel=MODELS)]
-DraftOpt = Annotated[str | None, typer.Option(
-    "--draft", "-md", metavar="SPEC", help="Draft model: a GGUF path, org/repo:file.gguf, "
-    "or PAIR:draft (needs --target or --pair); or 'ngram' to draft by prompt lookup with no "
-    "draft model (a file named so: ./ngram).",
-    show_default=False, rich_help_panel=MODELS)]
+PairOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--pair",
+        "-p",
+        metavar="NAME",
+        help="A named draft/target pair from models.toml "
+        "(default: the default pair; see `specgen models list`).",
+        show_default=False,
+        rich_help_panel=MODELS,
+    ),
+]
+TargetOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--target",
+        "-m",
+        metavar="SPEC",
+        help="Target model: a GGUF path, org/repo:file.gguf, "
+        "or PAIR:target; with no --pair, your own target (alone, or with --draft).",
+        show_default=False,
+        rich_help_panel=MODELS,
+    ),
+]
+DraftOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--draft",
+        "-md",
+        metavar="SPEC",
+        help="Draft model: a GGUF path, org/repo:file.gguf, "
+        "or PAIR:draft (needs --target or --pair); or 'ngram' to draft by prompt lookup with no "
+        "draft model (a file named so: ./ngram).",
+        show_default=False,
+        rich_help_panel=MODELS,
+    ),
+]
 # Typer has no Union types: the parser turns the text into a Lookahead (an int, or "auto"),
 # which the command reads back with lookahead_of.
-LookaheadOpt = Annotated[str | None, typer.Option(
-    "--lookahead", "-k", parser=_lookahead, metavar="K|auto",
-    help="Guesses per cycle, K: a number (0: the target alone), or 'auto' to choose K before "
-    "each cycle from the acceptance and costs measured so far, turning speculation off when it "
-    "cannot pay (default: the pair's own).", show_default=False, rich_help_panel=MODELS)]
-NgramOpt = Annotated[bool | None, typer.Option(
-    "--ngram/--no-ngram", help="Also draft by prompt lookup beside the draft model (hybrid): "
-    "free guesses where the text repeats its input (default: the pair's own setting).",
-    show_default=False, rich_help_panel=MODELS)]
-DraftPMinOpt = Annotated[float, typer.Option(
-    "--draft-p-min", min=0.0, max=0.99, help="Stop drafting a cycle when the draft's top "
-    "probability falls below this (0: always draft K). Exactness is kept.",
-    rich_help_panel=MODELS)]
-TemperatureOpt = Annotated[float, typer.Option(
-    "--temperature", "--temp", min=0.0, help="Sampling temperature; 0 is greedy.",
-    rich_help_panel=SAMPLING)]
-TopKOpt = Annotated[int, typer.Option(
-    "--top-k", min=0, help="Keep the k most likely tokens (0: off).", rich_help_panel=SAMPLING)]
-TopPOpt = Annotated[float, typer.Option(
-    "--top-p", min=0.0, max=1.0, help="Nucleus: smallest set with this mass (above 0).",
-    rich_help_panel=SAMPLING)]
-MinPOpt = Annotated[float, typer.Option(
-    "--min-p", min=0.0, max=1.0, help="Drop tokens below min-p x the best (below 1).",
-    rich_help_panel=SAMPLING)]
-SeedOpt = Annotated[int | None, typer.Option(
-    "--seed", "-s", min=0, max=MAX_SEED, help="Random seed (default: random; printed with "
-    "the stats).",
-    show_default=False, rich_help_panel=SAMPLING)]
-MaxTokensOpt = Annotated[int, typer.Option(
-    "--max-tokens", "-n", min=1, help="Stop after this many new tokens.",
-    rich_help_panel=SAMPLING)]
-ThreadsOpt = Annotated[int, typer.Option(
-    "--threads", "-t", min=0, help="CPU threads for both models (0: physical cores).",
-    rich_help_panel=PERFORMANCE)]
-CtxOpt = Annotated[int, typer.Option(
-    "--ctx-size", "-c", min=0, callback=_ctx_size, help="Context window in tokens, from "
-    f"{MIN_CTX} (rounded up to a multiple of {MIN_CTX}; 0: min(4096, trained)).",
-    rich_help_panel=PERFORMANCE)]
-GpuLayersOpt = Annotated[int, typer.Option(
-    "--gpu-layers", "-ngl", help="Layers of each model to offload to the GPU (-1: all; "
-    "ignored by CPU builds).", rich_help_panel=PERFORMANCE)]
-VerboseOpt = Annotated[bool, typer.Option(
-    "--verbose", "-v", help="Show llama.cpp's own logs.", rich_help_panel=OUTPUT)]
-RpcOpt = Annotated[str | None, typer.Option(
-    "--rpc", metavar="HOST:PORT,...", help="Put the target's layers on these `specgen worker`s "
-    "(llama.cpp RPC; the draft stays on this machine); 'none': run here even where the pair "
-    "names workers (default: the pair's own).", show_default=False, rich_help_panel=WORKERS)]
-LocalHeadOpt = Annotated[bool, typer.Option(
-    "--rpc-local-head/--no-rpc-local-head", help="With --rpc, keep the target's output layer on "
-    "this machine, so each verify sends kilobytes instead of a logit row per token.",
-    rich_help_panel=WORKERS)]
+LookaheadOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--lookahead",
+        "-k",
+        parser=_lookahead,
+        metavar="K|auto",
+        help="Guesses per cycle, K: a number (0: the target alone), or 'auto' to choose K before "
+        "each cycle from the acceptance and costs measured so far, turning speculation off when it "
+        "cannot pay (default: the pair's own).",
+        show_default=False,
+        rich_help_panel=MODELS,
+    ),
+]
+NgramOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--ngram/--no-ngram",
+        help="Also draft by prompt lookup beside the draft model (hybrid): "
+        "free guesses where the text repeats its input (default: the pair's own setting).",
+        show_default=False,
+        rich_help_panel=MODELS,
+    ),
+]
+DraftPMinOpt = Annotated[
+    float,
+    typer.Option(
+        "--draft-p-min",
+        min=0.0,
+        max=0.99,
+        help="Stop drafting a cycle when the draft's top "
+        "probability falls below this (0: always draft K). Exactness is kept.",
+        rich_help_panel=MODELS,
+    ),
+]
+TemperatureOpt = Annotated[
+    float,
+    typer.Option(
+        "--temperature",
+        "--temp",
+        min=0.0,
+        help="Sampling temperature; 0 is greedy.",
+        rich_help_panel=SAMPLING,
+    ),
+]
+TopKOpt = Annotated[
+    int,
+    typer.Option(
+        "--top-k", min=0, help="Keep the k most likely tokens (0: off).", rich_help_panel=SAMPLING
+    ),
+]
+TopPOpt = Annotated[
+    float,
+    typer.Option(
+        "--top-p",
+        min=0.0,
+        max=1.0,
+        help="Nucleus: smallest set with this mass (above 0).",
+        rich_help_panel=SAMPLING,
+    ),
+]
+MinPOpt = Annotated[
+    float,
+    typer.Option(
+        "--min-p",
+        min=0.0,
+        max=1.0,
+        help="Drop tokens below min-p x the best (below 1).",
+        rich_help_panel=SAMPLING,
+    ),
+]
+SeedOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--seed",
+        "-s",
+        min=0,
+        max=MAX_SEED,
+        help="Random seed (default: random; printed with the stats).",
+        show_default=False,
+        rich_help_panel=SAMPLING,
+    ),
+]
+MaxTokensOpt = Annotated[
+    int,
+    typer.Option(
+        "--max-tokens",
+        "-n",
+        min=1,
+        help="Stop after this many new tokens.",
+        rich_help_panel=SAMPLING,
+    ),
+]
+ThreadsOpt = Annotated[
+    int,
+    typer.Option(
+        "--threads",
+        "-t",
+        min=0,
+        help="CPU threads for both models (0: physical cores).",
+        rich_help_panel=PERFORMANCE,
+    ),
+]
+CtxOpt = Annotated[
+    int,
+    typer.Option(
+        "--ctx-size",
+        "-c",
+        min=0,
+        callback=_ctx_size,
+        help="Context window in tokens, from "
+        f"{MIN_CTX} (rounded up to a multiple of {MIN_CTX}; 0: min(4096, trained)).",
+        rich_help_panel=PERFORMANCE,
+    ),
+]
+GpuLayersOpt = Annotated[
+    int,
+    typer.Option(
+        "--gpu-layers",
+        "-ngl",
+        help="Layers of each model to offload to the GPU (-1: all; ignored by CPU builds).",
+        rich_help_panel=PERFORMANCE,
+    ),
+]
+VerboseOpt = Annotated[
+    bool, typer.Option("--verbose", "-v", help="Show llama.cpp's own logs.", rich_help_panel=OUTPUT)
+]
+RpcOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--rpc",
+        metavar="HOST:PORT,...",
+        help="Put the target's layers on these `specgen worker`s "
+        "(llama.cpp RPC; the draft stays on this machine); 'none': run here even where the pair "
+        "names workers (default: the pair's own).",
+        show_default=False,
+        rich_help_panel=WORKERS,
+    ),
+]
+LocalHeadOpt = Annotated[
+    bool,
+    typer.Option(
+        "--rpc-local-head/--no-rpc-local-head",
+        help="With --rpc, keep the target's output layer on "
+        "this machine, so each verify sends kilobytes instead of a logit row per token.",
+        rich_help_panel=WORKERS,
+    ),
+]

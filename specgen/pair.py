@@ -37,8 +37,9 @@ class LoadedModel(Model, compat.VocabView, Protocol):
     description: str
 
     def chat_template(self) -> str | None: ...
-    def tokenize(self, text: str, add_special: bool = True,
-                 parse_special: bool = True) -> list[int]: ...
+    def tokenize(
+        self, text: str, add_special: bool = True, parse_special: bool = True
+    ) -> list[int]: ...
 
 
 def _llama(path: Path, options: ModelOptions, verbose: bool) -> LoadedModel:
@@ -110,7 +111,8 @@ class Pair:
         learns carry over (a batch or a server pays the learning once)."""
         if draft_p_min not in self._engines:
             self._engines[draft_p_min] = SpeculativeEngine(
-                self.target, self.drafter(draft_p_min), costs=self.costs, clock=self.clock)
+                self.target, self.drafter(draft_p_min), costs=self.costs, clock=self.clock
+            )
         return self._engines[draft_p_min]
 
 
@@ -121,8 +123,10 @@ def check_fit(target: LoadedModel, draft: LoadedModel) -> None:
         return
     verdict = compat.check(target, draft)
     if not verdict:
-        raise UserError(f"draft {draft.path.name} cannot serve target {target.path.name}: "
-                        f"{verdict.reason}; pick a draft from the target's model family")
+        raise UserError(
+            f"draft {draft.path.name} cannot serve target {target.path.name}: "
+            f"{verdict.reason}; pick a draft from the target's model family"
+        )
     store.write_text(stamp, f"{target.path}\n{draft.path}\n")  # read-only: check next time
 
 
@@ -132,11 +136,19 @@ def costs_path(target: LoadedModel, draft: LoadedModel | None, options: PairOpti
     from specgen.machine import build_id, cpu_flags
 
     files = [target.path] if draft is None else [target.path, draft.path]
-    machine = [cpu_flags(), build_id(), target.n_threads, draft.n_threads if draft else 0,
-               options.target_gpu_layers, options.draft_gpu_layers, list(options.workers),
-               options.local_head]
-    return store.path("costs", store.file_key(*files) + "-"
-                      + store.text_key(json.dumps(machine, default=str)))
+    machine = [
+        cpu_flags(),
+        build_id(),
+        target.n_threads,
+        draft.n_threads if draft else 0,
+        options.target_gpu_layers,
+        options.draft_gpu_layers,
+        list(options.workers),
+        options.local_head,
+    ]
+    return store.path(
+        "costs", store.file_key(*files) + "-" + store.text_key(json.dumps(machine, default=str))
+    )
 
 
 def load_costs(path: Path | None) -> CostBook:
@@ -158,12 +170,17 @@ def open_pair(decision: Decision, options: PairOptions, progress: bool = True) -
     target_path = resolve(decision.choice.target, progress=progress)
     draft_path = resolve(decision.draft, progress=progress) if decision.draft else None
     ensure_cpu_works([p for p in (target_path, draft_path) if p is not None])
-    return load_pair(target_path, draft_path, replace(options, workers=decision.choice.workers),
-                     ngram=decision.ngram)
+    return load_pair(
+        target_path,
+        draft_path,
+        replace(options, workers=decision.choice.workers),
+        ngram=decision.ngram,
+    )
 
 
-def load_pair(target: str | Path, draft: str | Path | None, options: PairOptions,
-              ngram: bool = False) -> Pair:
+def load_pair(
+    target: str | Path, draft: str | Path | None, options: PairOptions, ngram: bool = False
+) -> Pair:
     """Load both models with the same context size, each with its own threads and GPU layers.
 
     Loading runs where Ctrl-C ends it at once (``specgen.interrupts``).
@@ -171,24 +188,40 @@ def load_pair(target: str | Path, draft: str | Path | None, options: PairOptions
     return interruptible(lambda: _load(target, draft, options, ngram), "loading the models")
 
 
-def _load(target: str | Path, draft: str | Path | None, options: PairOptions,
-          ngram: bool) -> Pair:
+def _load(target: str | Path, draft: str | Path | None, options: PairOptions, ngram: bool) -> Pair:
     from specgen.backend import ModelOptions
 
     backend = BACKEND
     target_path = _existing(target, "target")
-    target_model = backend.load(target_path, ModelOptions(
-        options.n_ctx, options.target_threads, options.target_gpu_layers,
-        workers=options.workers, local_head=options.local_head), options.verbose)
+    target_model = backend.load(
+        target_path,
+        ModelOptions(
+            options.n_ctx,
+            options.target_threads,
+            options.target_gpu_layers,
+            workers=options.workers,
+            local_head=options.local_head,
+        ),
+        options.verbose,
+    )
     if draft is None:
-        return Pair(target_model, None, ngram, costs_path(target_model, None, options),
-                    backend.clock)
+        return Pair(
+            target_model, None, ngram, costs_path(target_model, None, options), backend.clock
+        )
     draft_path = _existing(draft, "draft")
-    draft_model = backend.load(draft_path, ModelOptions(
-        target_model.n_ctx, options.draft_threads, options.draft_gpu_layers), options.verbose)
+    draft_model = backend.load(
+        draft_path,
+        ModelOptions(target_model.n_ctx, options.draft_threads, options.draft_gpu_layers),
+        options.verbose,
+    )
     check_fit(target_model, draft_model)
-    return Pair(target_model, draft_model, ngram, costs_path(target_model, draft_model, options),
-                backend.clock)
+    return Pair(
+        target_model,
+        draft_model,
+        ngram,
+        costs_path(target_model, draft_model, options),
+        backend.clock,
+    )
 
 
 def _existing(path: str | Path, role: str) -> Path:

@@ -75,8 +75,11 @@ BatchItem = BatchPrompt | BadLine
 
 def parse_lines(text: str) -> list[BatchItem]:
     """One prompt per non-blank line; the id is the line number."""
-    return [BatchPrompt(id=number, line=number, prompt=line.rstrip("\r"))
-            for number, line in enumerate(text.split("\n"), start=1) if line.strip()]
+    return [
+        BatchPrompt(id=number, line=number, prompt=line.rstrip("\r"))
+        for number, line in enumerate(text.split("\n"), start=1)
+        if line.strip()
+    ]
 
 
 def parse_jsonl(text: str) -> list[BatchItem]:
@@ -97,8 +100,9 @@ def parse_record(line: str, number: int) -> BatchItem:
         message = err.msg if isinstance(err, json.JSONDecodeError) else "nested too deeply"
         return BadLine(number, number, f"line {number}: not valid JSON ({message})")
     if not isinstance(record, dict):
-        return BadLine(number, number, f"line {number}: expected a JSON object like "
-                                       f"{{\"prompt\": \"...\"}}")
+        return BadLine(
+            number, number, f'line {number}: expected a JSON object like {{"prompt": "..."}}'
+        )
     raw_id = record.get("id", number)
     if isinstance(raw_id, bool) or not isinstance(raw_id, int | str):
         return BadLine(number, number, f"line {number}: 'id' must be a string or a number")
@@ -139,20 +143,28 @@ def _prompt(record: dict[str, Any], id_: int | str, number: int) -> BatchPrompt:
 
 def _messages(value: Any) -> list[Message]:
     if not isinstance(value, list) or not value:
-        raise ValueError("'messages' must be a non-empty list of {\"role\", \"content\"}")
+        raise ValueError('\'messages\' must be a non-empty list of {"role", "content"}')
     out = []
     for message in value:
-        if (not isinstance(message, dict) or message.get("role") not in ROLES
-                or not isinstance(message.get("content"), str)):
-            raise ValueError(f"each message needs a 'role' ({', '.join(ROLES)}) and a "
-                             f"'content' string")
+        if (
+            not isinstance(message, dict)
+            or message.get("role") not in ROLES
+            or not isinstance(message.get("content"), str)
+        ):
+            raise ValueError(
+                f"each message needs a 'role' ({', '.join(ROLES)}) and a 'content' string"
+            )
         out.append({"role": message["role"], "content": message["content"]})
     return out
 
 
 def _whole(value: Any, name: str, low: int, high: int | None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low or (
-            high is not None and value > high):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or value < low
+        or (high is not None and value > high)
+    ):
         upper = f" and <= {high}" if high is not None else ""
         raise ValueError(f"'{name}' must be a whole number >= {low}{upper}")
     return value

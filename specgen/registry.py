@@ -76,8 +76,10 @@ class ModelSpec:
         known = {"repo", "file", "revision", "path", "pip", "quant", "sha256"}
         unknown = set(data) - known
         if unknown:
-            raise ValueError(f"{where} has unknown key(s) {', '.join(sorted(unknown))} "
-                             f"(known: {', '.join(sorted(known))})")
+            raise ValueError(
+                f"{where} has unknown key(s) {', '.join(sorted(unknown))} "
+                f"(known: {', '.join(sorted(known))})"
+            )
         kinds = [k for k in ("repo", "path", "pip") if k in data]
         if len(kinds) != 1:
             raise ValueError(f"{where} needs exactly one of repo, path or pip")
@@ -86,8 +88,11 @@ class ModelSpec:
         pip = data.get("pip", ())
         if isinstance(pip, str):
             pip = (pip,)
-        if "pip" in data and (not isinstance(pip, list | tuple) or not pip
-                              or not all(isinstance(p, str) and p for p in pip)):
+        if "pip" in data and (
+            not isinstance(pip, list | tuple)
+            or not pip
+            or not all(isinstance(p, str) and p for p in pip)
+        ):
             raise ValueError(f"{where}: 'pip' must be a requirement or a list of them")
         for key in ("repo", "file", "revision", "path", "quant", "sha256"):
             if key in data and not isinstance(data[key], str):
@@ -95,8 +100,15 @@ class ModelSpec:
         sha = data.get("sha256")
         if sha is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", sha):
             raise ValueError(f"{where}: 'sha256' must be 64 hex digits")
-        return cls(repo=data.get("repo"), file=data.get("file"), revision=data.get("revision"),
-                   path=data.get("path"), pip=tuple(pip), quant=data.get("quant"), sha256=sha)
+        return cls(
+            repo=data.get("repo"),
+            file=data.get("file"),
+            revision=data.get("revision"),
+            path=data.get("path"),
+            pip=tuple(pip),
+            quant=data.get("quant"),
+            sha256=sha,
+        )
 
 
 # The word that names prompt-lookup drafting where a draft model would go (``--draft ngram``,
@@ -128,8 +140,11 @@ class PairSpec:
 
     def members(self) -> list[tuple[str, ModelSpec]]:
         """(role, spec) for each model file the pair needs."""
-        return [(role, spec) for role, spec in (("target", self.target), ("draft", self.draft))
-                if spec is not None]
+        return [
+            (role, spec)
+            for role, spec in (("target", self.target), ("draft", self.draft))
+            if spec is not None
+        ]
 
 
 @dataclass
@@ -156,8 +171,9 @@ class Registry:
         try:
             unknown = set(data) - {"default", "pairs"}
             if unknown:
-                raise ValueError(f"unknown top-level key(s) {', '.join(sorted(unknown))} "
-                                 f"(known: default, pairs)")
+                raise ValueError(
+                    f"unknown top-level key(s) {', '.join(sorted(unknown))} (known: default, pairs)"
+                )
             pairs = data.get("pairs", {})
             if not isinstance(pairs, dict):
                 raise ValueError("'pairs' must be a table of [pairs.NAME] sections")
@@ -210,8 +226,7 @@ def _pair(name: str, table: Any, source: str) -> PairSpec:
     for role in ROLES:
         if role not in table:
             raise ValueError(f"{where} has no {role}")
-    lookahead = check_lookahead(table.get("lookahead", DEFAULT_LOOKAHEAD),
-                                f"{where}: 'lookahead'")
+    lookahead = check_lookahead(table.get("lookahead", DEFAULT_LOOKAHEAD), f"{where}: 'lookahead'")
     for key in ("chat", "ngram"):
         if key in table and not isinstance(table[key], bool):
             raise ValueError(f"{where}: '{key}' must be true or false")
@@ -220,9 +235,11 @@ def _pair(name: str, table: Any, source: str) -> PairSpec:
         name=name,
         target=ModelSpec.from_mapping(table["target"], f"{where} target"),
         draft=None if by_ngram else ModelSpec.from_mapping(table["draft"], f"{where} draft"),
-        lookahead=lookahead, chat=table.get("chat"),
+        lookahead=lookahead,
+        chat=table.get("chat"),
         description=str(table.get("description", "")),
-        license=str(table.get("license", "")), source=source,
+        license=str(table.get("license", "")),
+        source=source,
         ngram=by_ngram or table.get("ngram", HYBRID_BY_DEFAULT),
         workers=_workers(table.get("rpc", ()), where),
     )
@@ -257,6 +274,7 @@ def _line_of(text: str, err: ValueError) -> int | None:
 
 # -- from a spec to a file on disk ------------------------------------------------------------
 
+
 def _verify(path: Path, sha256: str | None, label: str) -> None:
     """Check a file against its sha256 once; a stamp remembers files already checked."""
     if not sha256:
@@ -268,9 +286,11 @@ def _verify(path: Path, sha256: str | None, label: str) -> None:
     if store.read_text(stamp) == str(real):
         return
     if store.sha256_of(real) != sha256.lower():
-        raise UserError(f"{label} does not match the sha256 in models.toml: the download is "
-                        f"corrupt or the file changed upstream; delete {real} and pull again, "
-                        f"or fix the sha256")
+        raise UserError(
+            f"{label} does not match the sha256 in models.toml: the download is "
+            f"corrupt or the file changed upstream; delete {real} and pull again, "
+            f"or fix the sha256"
+        )
     store.write_text(stamp, str(real))  # a read-only cache: verify again next time
 
 
@@ -350,11 +370,12 @@ def read_header(spec: ModelSpec) -> FoundHeader:
 
     local = cached(spec)
     if local is None and spec.kind == "hub":
-        header, size, fetched = hub.remote_header(spec.repo or "", spec.file or "",
-                                                  spec.revision)
+        header, size, fetched = hub.remote_header(spec.repo or "", spec.file or "", spec.revision)
         total = f" of {size / 1e9:.2f} GB" if size else ""
-        note = (f"read the header of {spec.label()} only ({fetched / 1e6:.1f} MB{total}); "
-                f"nothing downloaded")
+        note = (
+            f"read the header of {spec.label()} only ({fetched / 1e6:.1f} MB{total}); "
+            f"nothing downloaded"
+        )
         return FoundHeader(header, Path(spec.file or "").name, size, note)
     path = local or resolve(spec)
     try:

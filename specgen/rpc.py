@@ -28,8 +28,10 @@ PROBE_TIMEOUT_S = 5.0
 _HELLO = 14  # RPC_CMD_HELLO, fixed by the protocol for every version
 _CAPS_SIZE = 24  # the connection-capabilities block that HELLO carries both ways
 _HELLO_REPLY = 4 + _CAPS_SIZE  # major, minor, patch, padding, then the capabilities
-SECURITY_NOTE = ("the RPC protocol has no authentication and no encryption: anyone who can reach "
-                 "the port can run code on this machine's backend and read what it computes")
+SECURITY_NOTE = (
+    "the RPC protocol has no authentication and no encryption: anyone who can reach "
+    "the port can run code on this machine's backend and read what it computes"
+)
 
 
 class WorkerError(UserError):
@@ -56,8 +58,10 @@ def parse_endpoint(text: str) -> Endpoint:
     raw = text.strip()
     host, _, port_text = raw.partition(":")
     if raw.count(":") > 1 or raw.startswith("["):
-        raise UsageError(f"cannot read the worker address {text!r}: llama.cpp's RPC speaks "
-                         f"IPv4 only, so write a name or an IPv4 address, HOST:PORT")
+        raise UsageError(
+            f"cannot read the worker address {text!r}: llama.cpp's RPC speaks "
+            f"IPv4 only, so write a name or an IPv4 address, HOST:PORT"
+        )
     if not host:
         raise UsageError(f"the worker address {text!r} has no host: write HOST:PORT")
     if not port_text:
@@ -74,9 +78,11 @@ def listen_address(host: str) -> str:
     try:
         return str(ipaddress.IPv4Address(host))
     except ValueError:
-        raise UsageError(f"--host {host!r} is not an IPv4 address: give 127.0.0.1 (this machine "
-                         f"only), 0.0.0.0 (every interface) or one of this machine's "
-                         f"addresses") from None
+        raise UsageError(
+            f"--host {host!r} is not an IPv4 address: give 127.0.0.1 (this machine "
+            f"only), 0.0.0.0 (every interface) or one of this machine's "
+            f"addresses"
+        ) from None
 
 
 def parse_endpoints(spec: str | Iterable[str]) -> tuple[Endpoint, ...]:
@@ -106,16 +112,17 @@ def hello(endpoint: Endpoint, timeout: float = PROBE_TIMEOUT_S) -> Hello:
     try:
         sock = socket.create_connection((endpoint.host, endpoint.port), timeout=timeout)
     except ConnectionRefusedError:
-        raise WorkerError(f"nothing is listening at {endpoint}: start `specgen worker --host "
-                          f"{endpoint.host} --port {endpoint.port}` there, or check the address"
-                          ) from None
+        raise WorkerError(
+            f"nothing is listening at {endpoint}: start `specgen worker --host "
+            f"{endpoint.host} --port {endpoint.port}` there, or check the address"
+        ) from None
     except TimeoutError:
-        raise WorkerError(f"{endpoint} did not answer within {timeout:g} s: check the address, "
-                          f"that the machine is up and that no firewall blocks the port"
-                          ) from None
+        raise WorkerError(
+            f"{endpoint} did not answer within {timeout:g} s: check the address, "
+            f"that the machine is up and that no firewall blocks the port"
+        ) from None
     except OSError as err:
-        raise WorkerError(f"cannot reach the worker {endpoint}: "
-                          f"{err.strerror or err}") from None
+        raise WorkerError(f"cannot reach the worker {endpoint}: {err.strerror or err}") from None
     with sock:
         try:
             sock.sendall(bytes([_HELLO]) + struct.pack("<Q", _CAPS_SIZE) + bytes(_CAPS_SIZE))
@@ -124,14 +131,17 @@ def hello(endpoint: Endpoint, timeout: float = PROBE_TIMEOUT_S) -> Hello:
                 raise ConnectionError("unexpected reply size")
             reply = _recv_exactly(sock, size)
         except TimeoutError:
-            raise WorkerError(f"the worker {endpoint} accepted the connection but did not answer "
-                              f"within {timeout:g} s: it is serving another client (a worker "
-                              f"serves one at a time); stop that client or start another worker"
-                              ) from None
+            raise WorkerError(
+                f"the worker {endpoint} accepted the connection but did not answer "
+                f"within {timeout:g} s: it is serving another client (a worker "
+                f"serves one at a time); stop that client or start another worker"
+            ) from None
         except OSError:
-            raise WorkerError(f"{endpoint} closed the connection during the handshake: it is not "
-                              f"a specgen or llama.cpp RPC worker, or one too old to speak "
-                              f"protocol {_version(PROTOCOL)}") from None
+            raise WorkerError(
+                f"{endpoint} closed the connection during the handshake: it is not "
+                f"a specgen or llama.cpp RPC worker, or one too old to speak "
+                f"protocol {_version(PROTOCOL)}"
+            ) from None
     round_trip = time.perf_counter() - start
     version = (reply[0], reply[1], reply[2])
     check_version(endpoint, version)
@@ -141,9 +151,11 @@ def hello(endpoint: Endpoint, timeout: float = PROBE_TIMEOUT_S) -> Hello:
 def check_version(endpoint: Endpoint, version: tuple[int, int, int]) -> None:
     """ggml's rule: the same major version, and a worker's minor no newer than ours."""
     if version[0] != PROTOCOL[0] or version[1] > PROTOCOL[1]:
-        raise WorkerError(f"the worker {endpoint} speaks RPC protocol {_version(version)}, this "
-                          f"machine's llama.cpp speaks {_version(PROTOCOL)}: install the same "
-                          f"llama-cpp-python version on both machines")
+        raise WorkerError(
+            f"the worker {endpoint} speaks RPC protocol {_version(version)}, this "
+            f"machine's llama.cpp speaks {_version(PROTOCOL)}: install the same "
+            f"llama-cpp-python version on both machines"
+        )
 
 
 def probe(endpoints: Iterable[Endpoint], timeout: float = PROBE_TIMEOUT_S) -> list[Hello]:
@@ -156,11 +168,15 @@ def abort_line(message: str, endpoints: Iterable[Endpoint | str]) -> str:
     what = message.split(": ", 1)[-1].strip()
     names = ", ".join(str(e) for e in endpoints) or "the worker"
     if "crashed or returned malformed response" in what:
-        return (f"lost the connection to the RPC worker ({names}) mid-run: it stopped or the "
-                f"network dropped; restart `specgen worker` there and run again")
+        return (
+            f"lost the connection to the RPC worker ({names}) mid-run: it stopped or the "
+            f"network dropped; restart `specgen worker` there and run again"
+        )
     if what.startswith(("Failed to connect", "RPC handshake failed")):
-        return (f"could not attach the RPC worker ({names}): {what}; check that `specgen worker` "
-                f"runs there with the same llama-cpp-python version")
+        return (
+            f"could not attach the RPC worker ({names}): {what}; check that `specgen worker` "
+            f"runs there with the same llama-cpp-python version"
+        )
     return f"llama.cpp stopped with the RPC worker ({names}) attached: {what}"
 
 

@@ -24,8 +24,10 @@ from specgen.errors import CpuUnsupported
 from specgen.machine import build_id, cpu_flags
 
 PORTABLE_CMAKE_ARGS = "-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
-REBUILD = (f'CMAKE_ARGS="{PORTABLE_CMAKE_ARGS}" pip install --force-reinstall --no-cache-dir '
-           f'llama-cpp-python')
+REBUILD = (
+    f'CMAKE_ARGS="{PORTABLE_CMAKE_ARGS}" pip install --force-reinstall --no-cache-dir '
+    f"llama-cpp-python"
+)
 CHILD_TIMEOUT = 600
 
 
@@ -37,12 +39,16 @@ class Verdict:
 
     def message(self) -> str:
         if self.signal == "SIGILL":
-            return ("llama.cpp died with SIGILL (illegal instruction) in a test decode: this "
-                    "build uses CPU instructions this machine does not run (often native AMX "
-                    "kernels on a VM that lists amx_tile without enabling it); rebuild it "
-                    f"portably: {REBUILD}")
-        return (f"llama.cpp crashed ({self.signal}) in a test decode on this machine; try the "
-                f"portable build ({REBUILD}), and report it if that crashes too")
+            return (
+                "llama.cpp died with SIGILL (illegal instruction) in a test decode: this "
+                "build uses CPU instructions this machine does not run (often native AMX "
+                "kernels on a VM that lists amx_tile without enabling it); rebuild it "
+                f"portably: {REBUILD}"
+            )
+        return (
+            f"llama.cpp crashed ({self.signal}) in a test decode on this machine; try the "
+            f"portable build ({REBUILD}), and report it if that crashes too"
+        )
 
 
 def quant_types(paths: list[Path]) -> dict[str, Path]:
@@ -62,8 +68,9 @@ def quant_types(paths: list[Path]) -> dict[str, Path]:
 
 
 def _stamp(types: list[str]) -> Path:
-    return store.path("selftest", store.text_key("\n".join([build_id(), cpu_flags(),
-                                                             *sorted(types)])))
+    return store.path(
+        "selftest", store.text_key("\n".join([build_id(), cpu_flags(), *sorted(types)]))
+    )
 
 
 def cached_verdict(paths: list[Path]) -> Verdict | None:
@@ -79,8 +86,14 @@ def run_child(command: list[str]) -> Verdict | None:
     """Run a test child; a verdict when it passed or died of a signal, None when it failed
     otherwise (a file llama.cpp cannot load is for the real load to report)."""
     try:
-        done = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                              timeout=CHILD_TIMEOUT, text=True, errors="replace")
+        done = subprocess.run(
+            command,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            timeout=CHILD_TIMEOUT,
+            text=True,
+            errors="replace",
+        )
     except subprocess.TimeoutExpired:
         return None
     if done.returncode == 0:
@@ -104,8 +117,9 @@ def ensure_cpu_works(paths: list[Path], command: list[str] | None = None) -> Ver
     stamp = _stamp(list(types))
     verdict = cached_verdict(paths)
     if verdict is None:
-        verdict = run_child(command or [sys.executable, "-m", "specgen.selftest",
-                                        *map(str, types.values())])
+        verdict = run_child(
+            command or [sys.executable, "-m", "specgen.selftest", *map(str, types.values())]
+        )
         if verdict is None:
             return None
         store.write_json(stamp, asdict(verdict))  # a read-only cache: test again next time

@@ -17,8 +17,7 @@ from specgen.prompts import Message
 from specgen.stats import Stats
 
 Prompt = str | Sequence[Message]
-SYSTEM_NEEDS_CHAT = ("--system needs a chat; drop --raw (a system message only exists in a "
-                     "chat)")
+SYSTEM_NEEDS_CHAT = "--system needs a chat; drop --raw (a system message only exists in a chat)"
 
 
 def wants_chat(pair: Pair, by_pair: bool | None, flag: bool | None, system: str | None) -> bool:
@@ -35,8 +34,9 @@ def wants_chat(pair: Pair, by_pair: bool | None, flag: bool | None, system: str 
     return pair.target.chat_template() is not None
 
 
-def prompt_tokens(model: LoadedModel, prompt: Prompt, chat: bool, system: str | None = None
-                  ) -> list[int]:
+def prompt_tokens(
+    model: LoadedModel, prompt: Prompt, chat: bool, system: str | None = None
+) -> list[int]:
     """The prompt as the target's tokens: a text, or chat messages rendered with the target's
     chat template (a text too, when ``chat`` is set)."""
     if isinstance(prompt, str) and not chat:
@@ -47,9 +47,12 @@ def prompt_tokens(model: LoadedModel, prompt: Prompt, chat: bool, system: str | 
         messages = conversation(prompt, system) if isinstance(prompt, str) else list(prompt)
         if system and not any(m["role"] == "system" for m in messages):
             messages.insert(0, {"role": "system", "content": system})
-        text = render_chat(model.chat_template(), messages,
-                           bos_token=model.token_text(model.bos).decode("utf-8", "replace"),
-                           eos_token=model.token_text(model.eos).decode("utf-8", "replace"))
+        text = render_chat(
+            model.chat_template(),
+            messages,
+            bos_token=model.token_text(model.bos).decode("utf-8", "replace"),
+            eos_token=model.token_text(model.eos).decode("utf-8", "replace"),
+        )
     tokens = model.tokenize(text, add_special=True, parse_special=True)
     # Templates often write the BOS text themselves; tokenizing then adds a second one.
     if len(tokens) >= 2 and tokens[0] == tokens[1] == model.bos and model.adds_bos:
@@ -70,9 +73,16 @@ class Result:
 
 
 def stream(
-    pair: Pair, prompt: Prompt, config: GenerationConfig, *, chat: bool = False,
-    system: str | None = None, draft_p_min: float = 0.0, stats: Stats | None = None,
-    reuse_prefix: bool = False, cancelled: Callable[[], bool] | None = None,
+    pair: Pair,
+    prompt: Prompt,
+    config: GenerationConfig,
+    *,
+    chat: bool = False,
+    system: str | None = None,
+    draft_p_min: float = 0.0,
+    stats: Stats | None = None,
+    reuse_prefix: bool = False,
+    cancelled: Callable[[], bool] | None = None,
 ) -> Iterator[TextChunk | Result]:
     """Generate from a prompt on a loaded pair, yielding each piece of text as it is accepted
     (``TextChunk``), then the ``Result``. ``cancelled`` is asked after every cycle: when it
@@ -100,9 +110,16 @@ def stream(
 
 
 def generate(
-    pair: Pair, prompt: Prompt, config: GenerationConfig, *, chat: bool = False,
-    system: str | None = None, draft_p_min: float = 0.0, stats: Stats | None = None,
-    on_text: Callable[[str], None] | None = None, reuse_prefix: bool = False,
+    pair: Pair,
+    prompt: Prompt,
+    config: GenerationConfig,
+    *,
+    chat: bool = False,
+    system: str | None = None,
+    draft_p_min: float = 0.0,
+    stats: Stats | None = None,
+    on_text: Callable[[str], None] | None = None,
+    reuse_prefix: bool = False,
 ) -> Result:
     """Generate from a prompt on a loaded pair; no terminal code. ``on_text`` gets each piece
     of text as it is accepted; pass ``stats`` to watch the counters live. Ctrl-C ends the
@@ -111,8 +128,16 @@ def generate(
         stats = new_stats(pair, config, draft_p_min)
     pieces: list[str] = []
     try:
-        for item in stream(pair, prompt, config, chat=chat, system=system,
-                           draft_p_min=draft_p_min, stats=stats, reuse_prefix=reuse_prefix):
+        for item in stream(
+            pair,
+            prompt,
+            config,
+            chat=chat,
+            system=system,
+            draft_p_min=draft_p_min,
+            stats=stats,
+            reuse_prefix=reuse_prefix,
+        ):
             if isinstance(item, Result):
                 return item
             pieces.append(item.text)
@@ -127,5 +152,8 @@ def generate(
 def new_stats(pair: Pair, config: GenerationConfig, draft_p_min: float = 0.0) -> Stats:
     """Empty statistics for a generation with this config (for a live view to watch)."""
     speculative = pair.engine(draft_p_min).drafter is not None
-    return Stats(lookahead=effective_lookahead(config.lookahead, speculative),
-                 seed=config.seed or 0, speculative=speculative)
+    return Stats(
+        lookahead=effective_lookahead(config.lookahead, speculative),
+        seed=config.seed or 0,
+        speculative=speculative,
+    )

@@ -67,9 +67,16 @@ class Stats:
     stop_reason: str | None = None
     clock: Clock = field(default=time.perf_counter, repr=False, compare=False)
 
-    def record_cycle(self, source: str | None, lookahead: int, drafted: int, accepted: int,
-                     explore: bool, model_guesses: int, tail_source: str | None = None
-                     ) -> None:
+    def record_cycle(
+        self,
+        source: str | None,
+        lookahead: int,
+        drafted: int,
+        accepted: int,
+        explore: bool,
+        model_guesses: int,
+        tail_source: str | None = None,
+    ) -> None:
         """Count one verified cycle: ``drafted`` guesses, the first ``accepted`` kept, of which
         the first ``model_guesses`` came from ``source``'s run and the rest from an n-gram
         match it led into (``tail_source``)."""
@@ -83,8 +90,9 @@ class Stats:
         if source is not None:
             self._count(source, model_guesses, min(accepted, model_guesses), True)
             if tail_source is not None:
-                self._count(tail_source, drafted - model_guesses,
-                            max(accepted - model_guesses, 0), False)
+                self._count(
+                    tail_source, drafted - model_guesses, max(accepted - model_guesses, 0), False
+                )
         judged = judged_guesses(drafted, accepted)
         while len(self.reached_at) < judged:
             self.reached_at.append(0)

@@ -92,7 +92,6 @@ def write_text(file: Path, text: str) -> bool:
     return True
 
 
-def write_json(file: Path, value: Any, indent: int | None = None,
-               sort_keys: bool = False) -> bool:
+def write_json(file: Path, value: Any, indent: int | None = None, sort_keys: bool = False) -> bool:
     """``write_text`` of a JSON value."""
     return write_text(file, json.dumps(value, indent=indent, sort_keys=sort_keys))

@@ -42,20 +42,29 @@ def stats_segments(stats: Stats, final: bool = False) -> list[Text]:
     speculating = stats.speculative and stats.lookahead != 0
     if speculating:
         rate = stats.accept_rate
-        parts += [Text(lookahead_label(stats), style="bold cyan"),
-                  Text.assemble("accept ", (figure(None if rate is None else rate * 100, ".0f")
-                                            + "%", "bold green")),
-                  Text(f"{figure(stats.tokens_per_cycle, '.2f')} tok/cycle")]
+        parts += [
+            Text(lookahead_label(stats), style="bold cyan"),
+            Text.assemble(
+                "accept ", (figure(None if rate is None else rate * 100, ".0f") + "%", "bold green")
+            ),
+            Text(f"{figure(stats.tokens_per_cycle, '.2f')} tok/cycle"),
+        ]
     else:
         parts.append(Text("target alone (K=0)", style="bold cyan"))
-    parts += [Text(f"{figure(stats.tokens_per_second, '.1f')} tok/s", style="bold magenta"),
-              Text(f"{plural(stats.n_generated, 'token')}  {plural(stats.n_cycles, 'cycle')}")]
+    parts += [
+        Text(f"{figure(stats.tokens_per_second, '.1f')} tok/s", style="bold magenta"),
+        Text(f"{plural(stats.n_generated, 'token')}  {plural(stats.n_cycles, 'cycle')}"),
+    ]
     if speculating:
         parts.append(Text(sources_label(stats)))
     if final:
-        parts.append(Text(f"prompt {stats.n_prompt} tok in {stats.prompt_seconds:.2f}s"
-                          f" ({figure(stats.prompt_tokens_per_second, '.0f')} tok/s)",
-                          style="dim"))
+        parts.append(
+            Text(
+                f"prompt {stats.n_prompt} tok in {stats.prompt_seconds:.2f}s"
+                f" ({figure(stats.prompt_tokens_per_second, '.0f')} tok/s)",
+                style="dim",
+            )
+        )
         parts.append(Text(f"seed {stats.seed}", style="dim"))
         if stats.stop_reason:
             parts.append(Text(f"stop: {stats.stop_reason}", style="dim"))
@@ -91,10 +100,11 @@ def sources_label(stats: Stats) -> str:
     if not stats.by_source:
         return "0/0 drafted accepted"
     if len(stats.by_source) == 1:
-        (name, only), = stats.by_source.items()
+        ((name, only),) = stats.by_source.items()
         return f"{only.accepted}/{only.drafted} {name} guesses accepted"
-    return "accepted " + " ".join(f"{name} {src.accepted}/{src.drafted}"
-                                  for name, src in sorted(stats.by_source.items()))
+    return "accepted " + " ".join(
+        f"{name} {src.accepted}/{src.drafted}" for name, src in sorted(stats.by_source.items())
+    )
 
 
 class _LiveStats:
@@ -142,7 +152,8 @@ class _BottomBar:
             self._set_region()
         buf = io.StringIO()
         Console(file=buf, force_terminal=True, width=cols, no_color=False).print(
-            stats_text(self.stats), end="", crop=True, overflow="ellipsis", no_wrap=True)
+            stats_text(self.stats), end="", crop=True, overflow="ellipsis", no_wrap=True
+        )
         self.err.write(f"\x1b7\x1b[{rows};1H\x1b[2K{buf.getvalue()}\x1b8")
         self.err.flush()
 
@@ -169,8 +180,13 @@ class _BottomBar:
 class StreamView:
     """Streams text to ``out`` and shows live stats on ``err``; use as a context manager."""
 
-    def __init__(self, stats: Stats, show_stats: bool = True, out: TextIO | None = None,
-                 err: TextIO | None = None) -> None:
+    def __init__(
+        self,
+        stats: Stats,
+        show_stats: bool = True,
+        out: TextIO | None = None,
+        err: TextIO | None = None,
+    ) -> None:
         self.stats = stats
         self.out = out or sys.stdout
         self.err = err or sys.stderr
@@ -187,9 +203,14 @@ class StreamView:
                     self._bar = _BottomBar(self.stats, self.out, self.err)
                     self._bar.start()
             else:
-                self._live = Live(_LiveStats(self.stats), console=self.console,
-                                  refresh_per_second=REFRESH_PER_SECOND, transient=True,
-                                  redirect_stdout=False, redirect_stderr=False)
+                self._live = Live(
+                    _LiveStats(self.stats),
+                    console=self.console,
+                    refresh_per_second=REFRESH_PER_SECOND,
+                    transient=True,
+                    redirect_stdout=False,
+                    redirect_stderr=False,
+                )
                 self._live.start()
         return self
 
@@ -219,12 +240,16 @@ class StreamView:
         if self.show_stats:
             # Where stdout and stderr are one file (`> log 2>&1`), start the stats on a line of
             # their own; stdout itself keeps exactly the generated text.
-            if not self._ended_with_newline and not self.out.isatty() and same_file(self.out,
-                                                                                  self.err):
+            if (
+                not self._ended_with_newline
+                and not self.out.isatty()
+                and same_file(self.out, self.err)
+            ):
                 self.err.write("\n")
                 self.err.flush()
-            self.console.print(stats_text(self.stats, final=True, width=self.console.width),
-                               soft_wrap=True)
+            self.console.print(
+                stats_text(self.stats, final=True, width=self.console.width), soft_wrap=True
+            )
 
 
 def reports_size(stream: TextIO) -> bool:

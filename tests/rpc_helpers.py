@@ -15,8 +15,9 @@ from contextlib import contextmanager
 from tests.conftest import free_port
 
 
-def wait_for_worker(endpoint: str, proc: subprocess.Popen | None = None,
-                    timeout: float = 60.0) -> None:
+def wait_for_worker(
+    endpoint: str, proc: subprocess.Popen | None = None, timeout: float = 60.0
+) -> None:
     """Until the worker answers its handshake (it has started listening)."""
     from specgen.rpc import hello, parse_endpoint
 
@@ -37,10 +38,23 @@ def wait_for_worker(endpoint: str, proc: subprocess.Popen | None = None,
 def worker(*extra: str, threads: int = 1) -> Iterator[tuple[str, subprocess.Popen]]:
     """A `specgen worker` subprocess on a free loopback port; stopped on the way out."""
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "specgen", "worker", "--port", str(port),
-                             "--threads", str(threads), *extra],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ))
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "specgen",
+            "worker",
+            "--port",
+            str(port),
+            "--threads",
+            str(threads),
+            *extra,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ),
+    )
     endpoint = f"127.0.0.1:{port}"
     try:
         wait_for_worker(endpoint, proc)
@@ -81,10 +95,12 @@ class CountingProxy:
             worker_side = socket.create_connection(self.upstream)
             for sock in (client, worker_side):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            threading.Thread(target=self._pipe, args=(client, worker_side, "sent"),
-                             daemon=True).start()
-            threading.Thread(target=self._pipe, args=(worker_side, client, "received"),
-                             daemon=True).start()
+            threading.Thread(
+                target=self._pipe, args=(client, worker_side, "sent"), daemon=True
+            ).start()
+            threading.Thread(
+                target=self._pipe, args=(worker_side, client, "received"), daemon=True
+            ).start()
 
     def _pipe(self, src: socket.socket, dst: socket.socket, counter: str) -> None:
         try:

@@ -6,8 +6,9 @@ import numpy as np
 from scipy import stats
 
 
-def pooled_chisquare_pvalue(observed: np.ndarray, expected: np.ndarray,
-                            min_expected: float = 5.0) -> float:
+def pooled_chisquare_pvalue(
+    observed: np.ndarray, expected: np.ndarray, min_expected: float = 5.0
+) -> float:
     """p-value of observed counts against expected counts; cells under ``min_expected`` pooled."""
     observed, expected = np.ravel(observed).astype(float), np.ravel(expected).astype(float)
     assert abs(observed.sum() - expected.sum()) < 1e-6 * max(1.0, expected.sum())

@@ -24,8 +24,19 @@ def models(fake_pair: FakePair) -> list[str]:
 
 @pytest.fixture(scope="module")
 def real_models(smollm2_target: Path, smollm2_draft: Path) -> list[str]:
-    return ["--target", str(smollm2_target), "--draft", str(smollm2_draft), "--threads", "2",
-            "--temperature", "0", "-n", "12", "--raw"]
+    return [
+        "--target",
+        str(smollm2_target),
+        "--draft",
+        str(smollm2_draft),
+        "--threads",
+        "2",
+        "--temperature",
+        "0",
+        "-n",
+        "12",
+        "--raw",
+    ]
 
 
 def lines(text: str) -> list[dict]:
@@ -49,14 +60,26 @@ def test_each_line_matches_single_runs(models: list[str], tmp_path: Path) -> Non
 
 def test_jsonl_settings_bad_lines_and_exit_code(models: list[str], tmp_path: Path) -> None:
     path = tmp_path / "prompts.jsonl"
-    path.write_text("\n".join([
-        json.dumps({"id": "short", "prompt": "Once upon a time", "max_tokens": 3}),
-        "{not json",
-        json.dumps({"id": "chat", "messages": [{"role": "user", "content": "Hi!"}],
-                    "max_tokens": 8, "seed": 3, "temperature": 0.7}),
-        json.dumps({"id": "nothing"}),
-        json.dumps({"id": "stop", "prompt": "One, two, three, four,", "stop": [" "]}),
-    ]) + "\n")
+    path.write_text(
+        "\n".join(
+            [
+                json.dumps({"id": "short", "prompt": "Once upon a time", "max_tokens": 3}),
+                "{not json",
+                json.dumps(
+                    {
+                        "id": "chat",
+                        "messages": [{"role": "user", "content": "Hi!"}],
+                        "max_tokens": 8,
+                        "seed": 3,
+                        "temperature": 0.7,
+                    }
+                ),
+                json.dumps({"id": "nothing"}),
+                json.dumps({"id": "stop", "prompt": "One, two, three, four,", "stop": [" "]}),
+            ]
+        )
+        + "\n"
+    )
     out = tmp_path / "out.jsonl"
     done = specgen("run", "-f", str(path), "-o", str(out), *models)
     assert done.returncode == 1, done.stderr  # some lines failed
@@ -66,8 +89,7 @@ def test_jsonl_settings_bad_lines_and_exit_code(models: list[str], tmp_path: Pat
     assert records[2]["error"].startswith("line 2: not valid JSON")
     assert "exactly one of 'prompt'" in records["nothing"]["error"]
     assert records["chat"]["stats"]["seed"] == 3 and records["chat"]["text"]
-    assert " " not in records["stop"]["text"] and records["stop"]["stats"]["stop_reason"] == \
-        "stop"
+    assert " " not in records["stop"]["text"] and records["stop"]["stats"]["stop_reason"] == "stop"
     assert "2 failed" in done.stderr
 
 
@@ -75,11 +97,14 @@ def test_resume_skips_what_is_done_and_appends(models: list[str], tmp_path: Path
     path = tmp_path / "prompts.txt"
     path.write_text("Alpha\nBeta\nGamma\n")
     out = tmp_path / "out.jsonl"
-    out.write_text(json.dumps({"id": 1, "text": "earlier", "stats": {}}) + "\n"
-                   + json.dumps({"id": 2, "line": 2, "error": "earlier failure"}) + "\n"
-                   + '{"id": 3, "text": "cut sho')  # a line a crash cut short
-    done = specgen("run", "-f", str(path), "--each-line", "-o", str(out), "--resume",
-                   *models)
+    out.write_text(
+        json.dumps({"id": 1, "text": "earlier", "stats": {}})
+        + "\n"
+        + json.dumps({"id": 2, "line": 2, "error": "earlier failure"})
+        + "\n"
+        + '{"id": 3, "text": "cut sho'
+    )  # a line a crash cut short
+    done = specgen("run", "-f", str(path), "--each-line", "-o", str(out), "--resume", *models)
     assert done.returncode == 0, done.stderr
     text = out.read_text()
     assert text.startswith(json.dumps({"id": 1, "text": "earlier", "stats": {}}))  # kept
@@ -90,8 +115,16 @@ def test_resume_skips_what_is_done_and_appends(models: list[str], tmp_path: Path
 
 def test_stdin_batch_and_a_prompt_too_long_for_the_context(models: list[str]) -> None:
     long_line = "word " * 400
-    done = specgen("run", "-f", "-", "--each-line", *models, "--ctx-size", "256",
-                   input=f"Hello there\n{long_line}\n")
+    done = specgen(
+        "run",
+        "-f",
+        "-",
+        "--each-line",
+        *models,
+        "--ctx-size",
+        "256",
+        input=f"Hello there\n{long_line}\n",
+    )
     assert done.returncode == 1
     first, second = lines(done.stdout)
     assert first["text"] and second["error"].startswith("line 2: the prompt (")
@@ -99,8 +132,9 @@ def test_stdin_batch_and_a_prompt_too_long_for_the_context(models: list[str]) ->
 
 
 @pytest.mark.slow
-def test_ctrl_c_in_a_batch_keeps_finished_lines_and_resume_finishes(real_models: list[str],
-                                                                   tmp_path: Path) -> None:
+def test_ctrl_c_in_a_batch_keeps_finished_lines_and_resume_finishes(
+    real_models: list[str], tmp_path: Path
+) -> None:
     import signal
     import time
 
@@ -108,9 +142,13 @@ def test_ctrl_c_in_a_batch_keeps_finished_lines_and_resume_finishes(real_models:
     path.write_text("\n".join(f"Tell me about the number {i}." for i in range(30)) + "\n")
     out = tmp_path / "out.jsonl"
     args = [a if a != "12" else "40" for a in real_models]
-    proc = subprocess.Popen([*SPECGEN, "run", "-f", str(path), "--each-line", "-o", str(out),
-                             *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ))
+    proc = subprocess.Popen(
+        [*SPECGEN, "run", "-f", str(path), "--each-line", "-o", str(out), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ),
+    )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and (not out.exists() or out.read_text().count("\n") < 2):
         time.sleep(0.05)
@@ -120,7 +158,11 @@ def test_ctrl_c_in_a_batch_keeps_finished_lines_and_resume_finishes(real_models:
     assert "interrupted (run again with --resume" in err and "Traceback" not in err
     done = lines(out.read_text())  # every line written is whole
     assert 2 <= len(done) < 30 and all("text" in r for r in done)
-    again = subprocess.run([*SPECGEN, "run", "-f", str(path), "--each-line", "-o", str(out),
-                            "--resume", *args], capture_output=True, text=True, timeout=600)
+    again = subprocess.run(
+        [*SPECGEN, "run", "-f", str(path), "--each-line", "-o", str(out), "--resume", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert again.returncode == 0, again.stderr
     assert sorted(r["id"] for r in lines(out.read_text())) == list(range(1, 31))

@@ -32,8 +32,7 @@ def verify_cost(k: int) -> float:
     return TARGET * (1 + 0.1 * k)
 
 
-def fake_runner(alpha: float | Callable[[int], float], cycles: int = 4000,
-                overhead: float = 0.0):
+def fake_runner(alpha: float | Callable[[int], float], cycles: int = 4000, overhead: float = 0.0):
     """Runs whose guesses survive with probability alpha (or alpha(position)), timed by a
     fixed cost model."""
     survive = alpha if callable(alpha) else (lambda position: alpha)
@@ -175,9 +174,25 @@ def test_a_short_bench_writes_every_field(tmp_path: Path, fake_pair: FakePair) -
     prompts.write_text("The capital of France is\nList three colours:\n")
     outputs = {name: tmp_path / f"bench.{name}" for name in ("json", "csv", "png")}
     pair = fake_pair.named()
-    done = specgen_here("bench", "--pair", pair, "-k", "2,4", "-n", "12", "--prompts",
-                        str(prompts), "--threads", "2", "--json", str(outputs["json"]),
-                        "--csv", str(outputs["csv"]), "--plot", str(outputs["png"]))
+    done = specgen_here(
+        "bench",
+        "--pair",
+        pair,
+        "-k",
+        "2,4",
+        "-n",
+        "12",
+        "--prompts",
+        str(prompts),
+        "--threads",
+        "2",
+        "--json",
+        str(outputs["json"]),
+        "--csv",
+        str(outputs["csv"]),
+        "--plot",
+        str(outputs["png"]),
+    )
     assert done.returncode == 0, done.stderr
     assert "recommended" in done.stdout or "warning" in done.stdout
     # by default both greedy and `run`'s own sampling are measured, each with its verdict
@@ -188,9 +203,19 @@ def test_a_short_bench_writes_every_field(tmp_path: Path, fake_pair: FakePair) -
     for record in (greedy, sampled):
         assert record["runs"] == 2 * 3 and len(record["per_k"]) == 2
         for row in record["per_k"]:
-            for key in ("lookahead", "tokens_per_second", "speedup", "predicted_speedup",
-                        "accept_rate", "position_accept_rates", "tokens_per_cycle",
-                        "draft_ms_per_token", "verify_ms", "cost_ratio", "disagreement"):
+            for key in (
+                "lookahead",
+                "tokens_per_second",
+                "speedup",
+                "predicted_speedup",
+                "accept_rate",
+                "position_accept_rates",
+                "tokens_per_cycle",
+                "draft_ms_per_token",
+                "verify_ms",
+                "cost_ratio",
+                "disagreement",
+            ):
                 assert key in row
             assert len(row["position_accept_rates"]) == row["lookahead"]
     meta = greedy["meta"]
@@ -199,32 +224,63 @@ def test_a_short_bench_writes_every_field(tmp_path: Path, fake_pair: FakePair) -
     assert meta["title"] == f"{pair}, 2 threads, T=0.0" and meta["partial"] is False
     rows = list(csv.reader(outputs["csv"].open()))
     assert rows[0] == CSV_FIELDS  # a plain CSV: the header on line 1
-    assert [(float(r[0]), r[1]) for r in rows[1:]] == [(0.0, "2"), (0.0, "4"), (0.8, "2"),
-                                                       (0.8, "4")]
+    assert [(float(r[0]), r[1]) for r in rows[1:]] == [
+        (0.0, "2"),
+        (0.0, "4"),
+        (0.8, "2"),
+        (0.8, "4"),
+    ]
     assert outputs["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "--temperature 0 " in done.stdout and "\"...\"" not in done.stdout
+    assert "--temperature 0 " in done.stdout and '"..."' not in done.stdout
     # `run` now uses what bench found for this pair here, and says so
-    ran = specgen_here("run", "Hi", "--pair", pair, "--threads", "2", "-n", "4",
-                       "--temperature", "0", "--json")
+    ran = specgen_here(
+        "run", "Hi", "--pair", pair, "--threads", "2", "-n", "4", "--temperature", "0", "--json"
+    )
     record = json.loads(ran.stdout)
     best = greedy["recommended_lookahead"]
     expected = 0 if best is None else best
     assert record["params"]["lookahead"] == expected
-    quiet = specgen_here("run", "Hi", "--pair", pair, "--threads", "2", "-n", "4",
-                         "--temperature", "0")
+    quiet = specgen_here(
+        "run", "Hi", "--pair", pair, "--threads", "2", "-n", "4", "--temperature", "0"
+    )
     assert "what `specgen bench` found best here" in quiet.stderr
-    chosen = specgen_here("run", "Hi", "--pair", pair, "--threads", "2", "-n", "4",
-                          "--temperature", "0", "-k", "3", "--json")
+    chosen = specgen_here(
+        "run",
+        "Hi",
+        "--pair",
+        pair,
+        "--threads",
+        "2",
+        "-n",
+        "4",
+        "--temperature",
+        "0",
+        "-k",
+        "3",
+        "--json",
+    )
     assert json.loads(chosen.stdout)["params"]["lookahead"] == 3  # -k still wins
 
 
-def test_bench_leaves_the_costs_auto_learned_for_run(tmp_path: Path, fake_pair: FakePair
-                                                    ) -> None:
+def test_bench_leaves_the_costs_auto_learned_for_run(tmp_path: Path, fake_pair: FakePair) -> None:
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("List three colours:\n")
     costs = Path(os.environ["SPECGEN_CACHE"]) / "costs"
-    done = specgen_here("bench", "--pair", fake_pair.named(), "-k", "auto", "-n", "12",
-                        "--prompts", str(prompts), "--threads", "2", "--temperature", "0")
+    done = specgen_here(
+        "bench",
+        "--pair",
+        fake_pair.named(),
+        "-k",
+        "auto",
+        "-n",
+        "12",
+        "--prompts",
+        str(prompts),
+        "--threads",
+        "2",
+        "--temperature",
+        "0",
+    )
     assert done.returncode == 0, done.stderr
     (kept,) = costs.glob("*.json")
     learned = json.loads(kept.read_text())
@@ -246,16 +302,37 @@ def test_interrupted_bench_prints_and_writes_what_it_measured(tmp_path: Path) ->
     import termios
 
     prompts = tmp_path / "prompts.txt"
-    prompts.write_text("\n".join(f"Prompt number {i}: tell me about the number {i}."
-                                 for i in range(8)) + "\n")
+    prompts.write_text(
+        "\n".join(f"Prompt number {i}: tell me about the number {i}." for i in range(8)) + "\n"
+    )
     out_json, out_csv = tmp_path / "b.json", tmp_path / "b.csv"
     master, slave = pty.openpty()  # stderr on a terminal, so the progress bar shows
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "specgen", "bench", "--pair", "smollm2-135m-demo", "-k", "2,4",
-         "-n", "16", "--prompts", str(prompts), "--threads", "2", "--json", str(out_json),
-         "--csv", str(out_csv)],
-        stdout=subprocess.PIPE, stderr=slave, env={**with_models_cache(), "TERM": "xterm"})
+        [
+            sys.executable,
+            "-m",
+            "specgen",
+            "bench",
+            "--pair",
+            "smollm2-135m-demo",
+            "-k",
+            "2,4",
+            "-n",
+            "16",
+            "--prompts",
+            str(prompts),
+            "--threads",
+            "2",
+            "--json",
+            str(out_json),
+            "--csv",
+            str(out_csv),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=slave,
+        env={**with_models_cache(), "TERM": "xterm"},
+    )
     os.close(slave)
     seen = b""
     while b"prompt 3/8" not in seen:
@@ -308,17 +385,20 @@ def test_adaptive_rows_per_kind_and_per_prompt() -> None:
 
 def timed_runner(speedup: Callable[[int, object, int], float]):
     """Runs of 100 tokens at ``speedup(prompt, variant, repeat)`` times the target alone."""
+
     def run_one(prompt: int, k, seed: int) -> Stats:
         stats = Stats(lookahead=k, seed=seed)
         stats.n_generated, stats.n_cycles = 100, 100
         stats.target_seconds = stats.gen_seconds = 10.0 / (speedup(prompt, k, seed) if k else 1)
         return stats
+
     return run_one
 
 
 @pytest.mark.parametrize("spread, fixed_wins", [(0.02, True), (0.5, False)])
 def test_a_row_that_adapts_is_recommended_unless_another_wins_beyond_the_noise(
-        spread: float, fixed_wins: bool) -> None:
+    spread: float, fixed_wins: bool
+) -> None:
     """K=4 runs 10% faster than hybrid by the median over 8 prompts, with run-by-run noise of
     2% (greedy: the same text, a quiet machine) or 50% (sampled texts that differ)."""
     noise = np.random.default_rng(0).normal(0.0, spread, size=(8, 2))
@@ -379,8 +459,10 @@ def test_the_table_fits_80_columns_without_cutting_a_header() -> None:
         assert header in text
     assert "specgen run --pair demo --ngram -k auto" in text
     assert "ngram ran fastest" in text  # why the recommendation is not the fastest row
-    assert variant_options(4, None, Path("/m/big model.gguf"), Path("/m/d.gguf")) == \
-        "--target '/m/big model.gguf' --draft /m/d.gguf --no-ngram -k 4"
+    assert (
+        variant_options(4, None, Path("/m/big model.gguf"), Path("/m/d.gguf"))
+        == "--target '/m/big model.gguf' --draft /m/d.gguf --no-ngram -k 4"
+    )
     assert variant_options("hybrid", "p", None, None) == "--pair p --ngram -k auto"
 
 

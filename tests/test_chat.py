@@ -23,8 +23,10 @@ STRICT = (
 
 def test_chatml_with_system() -> None:
     text = render_chat(CHATML, conversation("Hi?", "Be brief."))
-    assert text == ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi?<|im_end|>\n"
-                    "<|im_start|>assistant\n")
+    assert text == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi?<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
 
 
 def test_bos_token_loop_controls_and_generation_prompt() -> None:

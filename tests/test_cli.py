@@ -25,12 +25,18 @@ SPECGEN = [sys.executable, "-m", "specgen"]
 GREEDY = ["--temperature", "0", "-n", "24"]
 
 
-def specgen(*args: str, input: str | None = None, env: dict[str, str] | None = None,
-            timeout: float = 300) -> subprocess.CompletedProcess[str]:
+def specgen(
+    *args: str, input: str | None = None, env: dict[str, str] | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
     """`python -m specgen ARGS` in a process of its own."""
-    return subprocess.run([*SPECGEN, *args], input=input if input is not None else "",
-                          capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [*SPECGEN, *args],
+        input=input if input is not None else "",
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def assert_one_line_error(done: Done, *needles: str, code: int = 1) -> None:
@@ -93,11 +99,24 @@ def test_lookahead_must_be_a_number_or_auto() -> None:
     assert done.returncode == 2 and "'auto'" in done.stderr and "Traceback" not in done.stderr
 
 
-def test_a_file_named_ngram_is_reachable_as_a_path(fake_pair: FakePair, tmp_path: Path
-                                                  ) -> None:
+def test_a_file_named_ngram_is_reachable_as_a_path(fake_pair: FakePair, tmp_path: Path) -> None:
     write_fake(tmp_path / "ngram", noise=0.8, salt=7)
-    done = specgen_here("run", "hi", "--target", str(fake_pair.target), "--draft", "./ngram",
-                        "-k", "4", "--temperature", "0", "-n", "8", "--json", cwd=tmp_path)
+    done = specgen_here(
+        "run",
+        "hi",
+        "--target",
+        str(fake_pair.target),
+        "--draft",
+        "./ngram",
+        "-k",
+        "4",
+        "--temperature",
+        "0",
+        "-n",
+        "8",
+        "--json",
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stderr
     record = json.loads(done.stdout)  # ./ngram was taken as a draft model's file
     assert record["draft"] == "ngram" and record["ngram"] is False
@@ -105,6 +124,7 @@ def test_a_file_named_ngram_is_reachable_as_a_path(fake_pair: FakePair, tmp_path
 
 
 # -- on fake models, in this process ------------------------------------------------------------
+
 
 def test_stdout_holds_only_the_text_and_stats_go_to_stderr(fake_pair: FakePair) -> None:
     done = specgen_here("run", "abc", *fake_pair.args(*GREEDY, "-k", "4"))
@@ -119,8 +139,18 @@ def test_json_is_the_only_thing_on_stdout(fake_pair: FakePair) -> None:
     assert done.returncode == 0, done.stderr
     record = json.loads(done.stdout)  # exactly one JSON document
     stats = record["stats"]
-    for key in ("accept_rate", "tokens_per_second", "tokens_per_cycle", "cycles", "drafted",
-                "accepted", "prompt_tokens", "prompt_seconds", "generation_seconds", "seed"):
+    for key in (
+        "accept_rate",
+        "tokens_per_second",
+        "tokens_per_cycle",
+        "cycles",
+        "drafted",
+        "accepted",
+        "prompt_tokens",
+        "prompt_seconds",
+        "generation_seconds",
+        "seed",
+    ):
         assert key in stats
     assert stats["lookahead"] == 3 and stats["generated_tokens"] == 24
     assert record["params"]["temperature"] == 0
@@ -160,16 +190,24 @@ def test_chat_template(fake_pair: FakePair) -> None:
 
     record = run_json(fake_pair, "What is 2+2?", "--chat", "--system", "You are terse.")
     assert record["params"]["chat"] is True
-    rendered = render_chat(CHAT_TEMPLATE, [{"role": "system", "content": "You are terse."},
-                                           {"role": "user", "content": "What is 2+2?"}])
+    rendered = render_chat(
+        CHAT_TEMPLATE,
+        [
+            {"role": "system", "content": "You are terse."},
+            {"role": "user", "content": "What is 2+2?"},
+        ],
+    )
     assert rendered.startswith("<system>You are terse.\n<user>What is 2+2?\n<assistant>")
     assert record["stats"]["prompt_tokens"] == len(FakeModel().tokenize(rendered))
     assert record["text"]
 
 
 def test_full_context_is_reported_not_a_crash(fake_pair: FakePair) -> None:
-    done = specgen_here("run", "Count from one to one thousand:",
-                        *fake_pair.args("--temperature", "0", "-n", "1000", "--ctx-size", "256"))
+    done = specgen_here(
+        "run",
+        "Count from one to one thousand:",
+        *fake_pair.args("--temperature", "0", "-n", "1000", "--ctx-size", "256"),
+    )
     assert done.returncode == 0, done.stderr
     assert "context window" in done.stderr and "--ctx-size" in done.stderr
     assert "stop: context_full" in done.stderr and done.stdout
@@ -203,8 +241,12 @@ def test_auto_lookahead_reports_its_choices(fake_pair: FakePair) -> None:
 
 
 def test_stats_start_on_their_own_line_in_a_shared_log(fake_pair: FakePair) -> None:
-    done = specgen_here("run", "The capital of France is",
-                        *fake_pair.args(*GREEDY, "-k", "4", "-n", "5"), merged=True)
+    done = specgen_here(
+        "run",
+        "The capital of France is",
+        *fake_pair.args(*GREEDY, "-k", "4", "-n", "5"),
+        merged=True,
+    )
     assert done.returncode == 0
     text = done.stdout
     stats_line = next(line for line in text.splitlines() if "tok/s" in line)
@@ -213,8 +255,7 @@ def test_stats_start_on_their_own_line_in_a_shared_log(fake_pair: FakePair) -> N
     assert all(len(line) <= 80 for line in text.splitlines()[1:]), text  # ...then the stats
 
 
-def test_chat_by_default_where_the_gguf_has_a_template(fake_pair: FakePair, tmp_path: Path
-                                                        ) -> None:
+def test_chat_by_default_where_the_gguf_has_a_template(fake_pair: FakePair, tmp_path: Path) -> None:
     args = [*GREEDY, "-n", "16"]
     chat = run_json(fake_pair, "What is 2+2?", *args)
     raw = run_json(fake_pair, "What is 2+2?", *args, "--raw")
@@ -222,8 +263,7 @@ def test_chat_by_default_where_the_gguf_has_a_template(fake_pair: FakePair, tmp_
     assert chat["text"]
     assert chat["stats"]["prompt_tokens"] > raw["stats"]["prompt_tokens"] + 5  # the template
     assert run_json(fake_pair, "Hi", *args, "--system", "Be brief.")["params"]["chat"] is True
-    refused = specgen_here("run", "Hi", *fake_pair.args(*args, "--system", "Be brief.",
-                                                         "--raw"))
+    refused = specgen_here("run", "Hi", *fake_pair.args(*args, "--system", "Be brief.", "--raw"))
     assert refused.returncode == 2 and "--system needs a chat" in refused.stderr
     plain = write_fake(tmp_path / "base.gguf", chat_template=None)  # a base model: raw
     record = json.loads(specgen_here("run", "Hi", "--target", str(plain), *args, "--json").stdout)
@@ -235,8 +275,9 @@ def test_an_answer_with_no_text_is_said(fake_pair: FakePair, tmp_path: Path) -> 
     from tests.fakes import PIECES
 
     ends = write_fake(tmp_path / "ends.gguf", eog=PIECES.index(first.encode()))
-    done = specgen_here("run", "Say OK.", "--target", str(ends), "--raw", "--temperature", "0",
-                        "-n", "8")
+    done = specgen_here(
+        "run", "Say OK.", "--target", str(ends), "--raw", "--temperature", "0", "-n", "8"
+    )
     assert done.returncode == 0 and done.stdout == ""
     assert "ended its answer before any text" in done.stderr
 
@@ -271,12 +312,16 @@ def test_pair_target_and_draft_rule(fake_pair: FakePair, tmp_path: Path) -> None
     fake_pair.named("fakes")
     other = write_fake(tmp_path / "other-draft.gguf", noise=0.5, salt=3)
     # --target alone: your own target, alone (no pair's draft mixed in)
-    alone = json.loads(specgen_here("run", "Hi", "--target", str(fake_pair.target), "-n", "4",
-                                    "--json").stdout)
+    alone = json.loads(
+        specgen_here("run", "Hi", "--target", str(fake_pair.target), "-n", "4", "--json").stdout
+    )
     assert alone["draft"] is None and alone["pair"] is None
     # --pair with --draft: the pair's target with your draft
-    mixed = json.loads(specgen_here("run", "Hi", "--pair", "fakes", "--draft", str(other),
-                                    "-n", "4", "--json").stdout)
+    mixed = json.loads(
+        specgen_here(
+            "run", "Hi", "--pair", "fakes", "--draft", str(other), "-n", "4", "--json"
+        ).stdout
+    )
     assert mixed["pair"] == "fakes" and mixed["draft"] == str(other)
     assert mixed["target"] == str(fake_pair.target)
     # --pair alone: both of its models
@@ -297,9 +342,11 @@ def test_dash_h_and_readable_placeholders() -> None:
 
 # -- in a process of its own: pipes, signals, terminals, llama.cpp's logs -----------------------
 
+
 def test_help_into_a_closed_pipe_exits_0() -> None:
-    proc = subprocess.Popen([*SPECGEN, "run", "--help"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [*SPECGEN, "run", "--help"], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     assert proc.stdout is not None and proc.stdout.readline()
     proc.stdout.close()  # as `| head -1` does
     _, err = proc.communicate(timeout=60)
@@ -308,13 +355,23 @@ def test_help_into_a_closed_pipe_exits_0() -> None:
 
 @pytest.fixture(scope="module")
 def pair_args(smollm2_target: Path, smollm2_draft: Path) -> list[str]:
-    return ["--target", str(smollm2_target), "--draft", str(smollm2_draft), "--threads", "2",
-            "--temperature", "0", "-n", "24", "--raw"]
+    return [
+        "--target",
+        str(smollm2_target),
+        "--draft",
+        str(smollm2_draft),
+        "--threads",
+        "2",
+        "--temperature",
+        "0",
+        "-n",
+        "24",
+        "--raw",
+    ]
 
 
 @pytest.mark.slow
-def test_real_models_print_only_the_text_and_llama_cpp_stays_silent(pair_args: list[str]
-                                                                     ) -> None:
+def test_real_models_print_only_the_text_and_llama_cpp_stays_silent(pair_args: list[str]) -> None:
     done = specgen("run", "The capital of France is", *pair_args)
     assert done.returncode == 0, done.stderr
     as_json = specgen("run", "The capital of France is", *pair_args, "--json")
@@ -327,9 +384,22 @@ def test_real_models_print_only_the_text_and_llama_cpp_stays_silent(pair_args: l
 @pytest.mark.slow
 def test_ctrl_c_flushes_text_prints_stats_and_exits_130(pair_args: list[str]) -> None:
     args = [a if a != "24" else "2000" for a in pair_args]
-    proc = subprocess.Popen([*SPECGEN, "run", "Write a long story about a dragon.", *args,
-                             "--chat", "--temperature", "0.7", "--seed", "1"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            *SPECGEN,
+            "run",
+            "Write a long story about a dragon.",
+            *args,
+            "--chat",
+            "--temperature",
+            "0.7",
+            "--seed",
+            "1",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stdout is not None
     first = proc.stdout.read(20)  # generation has begun
     proc.send_signal(signal.SIGINT)
@@ -339,8 +409,13 @@ def test_ctrl_c_flushes_text_prints_stats_and_exits_130(pair_args: list[str]) ->
     assert "tok/s" in err and "interrupted" in err and "Traceback" not in err
 
 
-def _run_in_terminal(args: list[str], stdout_tty: bool, rows: int = 24, cols: int = 100,
-                     term_after: float | None = None) -> tuple[bytes, bytes, int]:
+def _run_in_terminal(
+    args: list[str],
+    stdout_tty: bool,
+    rows: int = 24,
+    cols: int = 100,
+    term_after: float | None = None,
+) -> tuple[bytes, bytes, int]:
     """Run specgen with stderr (and maybe stdout) on a pseudo-terminal; return what each got."""
     import fcntl
     import pty
@@ -352,9 +427,13 @@ def _run_in_terminal(args: list[str], stdout_tty: bool, rows: int = 24, cols: in
     env = {**os.environ, "TERM": "xterm-256color"}
     if rows and cols:
         env.update({"COLUMNS": str(cols), "LINES": str(rows)})
-    proc = subprocess.Popen([*SPECGEN, *args], stdin=subprocess.DEVNULL,
-                            stdout=slave if stdout_tty else subprocess.PIPE, stderr=slave,
-                            env=env)
+    proc = subprocess.Popen(
+        [*SPECGEN, *args],
+        stdin=subprocess.DEVNULL,
+        stdout=slave if stdout_tty else subprocess.PIPE,
+        stderr=slave,
+        env=env,
+    )
     os.close(slave)
     seen = bytearray()
     started = False
@@ -381,8 +460,9 @@ def _run_in_terminal(args: list[str], stdout_tty: bool, rows: int = 24, cols: in
 @pytest.mark.slow
 def test_live_bar_in_a_terminal_is_set_up_and_torn_down(pair_args: list[str]) -> None:
     args = [a if a != "24" else "120" for a in pair_args]
-    screen, _, code = _run_in_terminal(["run", "Tell me about the moon.", *args, "--chat"],
-                                       stdout_tty=True)
+    screen, _, code = _run_in_terminal(
+        ["run", "Tell me about the moon.", *args, "--chat"], stdout_tty=True
+    )
     assert code == 0
     assert b"\x1b[1;23r" in screen  # the text scrolls above the bottom row
     assert b"\x1b[24;1H" in screen and b"accept" in screen  # the bar is drawn on that row
@@ -395,8 +475,9 @@ def test_a_terminal_of_no_size_gets_the_text_and_the_final_stats(pair_args: list
     """A pseudo-terminal of 0x0 (what `script` gives) has no bottom row: no scroll region is
     set, the text streams as it is and the final statistics follow it."""
     args = [a if a != "24" else "64" for a in pair_args]
-    screen, _, code = _run_in_terminal(["run", "Tell me about the moon.", *args, "--chat"],
-                                       stdout_tty=True, rows=0, cols=0)
+    screen, _, code = _run_in_terminal(
+        ["run", "Tell me about the moon.", *args, "--chat"], stdout_tty=True, rows=0, cols=0
+    )
     assert code == 0
     assert not re.search(rb"\x1b\[1;\d+r", screen) and b"\x1b[r" not in screen  # no region
     text, _, stats = screen.rpartition(b"K=")
@@ -406,17 +487,29 @@ def test_a_terminal_of_no_size_gets_the_text_and_the_final_stats(pair_args: list
 @pytest.mark.slow
 def test_sigterm_during_the_bar_restores_the_terminal(pair_args: list[str]) -> None:
     args = [a if a != "24" else "2000" for a in pair_args]
-    screen, _, code = _run_in_terminal(["run", "Write a long story about a dragon.", *args,
-                                        "--chat", "--temperature", "0.7", "--seed", "1"],
-                                       stdout_tty=True, term_after=0.5)
+    screen, _, code = _run_in_terminal(
+        [
+            "run",
+            "Write a long story about a dragon.",
+            *args,
+            "--chat",
+            "--temperature",
+            "0.7",
+            "--seed",
+            "1",
+        ],
+        stdout_tty=True,
+        term_after=0.5,
+    )
     assert code == 143
     assert screen.rfind(b"\x1b[r") > screen.rfind(b"\x1b[1;23r")
 
 
 @pytest.mark.slow
 def test_live_stats_on_stderr_when_stdout_is_a_file(pair_args: list[str]) -> None:
-    screen, out, code = _run_in_terminal(["run", "The capital of France is", *pair_args],
-                                         stdout_tty=False)
+    screen, out, code = _run_in_terminal(
+        ["run", "The capital of France is", *pair_args], stdout_tty=False
+    )
     assert code == 0 and out.strip()
     assert b"tok/s" in screen and b"\x1b[" in screen  # Rich drew on the terminal
     assert b"\x1b[" not in out  # the file got only text
@@ -427,10 +520,23 @@ def test_ctrl_c_while_loading_stops_at_once(smollm2_target: Path, smollm2_draft:
     """A real SIGINT during the load: no tokens, one line of ours, exit 130."""
     import time
 
-    proc = subprocess.Popen([*SPECGEN, "run", "Tell me a long story.", "--target",
-                             str(smollm2_target), "--draft", str(smollm2_draft), "-n", "500",
-                             "--verbose"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [
+            *SPECGEN,
+            "run",
+            "Tell me a long story.",
+            "--target",
+            str(smollm2_target),
+            "--draft",
+            str(smollm2_draft),
+            "-n",
+            "500",
+            "--verbose",
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     assert proc.stderr is not None
     seen = b""
     while b"llama_model_loader" not in seen:  # llama.cpp has started reading the target

@@ -23,16 +23,20 @@ def _dist(values: list[float]) -> Dist:
 
 
 CASES = {
-    "generic": (_dist([0.3, 0.2, 0.1, 0.15, 0.05, 0.1, 0.05, 0.05]),
-                _dist([0.1, 0.4, 0.1, 0.05, 0.15, 0.05, 0.1, 0.05])),
-    "q-zero-where-p-positive": (_dist([0.25, 0.25, 0.25, 0.25, 0, 0, 0, 0]),
-                                _dist([0.5, 0, 0, 0, 0.5, 0, 0, 0])),
-    "p-equals-q": (_dist([0.1, 0.2, 0.3, 0.4, 0, 0, 0, 0]),
-                   _dist([0.1, 0.2, 0.3, 0.4, 0, 0, 0, 0])),
-    "one-hot-p": (_dist([0, 0, 1, 0, 0, 0, 0, 0]),
-                  _dist([0.2, 0.2, 0.2, 0.2, 0.2, 0, 0, 0])),
-    "one-hot-q-elsewhere": (_dist([0.5, 0.5, 0, 0, 0, 0, 0, 0]),
-                            _dist([0, 0, 0, 0, 0, 0, 0, 1])),
+    "generic": (
+        _dist([0.3, 0.2, 0.1, 0.15, 0.05, 0.1, 0.05, 0.05]),
+        _dist([0.1, 0.4, 0.1, 0.05, 0.15, 0.05, 0.1, 0.05]),
+    ),
+    "q-zero-where-p-positive": (
+        _dist([0.25, 0.25, 0.25, 0.25, 0, 0, 0, 0]),
+        _dist([0.5, 0, 0, 0, 0.5, 0, 0, 0]),
+    ),
+    "p-equals-q": (
+        _dist([0.1, 0.2, 0.3, 0.4, 0, 0, 0, 0]),
+        _dist([0.1, 0.2, 0.3, 0.4, 0, 0, 0, 0]),
+    ),
+    "one-hot-p": (_dist([0, 0, 1, 0, 0, 0, 0, 0]), _dist([0.2, 0.2, 0.2, 0.2, 0.2, 0, 0, 0])),
+    "one-hot-q-elsewhere": (_dist([0.5, 0.5, 0, 0, 0, 0, 0, 0]), _dist([0, 0, 0, 0, 0, 0, 0, 1])),
 }
 
 
@@ -115,8 +119,9 @@ def test_verify_calls_p_lazily() -> None:
 
 def test_verify_all_accepted_draws_bonus_from_last_row() -> None:
     rows = [Dist.one_hot(3), Dist.one_hot(4), Dist.one_hot(5)]
-    verdict = verify([3, 4], [Dist.one_hot(3), Dist.one_hot(4)], rows.__getitem__,
-                     np.random.default_rng(0))
+    verdict = verify(
+        [3, 4], [Dist.one_hot(3), Dist.one_hot(4)], rows.__getitem__, np.random.default_rng(0)
+    )
     assert verdict.n_accepted == 2 and verdict.next_token == 5
 
 
@@ -150,13 +155,14 @@ def test_expected_tokens_matches_simulation() -> None:
 
 # -- warping ----------------------------------------------------------------------------------
 
+
 def _reference_warp(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     """Dense, sort-everything reference for the llama.cpp chain top-k, top-p, min-p, temp."""
     n = len(logits)
     keep = np.ones(n, dtype=bool)
     order = np.argsort(-logits, kind="stable")
     if 0 < params.top_k < n:
-        keep[order[params.top_k:]] = False
+        keep[order[params.top_k :]] = False
     probs = np.where(keep, np.exp(logits - logits.max()), 0)
     probs /= probs.sum()
     if params.top_p < 1:
@@ -186,8 +192,9 @@ def test_warp_matches_dense_reference(params: SamplingParams) -> None:
     logits = (rng.standard_normal(5000) * 3).astype(np.float32)
     got = warp(logits, params)
     assert np.all(np.diff(got.ids) > 0)
-    np.testing.assert_allclose(got.dense(5000), _reference_warp(logits.astype(np.float64), params),
-                               atol=1e-9)
+    np.testing.assert_allclose(
+        got.dense(5000), _reference_warp(logits.astype(np.float64), params), atol=1e-9
+    )
 
 
 def test_warp_greedy_is_argmax() -> None:

@@ -64,8 +64,12 @@ def test_one_slow_target_step_does_not_throw_the_remembered_costs_away() -> None
     step slowed by something else running keeps the costs; a machine that runs otherwise
     (every step slower, or faster) drops them."""
     remembered = {"per_guess": {"model": 0.3}, "verify_by_n": {"1": 1.0, "5": cpu_verify(5)}}
-    for steps, same in [((1.0, 1.6), "yes"), ((1.7, 1.02), "yes"), ((1.5, 1.4), "no"),
-                        ((0.6, 0.62), "no")]:
+    for steps, same in [
+        ((1.0, 1.6), "yes"),
+        ((1.7, 1.02), "yes"),
+        ((1.5, 1.4), "no"),
+        ((0.6, 0.62), "no"),
+    ]:
         costs = PairProfile.restore(remembered)
         assert costs.speed_matches_remembered() == "unknown"
         for seconds in steps:
@@ -122,5 +126,3 @@ def test_a_far_off_remembered_or_cold_verify_figure_gives_way_to_the_line() -> N
     snapshot = json.loads(json.dumps(costs.snapshot()))
     assert snapshot["verify_by_n"]["20"] == pytest.approx(6.0)
     assert PairProfile.restore(snapshot).verify(20) == pytest.approx(costs.verify(20))  # its weight
-
-

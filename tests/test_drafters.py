@@ -37,6 +37,7 @@ def run(engine: SpeculativeEngine, config: GenerationConfig, prompt: Sequence[in
 
 # -- the seam ----------------------------------------------------------------------------------
 
+
 class ScriptedDrafter:
     """Proposes a fixed script of guesses and records every call the engine makes."""
 
@@ -61,8 +62,9 @@ def test_engine_drives_any_drafter_through_the_protocol() -> None:
     target = FakeModel()
     alone, _ = run(SpeculativeEngine(FakeModel()), GenerationConfig(0, GREEDY, 20), [1, 2, 3])
     drafter = ScriptedDrafter(alone[1:4])  # right for the first cycle, then wrong
-    tokens, stats = run(SpeculativeEngine(target, drafter), GenerationConfig(3, GREEDY, 20),
-                        [1, 2, 3])
+    tokens, stats = run(
+        SpeculativeEngine(target, drafter), GenerationConfig(3, GREEDY, 20), [1, 2, 3]
+    )
     assert tokens == alone
     # The prompt's pass gives the first token; the drafter begins after it, with it.
     assert drafter.calls[0] == ("begin", 4)
@@ -76,6 +78,7 @@ def test_engine_drives_any_drafter_through_the_protocol() -> None:
 
 # -- n-gram lookup -----------------------------------------------------------------------------
 
+
 def test_ngram_lookup_prefers_the_longest_then_the_latest_match() -> None:
     drafter = NgramDrafter()
     context = [5, 6, 7, 8, 1, 6, 7, 9, 2, 5, 6, 7]
@@ -83,8 +86,12 @@ def test_ngram_lookup_prefers_the_longest_then_the_latest_match() -> None:
     # match wins.
     (candidate,) = drafter.candidates(context)
     assert candidate.acceptance_key == "ngram3"
-    assert drafter.propose(context, candidate, 4, GREEDY, np.random.default_rng()).tokens == \
-        [8, 1, 6, 7]
+    assert drafter.propose(context, candidate, 4, GREEDY, np.random.default_rng()).tokens == [
+        8,
+        1,
+        6,
+        7,
+    ]
     # Only "7" matches now: its latest earlier occurrence was followed by 9.
     drafter.begin([])
     assert drafter.lookup([3, 7, 9, 4, 7, 1, 7]) == (1, 4)
@@ -100,8 +107,16 @@ def test_ngram_index_grows_with_the_context() -> None:
     # "1 2" occurred 5 tokens back: what followed it, then round again, as a text that
     # repeats itself every 5 tokens would go on.
     assert candidate.acceptance_key == "ngram2" and candidate.limit == NGRAM_SPAN
-    assert drafter.propose(context, candidate, 8, GREEDY, np.random.default_rng()).tokens == \
-        [3, 4, 9, 1, 2, 3, 4, 9]
+    assert drafter.propose(context, candidate, 8, GREEDY, np.random.default_rng()).tokens == [
+        3,
+        4,
+        9,
+        1,
+        2,
+        3,
+        4,
+        9,
+    ]
     # Guesses not yet verified extend the suffix looked up, never the index.
     (candidate,) = drafter.candidates(context, [3, 4])
     assert candidate.acceptance_key == "ngram4" and candidate.preview[:3] == (9, 1, 2)
@@ -154,8 +169,11 @@ def test_greedy_ngram_is_the_target_alone_and_needs_few_cycles() -> None:
     prompt = [0, 1, 2, 3, 4, 5, 0, 1]
     alone, base = run(on_its_clock(repeating_target()), GenerationConfig(0, GREEDY, 60), prompt)
     for lookahead in (4, "auto"):
-        tokens, stats = run(on_its_clock(repeating_target(), NgramDrafter()),
-                            GenerationConfig(lookahead, GREEDY, 60), prompt)
+        tokens, stats = run(
+            on_its_clock(repeating_target(), NgramDrafter()),
+            GenerationConfig(lookahead, GREEDY, 60),
+            prompt,
+        )
         assert tokens == alone
         assert stats.by_source["ngram"].accepted > 20
         assert stats.n_cycles < base.n_cycles / 2
@@ -173,13 +191,15 @@ def test_ngram_and_hybrid_guesses_keep_the_target_distribution(make: str, lookah
     def p(context: list[int]) -> np.ndarray:
         return warp(ref.logits_after([*prompt, *context]), SAMPLING).dense(16)
 
-    joint = sum(p([])[a] * np.array([p([a])[b] * p([a, b]) for b in range(16)])
-                for a in range(16))
+    joint = sum(p([])[a] * np.array([p([a])[b] * p([a, b]) for b in range(16)]) for a in range(16))
     # Timed as a CPU would: a target pass 10 ms plus 1 ms a token, a draft step 2 ms.
     target = FakeModel(sharpness=0.7, call_seconds=0.010, token_seconds=0.001)
     draft = FakeModel(sharpness=0.7, noise=1.0, salt=9, call_seconds=0.002, clock=target.clock)
-    drafter = (NgramDrafter() if make == "ngram" else
-               HybridDrafter(ModelDrafter(draft, clock=target.clock)))
+    drafter = (
+        NgramDrafter()
+        if make == "ngram"
+        else HybridDrafter(ModelDrafter(draft, clock=target.clock))
+    )
     engine = on_its_clock(target, drafter)
     counts = np.zeros((16, 16))
     n, drafted = 3000, {"ngram": 0, "model": 0}
@@ -208,11 +228,11 @@ def test_a_model_run_that_ends_in_a_match_keeps_the_target_distribution() -> Non
     def p(context: list[int]) -> np.ndarray:
         return warp(ref.logits_after([*prompt, *context]), SAMPLING).dense(16)
 
-    joint = sum(p([])[a] * np.array([p([a])[b] * p([a, b]) for b in range(16)])
-                for a in range(16))
+    joint = sum(p([])[a] * np.array([p([a])[b] * p([a, b]) for b in range(16)]) for a in range(16))
     draft = FakeModel(sharpness=0.7, noise=1.0, salt=9, n_ctx=1024)
-    engine = SpeculativeEngine(FakeModel(sharpness=0.7, n_ctx=1024),
-                               HybridDrafter(ModelDrafter(draft)))
+    engine = SpeculativeEngine(
+        FakeModel(sharpness=0.7, n_ctx=1024), HybridDrafter(ModelDrafter(draft))
+    )
     counts, n, switched = np.zeros((16, 16)), 3000, 0
     for seed in range(n):
         config = GenerationConfig(3, SAMPLING, 4, seed=seed)
@@ -221,8 +241,11 @@ def test_a_model_run_that_ends_in_a_match_keeps_the_target_distribution() -> Non
         counts[tokens[1], tokens[2]] += 1
         by_source = events[-1].stats.by_source
         # Guesses from n-grams with no n-gram cycle: the model's run switched to a match.
-        switched += "ngram" in by_source and by_source["ngram"].cycles == 0 and \
-            by_source["ngram"].drafted > 0
+        switched += (
+            "ngram" in by_source
+            and by_source["ngram"].cycles == 0
+            and by_source["ngram"].drafted > 0
+        )
     assert switched > n / 2
     assert pooled_chisquare_pvalue(counts, joint * n) > 1e-3
 
@@ -245,8 +268,9 @@ def test_hybrid_takes_ngram_guesses_where_the_text_repeats_and_the_model_elsewhe
     alone, _ = run(on_its_clock(repeating_target()), GenerationConfig(0, GREEDY, 80), prompt)
     draft = FakeModel(noise=0.8, salt=7)
     hybrid = HybridDrafter(ModelDrafter(draft))
-    tokens, stats = run(on_its_clock(repeating_target(), hybrid),
-                        GenerationConfig(6, GREEDY, 80), prompt)
+    tokens, stats = run(
+        on_its_clock(repeating_target(), hybrid), GenerationConfig(6, GREEDY, 80), prompt
+    )
     assert tokens == alone
     assert stats.by_source["ngram"].drafted > 0
     # The draft model's cache is a prefix of the text after every switch of source.
@@ -267,8 +291,9 @@ def test_the_draft_reads_text_it_missed_apart_from_its_guesses() -> None:
     assert proposal.prompt_seconds == pytest.approx(0.002 * 3)
     assert draft.cache[: len(context)] == context and len(proposal.tokens) == 3
     drafter.rollback_to(1)
-    usual = drafter.propose(context + [proposal.tokens[0], 9], MODEL, 2, GREEDY,
-                            np.random.default_rng(0))
+    usual = drafter.propose(
+        context + [proposal.tokens[0], 9], MODEL, 2, GREEDY, np.random.default_rng(0)
+    )
     assert usual.catch_up_seconds == 0.0  # one kept guess and a drawn token: the usual feed
 
 
@@ -296,5 +321,3 @@ def test_the_draft_reads_only_the_latest_of_a_long_stretch_it_missed() -> None:
     draft.decode_calls.clear()
     drafter.propose([1, 2, 3, 4, 5], MODEL, 1, GREEDY, np.random.default_rng(0))
     assert draft.decode_calls[0] == (4, 0) and draft.cache == [1, 2, 3, 4, 5]
-
-

@@ -40,8 +40,10 @@ def pair(noise: float = 0.8, **kw) -> tuple[FakeModel, FakeModel]:
     """A target and a draft that agrees with it most of the time, on one fake clock: a target
     pass costs 10 ms plus 1 ms a token, a draft step 2 ms (so ``-k auto`` finds drafting pays)."""
     clock = FakeClock()
-    return (FakeModel(call_seconds=0.010, token_seconds=0.001, clock=clock, **kw),
-            FakeModel(noise=noise, salt=7, call_seconds=0.002, clock=clock, **kw))
+    return (
+        FakeModel(call_seconds=0.010, token_seconds=0.001, clock=clock, **kw),
+        FakeModel(noise=noise, salt=7, call_seconds=0.002, clock=clock, **kw),
+    )
 
 
 def spec(target: FakeModel, draft: FakeModel, p_min: float = 0.0) -> SpeculativeEngine:
@@ -52,10 +54,13 @@ def spec(target: FakeModel, draft: FakeModel, p_min: float = 0.0) -> Speculative
 @pytest.mark.parametrize("lookahead", [1, 2, 3, 4, 6, 8])
 def test_greedy_speculative_equals_target_alone(lookahead: int) -> None:
     target, draft = pair()
-    alone, _, _ = run(SpeculativeEngine(FakeModel()),
-                      GenerationConfig(lookahead=0, sampling=GREEDY, max_tokens=60))
-    tokens, _, done = run(spec(target, draft),
-                        GenerationConfig(lookahead=lookahead, sampling=GREEDY, max_tokens=60))
+    alone, _, _ = run(
+        SpeculativeEngine(FakeModel()),
+        GenerationConfig(lookahead=0, sampling=GREEDY, max_tokens=60),
+    )
+    tokens, _, done = run(
+        spec(target, draft), GenerationConfig(lookahead=lookahead, sampling=GREEDY, max_tokens=60)
+    )
     assert tokens[:60] == alone[:60]
     assert done.stats.n_generated == 60
     assert 0 < done.stats.n_accepted < done.stats.n_drafted  # the fakes disagree sometimes
@@ -63,8 +68,7 @@ def test_greedy_speculative_equals_target_alone(lookahead: int) -> None:
 
 def test_target_verifies_all_guesses_in_one_decode() -> None:
     target, draft = pair()
-    run(spec(target, draft),
-        GenerationConfig(lookahead=4, sampling=GREEDY, max_tokens=40))
+    run(spec(target, draft), GenerationConfig(lookahead=4, sampling=GREEDY, max_tokens=40))
     # After the prompt, every target decode is [last, x1..xK] with logits on every row.
     cycles = target.decode_calls[1:]
     assert all(n == n_logits for n, n_logits in cycles)
@@ -75,8 +79,9 @@ def test_caches_are_rolled_back_to_the_accepted_prefix() -> None:
     target, draft = pair()
     engine = spec(target, draft)
     tokens = list(PROMPT)
-    config = GenerationConfig(lookahead=5, sampling=SamplingParams(temperature=1.0),
-                              max_tokens=80, seed=3)
+    config = GenerationConfig(
+        lookahead=5, sampling=SamplingParams(temperature=1.0), max_tokens=80, seed=3
+    )
     for event in engine.generate(PROMPT, config):
         if isinstance(event, CycleDone):
             tokens.extend(event.tokens)
@@ -86,13 +91,17 @@ def test_caches_are_rolled_back_to_the_accepted_prefix() -> None:
 
 
 def test_sampling_reproducible_with_seed() -> None:
-    config = GenerationConfig(lookahead=4, sampling=SamplingParams(temperature=1.0),
-                              max_tokens=50, seed=42)
+    config = GenerationConfig(
+        lookahead=4, sampling=SamplingParams(temperature=1.0), max_tokens=50, seed=42
+    )
     first, _, _ = run(spec(*pair()), config)
     again, _, _ = run(spec(*pair()), config)
-    other, _, _ = run(spec(*pair()),
-                      GenerationConfig(lookahead=4, sampling=SamplingParams(temperature=1.0),
-                                       max_tokens=50, seed=43))
+    other, _, _ = run(
+        spec(*pair()),
+        GenerationConfig(
+            lookahead=4, sampling=SamplingParams(temperature=1.0), max_tokens=50, seed=43
+        ),
+    )
     assert first == again
     assert first != other
 
@@ -107,15 +116,18 @@ def test_tokens_two_and_three_follow_target_distribution(lookahead: int, p_min: 
     def p(context: list[int]) -> np.ndarray:
         return warp(ref.logits_after([*PROMPT, *context]), sampling).dense(16)
 
-    joint = sum(p([])[a] * np.array([p([a])[b] * p([a, b]) for b in range(16)])
-                for a in range(16))
+    joint = sum(p([])[a] * np.array([p([a])[b] * p([a, b]) for b in range(16)]) for a in range(16))
     counts = np.zeros((16, 16))
     target, draft = FakeModel(sharpness=0.7), FakeModel(sharpness=0.7, noise=1.0, salt=9)
     engine = spec(target, draft, p_min)
     n = 3000
     for seed in range(n):
-        tokens, _, _ = run(engine, GenerationConfig(lookahead=lookahead, sampling=sampling,
-                                                    max_tokens=lookahead + 3, seed=seed))
+        tokens, _, _ = run(
+            engine,
+            GenerationConfig(
+                lookahead=lookahead, sampling=sampling, max_tokens=lookahead + 3, seed=seed
+            ),
+        )
         counts[tokens[1], tokens[2]] += 1
     assert pooled_chisquare_pvalue(counts, joint * n) > 1e-3
 
@@ -137,30 +149,35 @@ def test_the_first_token_is_out_before_the_drafter_reads_the_prompt() -> None:
 
 def test_stop_string_spanning_tokens_is_not_printed() -> None:
     target, draft = pair()
-    _, full, _ = run(SpeculativeEngine(FakeModel(), None),
-                     GenerationConfig(lookahead=0, sampling=GREEDY, max_tokens=40))
+    _, full, _ = run(
+        SpeculativeEngine(FakeModel(), None),
+        GenerationConfig(lookahead=0, sampling=GREEDY, max_tokens=40),
+    )
     stop = full[10:13]
-    _, text, done = run(spec(target, draft),
-                        GenerationConfig(lookahead=4, sampling=GREEDY, max_tokens=40,
-                                         stop=(stop,)))
+    _, text, done = run(
+        spec(target, draft),
+        GenerationConfig(lookahead=4, sampling=GREEDY, max_tokens=40, stop=(stop,)),
+    )
     assert done.reason == "stop"
     assert text == full[: full.index(stop)]
 
 
 def test_max_tokens_is_exact() -> None:
-    _, _, done = run(spec(*pair()),
-                     GenerationConfig(lookahead=8, sampling=GREEDY, max_tokens=13))
+    _, _, done = run(spec(*pair()), GenerationConfig(lookahead=8, sampling=GREEDY, max_tokens=13))
     assert done.reason == "max_tokens" and done.stats.n_generated == 13
 
 
 def test_end_of_generation_token_stops_and_is_not_printed() -> None:
-    alone, _, _ = run(SpeculativeEngine(FakeModel()),
-                      GenerationConfig(lookahead=0, sampling=GREEDY, max_tokens=40))
+    alone, _, _ = run(
+        SpeculativeEngine(FakeModel()),
+        GenerationConfig(lookahead=0, sampling=GREEDY, max_tokens=40),
+    )
     eog = alone[5]
     first = alone.index(eog)
     target, draft = pair(eog=eog)
-    tokens, text, done = run(spec(target, draft),
-                             GenerationConfig(lookahead=4, sampling=GREEDY, max_tokens=40))
+    tokens, text, done = run(
+        spec(target, draft), GenerationConfig(lookahead=4, sampling=GREEDY, max_tokens=40)
+    )
     assert done.reason == "eog"
     assert done.stats.n_generated == first
     assert tokens[first] == eog
@@ -168,8 +185,9 @@ def test_end_of_generation_token_stops_and_is_not_printed() -> None:
 
 def test_full_context_stops_cleanly() -> None:
     target, draft = pair(n_ctx=30)
-    tokens, _, done = run(spec(target, draft),
-                          GenerationConfig(lookahead=4, sampling=GREEDY, max_tokens=500))
+    tokens, _, done = run(
+        spec(target, draft), GenerationConfig(lookahead=4, sampling=GREEDY, max_tokens=500)
+    )
     assert done.reason == "context_full"
     assert len(PROMPT) + done.stats.n_generated >= 30
 
@@ -191,16 +209,19 @@ def test_split_utf8_character_is_never_printed_broken() -> None:
             out[self.script[min(i, 3)]] = 10
             return out
 
-    chunks = [e.text for e in SpeculativeEngine(Scripted()).generate(
-        PROMPT, GenerationConfig(lookahead=0, sampling=GREEDY, max_tokens=4))
-        if isinstance(e, TextChunk)]
+    chunks = [
+        e.text
+        for e in SpeculativeEngine(Scripted()).generate(
+            PROMPT, GenerationConfig(lookahead=0, sampling=GREEDY, max_tokens=4)
+        )
+        if isinstance(e, TextChunk)
+    ]
     assert "".join(chunks) == "aéb"
     assert all("\ufffd" not in c for c in chunks)
 
 
 def test_stats_count_per_position_acceptance() -> None:
-    _, _, done = run(spec(*pair()),
-                     GenerationConfig(lookahead=4, sampling=GREEDY, max_tokens=100))
+    _, _, done = run(spec(*pair()), GenerationConfig(lookahead=4, sampling=GREEDY, max_tokens=100))
     s = done.stats
     assert sum(s.accepted_at) == s.n_accepted
     assert sum(s.reached_at) == s.n_accepted + s.n_rejected <= s.n_drafted
@@ -214,13 +235,17 @@ def test_stats_count_per_position_acceptance() -> None:
 
 @pytest.mark.parametrize("lookahead", [2, 4, 8])
 def test_draft_p_min_keeps_greedy_exact_and_drafts_less(lookahead: int) -> None:
-    alone, _, _ = run(SpeculativeEngine(FakeModel()),
-                      GenerationConfig(lookahead=0, sampling=GREEDY, max_tokens=60))
-    _, _, full = run(spec(*pair()),
-                     GenerationConfig(lookahead=lookahead, sampling=GREEDY, max_tokens=60))
-    tokens, _, cautious = run(spec(*pair(), p_min=0.6),
-                              GenerationConfig(lookahead=lookahead, sampling=GREEDY,
-                                               max_tokens=60))
+    alone, _, _ = run(
+        SpeculativeEngine(FakeModel()),
+        GenerationConfig(lookahead=0, sampling=GREEDY, max_tokens=60),
+    )
+    _, _, full = run(
+        spec(*pair()), GenerationConfig(lookahead=lookahead, sampling=GREEDY, max_tokens=60)
+    )
+    tokens, _, cautious = run(
+        spec(*pair(), p_min=0.6),
+        GenerationConfig(lookahead=lookahead, sampling=GREEDY, max_tokens=60),
+    )
     assert tokens == alone[: len(tokens)] and len(tokens) >= 60
     assert cautious.stats.n_drafted < full.stats.n_drafted
     assert cautious.stats.alpha > full.stats.alpha  # the guesses it skipped were the risky ones
@@ -282,8 +307,11 @@ def test_a_draft_model_reads_the_prompt_only_once_asked_for_guesses() -> None:
     events = list(engine.generate(turn_three, drafting, reuse_prefix=True))
     assert 0 < draft.decode_calls[0][0] <= len(turn_three) - len(turn_one)  # what it lacks
     again = [t for e in events if isinstance(e, CycleDone) for t in e.tokens]
-    fresh, _, _ = run(SpeculativeEngine(FakeModel(), ModelDrafter(FakeModel(noise=0.8, salt=7))),
-                      drafting, turn_three)
+    fresh, _, _ = run(
+        SpeculativeEngine(FakeModel(), ModelDrafter(FakeModel(noise=0.8, salt=7))),
+        drafting,
+        turn_three,
+    )
     assert again == fresh
 
 

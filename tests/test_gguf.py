@@ -28,8 +28,9 @@ ARRAYS = st.one_of(
 )
 
 
-def write(path: Path, metadata: dict[str, tuple[str, object]], tokens: list[str] | None = None
-          ) -> None:
+def write(
+    path: Path, metadata: dict[str, tuple[str, object]], tokens: list[str] | None = None
+) -> None:
     writer = gguf_writer.GGUFWriter(str(path), "llama")
     for key, (kind, value) in metadata.items():
         if kind == "int32":
@@ -56,8 +57,9 @@ def write(path: Path, metadata: dict[str, tuple[str, object]], tokens: list[str]
     writer.close()
 
 
-@settings(max_examples=60, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(metadata=st.dictionaries(KEYS, st.one_of(SCALARS, ARRAYS), max_size=8))
 def test_what_the_writer_writes_the_reader_reads(tmp_path: Path, metadata) -> None:
     metadata = {k: v for k, v in metadata.items() if not k.startswith("general.")}
@@ -94,8 +96,7 @@ def test_a_vocabulary_is_read_from_the_header_alone(tmp_path: Path) -> None:
 @pytest.mark.parametrize("cut", [0, 3, 10, 30, 200])
 def test_a_cut_file_is_one_clear_error(tmp_path: Path, cut: int) -> None:
     path = tmp_path / "whole.gguf"
-    write(path, {"some.key": ("string", "a value long enough to be cut" * 4)},
-          ["a", "b", "c"])
+    write(path, {"some.key": ("string", "a value long enough to be cut" * 4)}, ["a", "b", "c"])
     data = path.read_bytes()
     (tmp_path / "cut.gguf").write_bytes(data[:cut])
     with pytest.raises(gguf.GGUFError, match="not a GGUF file|cut short"):

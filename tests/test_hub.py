@@ -30,8 +30,9 @@ draft = { repo = "org/tiny-GGUF", file = "draft.gguf" }
 @pytest.fixture
 def hub():
     with FakeHub() as server:
-        server.add("org/tiny-GGUF", {"target.gguf": TARGET, "draft.gguf": DRAFT,
-                                     "README.md": b"hi"})
+        server.add(
+            "org/tiny-GGUF", {"target.gguf": TARGET, "draft.gguf": DRAFT, "README.md": b"hi"}
+        )
         yield server
 
 
@@ -54,22 +55,35 @@ draft = { repo = "org/tiny-GGUF", file = "draft.gguf" }
 """
 
 
-def specgen(args: list[str], hub: FakeHub, home: Path, offline: bool = False,
-            token: str | None = None, wait: bool = True):
+def specgen(
+    args: list[str],
+    hub: FakeHub,
+    home: Path,
+    offline: bool = False,
+    token: str | None = None,
+    wait: bool = True,
+):
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
-    env.update({
-        "HF_ENDPOINT": hub.url, "HF_HOME": str(home.parent / "hf"),
-        "HF_HUB_DISABLE_TELEMETRY": "1", "HF_HUB_DISABLE_XET": "1", "NO_PROXY": "*",
-        "SPECGEN_HOME": str(home), "SPECGEN_CACHE": str(home.parent / "cache"),
-    })
+    env.update(
+        {
+            "HF_ENDPOINT": hub.url,
+            "HF_HOME": str(home.parent / "hf"),
+            "HF_HUB_DISABLE_TELEMETRY": "1",
+            "HF_HUB_DISABLE_XET": "1",
+            "NO_PROXY": "*",
+            "SPECGEN_HOME": str(home),
+            "SPECGEN_CACHE": str(home.parent / "cache"),
+        }
+    )
     if offline:
         env["HF_HUB_OFFLINE"] = "1"
     if token:
         env["HF_TOKEN"] = token
     cmd = [sys.executable, "-m", "specgen", *args]
     if not wait:
-        return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True)
+        return subprocess.Popen(
+            cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
 
 
@@ -130,15 +144,20 @@ def test_missing_repo(hub: FakeHub, home: Path) -> None:
 
 def test_missing_file(hub: FakeHub, home: Path) -> None:
     write_models(home, TINY.replace("target.gguf", "Target.gguf"))
-    one_line_error(specgen(["models", "pull", "tiny"], hub, home), "no file Target.gguf",
-                   "case-sensitive")
+    one_line_error(
+        specgen(["models", "pull", "tiny"], hub, home), "no file Target.gguf", "case-sensitive"
+    )
 
 
 def test_gated_repo_needs_a_token(hub: FakeHub, home: Path) -> None:
     hub.repos["org/tiny-GGUF"].gated = True
     write_models(home, TINY)
-    one_line_error(specgen(["models", "pull", "tiny"], hub, home), "gated", "HF_TOKEN",
-                   "huggingface.co/org/tiny-GGUF")
+    one_line_error(
+        specgen(["models", "pull", "tiny"], hub, home),
+        "gated",
+        "HF_TOKEN",
+        "huggingface.co/org/tiny-GGUF",
+    )
     done = specgen(["models", "pull", "tiny"], hub, home, token=hub.token)
     assert done.returncode == 0, done.stderr
     assert hub.file_gets("target.gguf")[-1].authorization == f"Bearer {hub.token}"
@@ -168,8 +187,11 @@ def stalled_pull(hub: FakeHub, home: Path) -> tuple[subprocess.Popen, list[Path]
     partial: list[Path] = []
     while time.monotonic() < deadline and not partial:
         time.sleep(0.1)
-        partial = [p for p in blobs.glob("*.incomplete") if p.stat().st_size >= CHUNK] \
-            if blobs.is_dir() else []
+        partial = (
+            [p for p in blobs.glob("*.incomplete") if p.stat().st_size >= CHUNK]
+            if blobs.is_dir()
+            else []
+        )
     assert partial, "the download never started"
     return proc, partial
 
@@ -195,22 +217,26 @@ def test_offline_mode(hub: FakeHub, home: Path) -> None:
     before = len(hub.requests)
     done = specgen(["models", "pull", "tiny"], hub, home, offline=True)
     assert done.returncode == 0, done.stderr
-    one_line_error(specgen(["models", "pull", "other"], hub, home, offline=True),
-                   "offline", "HF_HUB_OFFLINE")
+    one_line_error(
+        specgen(["models", "pull", "other"], hub, home, offline=True), "offline", "HF_HUB_OFFLINE"
+    )
     assert len(hub.requests) == before, "offline mode sent requests"
 
 
 def test_globs_and_split_files(hub: FakeHub, home: Path) -> None:
     parts = {f"big-Q8_0-0000{i}-of-00003.gguf": bytes([i]) * 1000 for i in (1, 2, 3)}
     hub.add("org/split-GGUF", {**parts, "small-Q4_K_M.gguf": b"s" * 500, "README.md": b"r"})
-    write_models(home, """
+    write_models(
+        home,
+        """
 [pairs.split]
 target = { repo = "org/split-GGUF", file = "*Q8_0*.gguf" }
 draft = { repo = "org/split-GGUF", file = "*Q4_K_M.gguf" }
 [pairs.ambiguous]
 target = { repo = "org/split-GGUF", file = "*.gguf" }
 draft = { repo = "org/split-GGUF", file = "small-Q4_K_M.gguf" }
-""")
+""",
+    )
     done = specgen(["models", "pull", "split"], hub, home)
     assert done.returncode == 0, done.stderr
     assert "big-Q8_0-00001-of-00003.gguf" in done.stderr
@@ -226,15 +252,21 @@ draft = { repo = "org/split-GGUF", file = "small-Q4_K_M.gguf" }
 
 def test_sha256_mismatch_is_refused(hub: FakeHub, home: Path) -> None:
     good = hashlib.sha256(TARGET).hexdigest()
-    write_models(home, TINY
-                 .replace('"target.gguf"', f'"target.gguf", sha256 = "{good}"')
-                 .replace('"draft.gguf"', f'"draft.gguf", sha256 = "{"0" * 64}"'))
+    write_models(
+        home,
+        TINY.replace('"target.gguf"', f'"target.gguf", sha256 = "{good}"').replace(
+            '"draft.gguf"', f'"draft.gguf", sha256 = "{"0" * 64}"'
+        ),
+    )
     one_line_error(specgen(["models", "pull", "tiny"], hub, home), "sha256", "draft.gguf")
 
 
 def test_user_models_toml_overrides_builtin(hub: FakeHub, home: Path) -> None:
-    write_models(home, 'default = "qwen2.5-7b"\n' + TINY.replace("tiny]", '"qwen2.5-7b"]')
-                 .replace("two tiny files", "mine"))
+    write_models(
+        home,
+        'default = "qwen2.5-7b"\n'
+        + TINY.replace("tiny]", '"qwen2.5-7b"]').replace("two tiny files", "mine"),
+    )
     listing = json.loads(specgen(["models", "list", "--json"], hub, home).stdout)
     mine = next(p for p in listing if p["name"] == "qwen2.5-7b")
     assert mine["description"] == "mine" and mine["default"] is True
@@ -248,18 +280,20 @@ def test_malformed_models_toml_names_the_line(hub: FakeHub, home: Path) -> None:
     one_line_error(specgen(["models", "list"], hub, home), "models.toml", "line 2")
     write_models(home, '# mine\n\n[pairs.broken]\ntarget = { path = "/x.gguf" }\n')
     one_line_error(specgen(["models", "list"], hub, home), "line 3", "has no draft")
-    write_models(home, '[pairs.k]\nlookahead = "six"\ntarget = { path = "a" }\n'
-                       'draft = { path = "b" }\n')
+    write_models(
+        home, '[pairs.k]\nlookahead = "six"\ntarget = { path = "a" }\ndraft = { path = "b" }\n'
+    )
     one_line_error(specgen(["models", "list"], hub, home), "line 1", "lookahead")
 
 
 @pytest.mark.slow
-def test_run_a_pair_downloaded_from_the_hub(hub: FakeHub, home: Path,
-                                            smollm2_draft: Path) -> None:
+def test_run_a_pair_downloaded_from_the_hub(hub: FakeHub, home: Path, smollm2_draft: Path) -> None:
     """End to end: a pair that lives on the (loopback) Hub is downloaded, checked and run."""
     data = smollm2_draft.read_bytes()
     hub.add("HuggingFaceTB/SmolLM2-135M-Instruct-GGUF", {"smollm2-135m-instruct-q4_1.gguf": data})
-    write_models(home, """
+    write_models(
+        home,
+        """
 [pairs.hubpair]
 chat = true
 lookahead = 3
@@ -267,9 +301,13 @@ target = { repo = "HuggingFaceTB/SmolLM2-135M-Instruct-GGUF", file = "*q4_1.gguf
 [pairs.hubpair.draft]
 repo = "HuggingFaceTB/SmolLM2-135M-Instruct-GGUF"
 file = "smollm2-135m-instruct-q4_1.gguf"
-""")
-    done = specgen(["run", "--pair", "hubpair", "Say hello.", "-n", "8", "--json",
-                    "--temperature", "0"], hub, home)
+""",
+    )
+    done = specgen(
+        ["run", "--pair", "hubpair", "Say hello.", "-n", "8", "--json", "--temperature", "0"],
+        hub,
+        home,
+    )
     assert done.returncode == 0, done.stderr
     record = json.loads(done.stdout)
     assert record["pair"] == "hubpair" and record["params"]["chat"] is True
@@ -292,6 +330,7 @@ def test_list_shows_download_sizes_before_download(hub: FakeHub, home: Path) -> 
 
 
 # -- paths on stdout, Ctrl-C, a full disk, no network, headers read by ranges ------------------
+
 
 def test_pull_prints_the_paths_on_stdout(hub: FakeHub, home: Path) -> None:
     write_models(home, TINY)
@@ -319,8 +358,9 @@ def test_ctrl_c_while_downloading_keeps_a_resumable_partial(hub: FakeHub, home: 
     assert [r.range for r in hub.file_gets("big.gguf")] == [None, f"bytes={CHUNK}-"]
 
 
-def test_a_full_disk_while_downloading(hub: FakeHub, home: Path,
-                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_full_disk_while_downloading(
+    hub: FakeHub, home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import errno
 
     from huggingface_hub import constants, file_download
@@ -332,8 +372,11 @@ def test_a_full_disk_while_downloading(hub: FakeHub, home: Path,
     cache = home.parent / "hf" / "hub"
     monkeypatch.setattr(constants, "ENDPOINT", hub.url)
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
-    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE",
-                        hub.url + "/{repo_id}/resolve/{revision}/{filename}")
+    monkeypatch.setattr(
+        constants,
+        "HUGGINGFACE_CO_URL_TEMPLATE",
+        hub.url + "/{repo_id}/resolve/{revision}/{filename}",
+    )
 
     def http_get(url: str, temp_file, **kwargs) -> None:
         temp_file.write(BIG[:1000])
@@ -353,8 +396,9 @@ def test_a_full_disk_while_downloading(hub: FakeHub, home: Path,
 def test_no_network_and_nothing_cached(hub: FakeHub, home: Path) -> None:
     write_models(home, TINY)
     hub.__exit__()
-    one_line_error(specgen(["models", "pull", "tiny"], hub, home), "could not reach the Hub",
-                   "HF_ENDPOINT")
+    one_line_error(
+        specgen(["models", "pull", "tiny"], hub, home), "could not reach the Hub", "HF_ENDPOINT"
+    )
 
 
 def gguf_bytes(tokens: list[str], file_type: int = 15, padding: int = 0) -> bytes:
@@ -365,15 +409,21 @@ def gguf_bytes(tokens: list[str], file_type: int = 15, padding: int = 0) -> byte
         data = text.encode()
         return struct.pack("<Q", len(data)) + data
 
-    items = [("general.architecture", 8, string("llama")), ("general.name", 8, string("Tiny")),
-             ("general.file_type", 4, struct.pack("<I", file_type)),
-             ("llama.context_length", 4, struct.pack("<I", 8192)),
-             ("tokenizer.ggml.model", 8, string("gpt2")),
-             ("tokenizer.ggml.bos_token_id", 4, struct.pack("<I", 1)),
-             ("tokenizer.ggml.eos_token_id", 4, struct.pack("<I", 2)),
-             ("tokenizer.chat_template", 8, string("{{ messages }}")),
-             ("tokenizer.ggml.tokens", 9, struct.pack("<IQ", 8, len(tokens))
-              + b"".join(string(t) for t in tokens))]
+    items = [
+        ("general.architecture", 8, string("llama")),
+        ("general.name", 8, string("Tiny")),
+        ("general.file_type", 4, struct.pack("<I", file_type)),
+        ("llama.context_length", 4, struct.pack("<I", 8192)),
+        ("tokenizer.ggml.model", 8, string("gpt2")),
+        ("tokenizer.ggml.bos_token_id", 4, struct.pack("<I", 1)),
+        ("tokenizer.ggml.eos_token_id", 4, struct.pack("<I", 2)),
+        ("tokenizer.chat_template", 8, string("{{ messages }}")),
+        (
+            "tokenizer.ggml.tokens",
+            9,
+            struct.pack("<IQ", 8, len(tokens)) + b"".join(string(t) for t in tokens),
+        ),
+    ]
     body = b"".join(string(key) + struct.pack("<I", kind) + value for key, kind, value in items)
     return b"GGUF" + struct.pack("<IQQ", 3, 0, len(items)) + body + os.urandom(padding)
 
@@ -381,10 +431,14 @@ def gguf_bytes(tokens: list[str], file_type: int = 15, padding: int = 0) -> byte
 def test_info_and_check_read_only_the_header_of_a_hub_file(hub: FakeHub, home: Path) -> None:
     tokens = [f"tok{i}" for i in range(20_000)]
     big = gguf_bytes(tokens, padding=30 * 1024 * 1024)
-    hub.add("org/llm-GGUF", {"target.gguf": big,
-                             "draft.gguf": gguf_bytes(tokens, file_type=7, padding=1000),
-                             "other.gguf": gguf_bytes(tokens[:100] + ["x"] + tokens[101:],
-                                                     padding=1000)})
+    hub.add(
+        "org/llm-GGUF",
+        {
+            "target.gguf": big,
+            "draft.gguf": gguf_bytes(tokens, file_type=7, padding=1000),
+            "other.gguf": gguf_bytes(tokens[:100] + ["x"] + tokens[101:], padding=1000),
+        },
+    )
     done = specgen(["models", "info", "org/llm-GGUF:target.gguf", "--json"], hub, home)
     assert done.returncode == 0, done.stderr
     facts = json.loads(done.stdout)
@@ -394,14 +448,33 @@ def test_info_and_check_read_only_the_header_of_a_hub_file(hub: FakeHub, home: P
     assert "read the header" in done.stderr and "nothing downloaded" in done.stderr
     gets = hub.file_gets("target.gguf")
     assert gets and all(r.range and r.range.startswith("bytes=") for r in gets)
-    served = sum(int(r.range[6:].split("-")[1]) - int(r.range[6:].split("-")[0]) + 1
-                 for r in gets)
+    served = sum(int(r.range[6:].split("-")[1]) - int(r.range[6:].split("-")[0]) + 1 for r in gets)
     assert served <= 2 * 1024 * 1024  # a couple of megabytes of a 30 MB file
     assert not list((home.parent / "hf").rglob("*.gguf"))  # nothing in the cache
-    ok = specgen(["models", "check", "--target", "org/llm-GGUF:target.gguf", "--draft",
-                  "org/llm-GGUF:draft.gguf"], hub, home)
+    ok = specgen(
+        [
+            "models",
+            "check",
+            "--target",
+            "org/llm-GGUF:target.gguf",
+            "--draft",
+            "org/llm-GGUF:draft.gguf",
+        ],
+        hub,
+        home,
+    )
     assert ok.returncode == 0, ok.stderr
     assert ok.stdout.startswith("ok these models: draft draft.gguf fits target target.gguf")
-    bad = specgen(["models", "check", "--target", "org/llm-GGUF:target.gguf", "--draft",
-                   "org/llm-GGUF:other.gguf"], hub, home)
+    bad = specgen(
+        [
+            "models",
+            "check",
+            "--target",
+            "org/llm-GGUF:target.gguf",
+            "--draft",
+            "org/llm-GGUF:other.gguf",
+        ],
+        hub,
+        home,
+    )
     one_line_error(bad, "does not fit", "token 100 differs")

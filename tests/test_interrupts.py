@@ -26,11 +26,14 @@ def test_the_call_s_result_and_error_come_back() -> None:
 
 
 def test_ctrl_c_during_the_call_ends_the_process_at_once_with_one_line() -> None:
-    code = ("import time; from specgen.interrupts import interruptible\n"
-            "def call():\n    print('ready', flush=True)\n    time.sleep(60)\n"
-            "interruptible(call, 'waiting for nothing')\nprint('finished')")
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    code = (
+        "import time; from specgen.interrupts import interruptible\n"
+        "def call():\n    print('ready', flush=True)\n    time.sleep(60)\n"
+        "interruptible(call, 'waiting for nothing')\nprint('finished')"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     assert proc.stdout is not None and proc.stdout.readline() == "ready\n"  # the call began
     time.sleep(0.2)  # and the main thread waits for it
     sent = time.monotonic()

@@ -35,8 +35,9 @@ def run(engine: SpeculativeEngine, config: GenerationConfig, prompt: Sequence[in
 MODEL = Candidate("model", "model", 10_000)
 
 
-def simulate(policy, accept: Sequence[float], draft: float, verify, cycles: int = 3000,
-             seed: int = 0) -> tuple[float, dict[int, int]]:
+def simulate(
+    policy, accept: Sequence[float], draft: float, verify, cycles: int = 3000, seed: int = 0
+) -> tuple[float, dict[int, int]]:
     """Drive a policy against a world with known per-position acceptance and costs; return
     tokens per second and how often each K was chosen."""
     rng = np.random.default_rng(seed)
@@ -65,11 +66,14 @@ def cpu_verify(n: int) -> float:
     return 1.0 + 0.15 * (n - 1)
 
 
-@pytest.mark.parametrize("accept, draft", [
-    ([0.9, 0.85, 0.8, 0.75, 0.7, 0.6, 0.5], 0.2),   # falling along the cycle, cheap draft
-    ([0.98], 0.42),                                  # one network at two precisions
-    ([0.7, 0.5, 0.3], 0.3),                          # a draft that disagrees often
-])
+@pytest.mark.parametrize(
+    "accept, draft",
+    [
+        ([0.9, 0.85, 0.8, 0.75, 0.7, 0.6, 0.5], 0.2),  # falling along the cycle, cheap draft
+        ([0.98], 0.42),  # one network at two precisions
+        ([0.7, 0.5, 0.3], 0.3),  # a draft that disagrees often
+    ],
+)
 def test_auto_lookahead_finds_the_k_that_maximizes_tokens_per_second(accept, draft) -> None:
     best_k = max(range(1, 33), key=lambda k: exact_rate(accept, k, draft, cpu_verify))
     best = exact_rate(accept, best_k, draft, cpu_verify)
@@ -118,10 +122,13 @@ def test_auto_lookahead_comes_back_when_the_text_gets_easy() -> None:
     assert rate >= 0.8 * exact_rate([0.95], 8, 0.1, cpu_verify)
 
 
-@pytest.mark.parametrize("accept, draft", [
-    ([0.98], 0.42),                                  # long cycles pay
-    ([0.9, 0.85, 0.8, 0.75, 0.7, 0.6, 0.5], 0.2),   # falling along the cycle
-])
+@pytest.mark.parametrize(
+    "accept, draft",
+    [
+        ([0.98], 0.42),  # long cycles pay
+        ([0.9, 0.85, 0.8, 0.75, 0.7, 0.6, 0.5], 0.2),  # falling along the cycle
+    ],
+)
 def test_a_new_generation_starts_from_the_typical_acceptance(accept, draft) -> None:
     """Acceptance by position is learned afresh each generation, starting from what is typical
     of the pair (kept with the costs): short answers run near the best K from their first
@@ -134,8 +141,7 @@ def test_a_new_generation_starts_from_the_typical_acceptance(accept, draft) -> N
             if not keep_typical:
                 costs.typical.clear()
             policy = AdaptiveLookahead(costs)
-            rates.append(simulate(policy, accept, draft, cpu_verify, cycles=8,
-                                  seed=generation)[0])
+            rates.append(simulate(policy, accept, draft, cpu_verify, cycles=8, seed=generation)[0])
         return float(np.mean(rates[5:]))  # the costs are known by then either way
 
     with_typical, without = short_answers(True), short_answers(False)
@@ -158,15 +164,22 @@ def test_one_early_rejection_does_not_undo_what_is_typical_but_a_hard_text_does(
     simulate(AdaptiveLookahead(costs), accept, draft, cpu_verify, cycles=400)
     policy = AdaptiveLookahead(costs)
     first = policy.plan([MODEL], 10_000)
-    policy.observe(first, first.lookahead, 2, draft * first.lookahead,
-                   cpu_verify(first.lookahead + 1))
+    policy.observe(
+        first, first.lookahead, 2, draft * first.lookahead, cpu_verify(first.lookahead + 1)
+    )
     after_one = policy.plan([MODEL], 10_000).lookahead
     assert exact_rate(accept, after_one, draft, cpu_verify) >= 0.97 * exact_rate(
-        accept, best_k, draft, cpu_verify), after_one
+        accept, best_k, draft, cpu_verify
+    ), after_one
     for _ in range(6):  # this text: the second guess fails every time
         plan = policy.plan([MODEL], 10_000)
-        policy.observe(plan, plan.lookahead, min(1, plan.lookahead), draft * plan.lookahead,
-                       cpu_verify(plan.lookahead + 1))
+        policy.observe(
+            plan,
+            plan.lookahead,
+            min(1, plan.lookahead),
+            draft * plan.lookahead,
+            cpu_verify(plan.lookahead + 1),
+        )
     assert policy.plan([MODEL], 10_000).lookahead <= 2
 
 
@@ -183,8 +196,13 @@ def test_a_models_guesses_grow_to_twice_the_longest_run_this_text_kept() -> None
     for _ in range(4):
         plan = policy.plan([MODEL], 10_000)
         ks.append(plan.lookahead)
-        policy.observe(plan, plan.lookahead, plan.lookahead, 0.05 * plan.lookahead,
-                       cpu_verify(plan.lookahead + 1))
+        policy.observe(
+            plan,
+            plan.lookahead,
+            plan.lookahead,
+            0.05 * plan.lookahead,
+            cpu_verify(plan.lookahead + 1),
+        )
     assert ks == [8, 16, 32, 32]
     policy = AdaptiveLookahead(costs)
     plan = policy.plan([MODEL], 10_000)
@@ -209,8 +227,9 @@ def test_auto_lookahead_starts_by_timing_the_target_then_the_source() -> None:
     assert policy.plan([MODEL], 1).lookahead == 1
 
 
-def generations(costs: PairProfile, n: int, draft: float, cycles: int = 100,
-                processes: bool = True) -> list[list[int]]:
+def generations(
+    costs: PairProfile, n: int, draft: float, cycles: int = 100, processes: bool = True
+) -> list[list[int]]:
     """The K's chosen in ``n`` generations that share ``costs``, each through a JSON round
     trip of them (a process each) unless not ``processes`` (one process, as a server); every
     guess is rejected and costs ``draft``."""
@@ -307,8 +326,9 @@ def test_auto_lookahead_picks_the_better_source_per_cycle() -> None:
 
 def test_fixed_lookahead_takes_the_first_offer() -> None:
     policy = FixedLookahead(6)
-    assert policy.plan([Candidate("ngram", "ngram3", 2), MODEL], 100) == \
-        Plan(Candidate("ngram", "ngram3", 2), 2)
+    assert policy.plan([Candidate("ngram", "ngram3", 2), MODEL], 100) == Plan(
+        Candidate("ngram", "ngram3", 2), 2
+    )
     assert policy.plan([], 100) == TARGET_ALONE
     assert FixedLookahead(0).plan([MODEL], 100) == TARGET_ALONE
 

@@ -51,16 +51,18 @@ def test_auto_remembers_its_costs_for_the_next_process(fake_pair: FakePair) -> N
     *_, result = stream(again, "The history of the Roman Empire", config)
     assert result.stats.k_counts.get(0, 0) < 2  # drafts from its first cycle
 
-    sampled = GenerationConfig(lookahead="auto", sampling=SamplingParams(temperature=0.8),
-                               max_tokens=16, seed=1)
+    sampled = GenerationConfig(
+        lookahead="auto", sampling=SamplingParams(temperature=0.8), max_tokens=16, seed=1
+    )
     *_, result = stream(again, "The history of the Roman Empire", sampled)
     assert result.stats.k_counts.get(0, 0) >= 2  # sampled costs are timed afresh
     kept = load_pair(fake_pair.target, fake_pair.draft, OPTIONS).costs.snapshot()
     assert kept["greedy"]["verify_by_n"] == again.costs.snapshot()["greedy"]["verify_by_n"]
     assert "1" in kept["sampled"]["verify_by_n"]
 
-    other = load_pair(fake_pair.target, fake_pair.draft,
-                      PairOptions(n_ctx=256, target_threads=1, draft_threads=1))
+    other = load_pair(
+        fake_pair.target, fake_pair.draft, PairOptions(n_ctx=256, target_threads=1, draft_threads=1)
+    )
     assert other.costs_file != first.costs_file and not other.costs.observations
     assert not other.costs.greedy.verify_by_n
 
@@ -71,12 +73,14 @@ def test_auto_remembers_its_costs_for_the_next_process(fake_pair: FakePair) -> N
 
 
 def test_a_draft_that_does_not_fit_is_refused_and_a_fit_is_checked_once(
-        fake_pair: FakePair, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_pair: FakePair, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from specgen import compat
 
     wide = write_fake(tmp_path / "wide.gguf", n_vocab=300)  # sizes 284 apart: llama.cpp's rule
-    with pytest.raises(UserError, match="cannot serve target target.gguf: vocabulary sizes "
-                                        "differ by 284"):
+    with pytest.raises(
+        UserError, match="cannot serve target target.gguf: vocabulary sizes differ by 284"
+    ):
         load_pair(fake_pair.target, wide, OPTIONS)
     load_pair(fake_pair.target, fake_pair.draft, OPTIONS)
     checked = []
@@ -104,21 +108,30 @@ def test_one_decision_for_models_k_and_drafting(fake_pair: FakePair) -> None:
         decide(draft=str(fake_pair.draft))
 
 
-def test_what_bench_found_is_the_k_unless_the_command_says_otherwise(fake_pair: FakePair
-                                                                     ) -> None:
+def test_what_bench_found_is_the_k_unless_the_command_says_otherwise(fake_pair: FakePair) -> None:
     from specgen.choice import decide
 
     name = fake_pair.named()
     memo = decide(name).memo
     memo.parent.mkdir(parents=True, exist_ok=True)
-    memo.write_text(json.dumps({"greedy": {"variant": "ngram", "speedup": 2.5, "temperature": 0.0,
-                                           "date": "2026-11-30"},
-                                "sampled": {"variant": 3, "speedup": 1.3, "temperature": 0.8,
-                                            "date": "2026-11-29"}}))
+    memo.write_text(
+        json.dumps(
+            {
+                "greedy": {
+                    "variant": "ngram",
+                    "speedup": 2.5,
+                    "temperature": 0.0,
+                    "date": "2026-11-30",
+                },
+                "sampled": {"variant": 3, "speedup": 1.3, "temperature": 0.8, "date": "2026-11-29"},
+            }
+        )
+    )
     greedy = decide(name, bench_temperature=0.0)
     assert greedy.lookahead == "auto" and greedy.draft is None and greedy.ngram
-    assert greedy.note.startswith("ngram: what `specgen bench` found best here (2026-11-30, "
-                                  "2.50x at T=0.0)")
+    assert greedy.note.startswith(
+        "ngram: what `specgen bench` found best here (2026-11-30, 2.50x at T=0.0)"
+    )
     sampled = decide(name, bench_temperature=0.8)
     assert sampled.lookahead == 3 and not sampled.ngram and sampled.draft is not None
     for said in ({"lookahead": 5}, {"ngram": True}, {"draft": "ngram"}):

@@ -24,11 +24,21 @@ from specgen.prompts import (
 from specgen.registry import Registry
 
 
-@pytest.mark.parametrize(("raw", "cooked"), [
-    (r"a\nb", "a\nb"), (r"tab\there", "tab\there"), (r"back\\slash", "back\\slash"),
-    (r"say \"hi\"", 'say "hi"'), (r"it\'s", "it's"), (r"\x41\x42", "AB"), (r"cr\r", "cr\r"),
-    (r"\q stays", r"\q stays"), ("trailing\\", "trailing\\"), (r"\\n", "\\n"),
-])
+@pytest.mark.parametrize(
+    ("raw", "cooked"),
+    [
+        (r"a\nb", "a\nb"),
+        (r"tab\there", "tab\there"),
+        (r"back\\slash", "back\\slash"),
+        (r"say \"hi\"", 'say "hi"'),
+        (r"it\'s", "it's"),
+        (r"\x41\x42", "AB"),
+        (r"cr\r", "cr\r"),
+        (r"\q stays", r"\q stays"),
+        ("trailing\\", "trailing\\"),
+        (r"\\n", "\\n"),
+    ],
+)
 def test_escapes_as_llama_cpp_processes_them(raw: str, cooked: str) -> None:
     assert unescape(raw) == cooked
 
@@ -53,11 +63,23 @@ def test_each_line_is_a_prompt_with_its_line_number_as_id() -> None:
 
 
 def test_jsonl_lines_with_settings() -> None:
-    text = "\n".join([
-        json.dumps({"prompt": "a", "id": "x", "max_tokens": 5, "temperature": 0, "seed": 7,
-                    "stop": "\n", "system": "Be brief.", "extra": "ignored"}),
-        json.dumps({"messages": [{"role": "user", "content": "hi"}]}),
-    ])
+    text = "\n".join(
+        [
+            json.dumps(
+                {
+                    "prompt": "a",
+                    "id": "x",
+                    "max_tokens": 5,
+                    "temperature": 0,
+                    "seed": 7,
+                    "stop": "\n",
+                    "system": "Be brief.",
+                    "extra": "ignored",
+                }
+            ),
+            json.dumps({"messages": [{"role": "user", "content": "hi"}]}),
+        ]
+    )
     first, second = parse_jsonl(text)
     assert isinstance(first, BatchPrompt) and first.id == "x" and first.system == "Be brief."
     assert first.settings == {"max_tokens": 5, "temperature": 0.0, "seed": 7, "stop": ("\n",)}
@@ -65,25 +87,28 @@ def test_jsonl_lines_with_settings() -> None:
     assert second.messages == ({"role": "user", "content": "hi"},)
 
 
-@pytest.mark.parametrize(("line", "needle"), [
-    ("not json", "not valid JSON"),
-    ("[1, 2]", "JSON object"),
-    ('{"id": 3}', "exactly one of 'prompt'"),
-    ('{"prompt": "a", "messages": []}', "exactly one of 'prompt'"),
-    ('{"prompt": "   "}', "non-empty string"),
-    ('{"prompt": 5}', "non-empty string"),
-    ('{"prompt": "a", "max_tokens": 0}', "max_tokens"),
-    ('{"prompt": "a", "max_tokens": true}', "max_tokens"),
-    ('{"prompt": "a", "seed": -5}', "seed"),
-    ('{"prompt": "a", "seed": 4294967296}', "seed"),
-    ('{"prompt": "a", "temperature": -1}', "temperature"),
-    ('{"prompt": "a", "temperature": "hot"}', "temperature"),
-    ('{"prompt": "a", "stop": [1]}', "stop"),
-    ('{"prompt": "a", "system": 3}', "system"),
-    ('{"messages": [{"role": "robot", "content": "x"}]}', "role"),
-    ('{"prompt": "a", "id": [1]}', "'id'"),
-    ('{"prompt": "a", "id": true}', "'id'"),
-])
+@pytest.mark.parametrize(
+    ("line", "needle"),
+    [
+        ("not json", "not valid JSON"),
+        ("[1, 2]", "JSON object"),
+        ('{"id": 3}', "exactly one of 'prompt'"),
+        ('{"prompt": "a", "messages": []}', "exactly one of 'prompt'"),
+        ('{"prompt": "   "}', "non-empty string"),
+        ('{"prompt": 5}', "non-empty string"),
+        ('{"prompt": "a", "max_tokens": 0}', "max_tokens"),
+        ('{"prompt": "a", "max_tokens": true}', "max_tokens"),
+        ('{"prompt": "a", "seed": -5}', "seed"),
+        ('{"prompt": "a", "seed": 4294967296}', "seed"),
+        ('{"prompt": "a", "temperature": -1}', "temperature"),
+        ('{"prompt": "a", "temperature": "hot"}', "temperature"),
+        ('{"prompt": "a", "stop": [1]}', "stop"),
+        ('{"prompt": "a", "system": 3}', "system"),
+        ('{"messages": [{"role": "robot", "content": "x"}]}', "role"),
+        ('{"prompt": "a", "id": [1]}', "'id'"),
+        ('{"prompt": "a", "id": true}', "'id'"),
+    ],
+)
 def test_a_bad_line_is_reported_with_its_number(line: str, needle: str) -> None:
     item = parse_record(line, 12)
     assert isinstance(item, BadLine) and item.line == 12
@@ -99,11 +124,26 @@ def test_a_bad_line_keeps_its_own_id_when_it_has_one() -> None:
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
-                                                                max_size=4),
-    max_leaves=12)
-record_keys = st.sampled_from(["prompt", "messages", "id", "system", "max_tokens",
-                               "temperature", "seed", "stop", "role", "content", "x"])
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+record_keys = st.sampled_from(
+    [
+        "prompt",
+        "messages",
+        "id",
+        "system",
+        "max_tokens",
+        "temperature",
+        "seed",
+        "stop",
+        "role",
+        "content",
+        "x",
+    ]
+)
 
 
 @given(st.text())
@@ -131,27 +171,42 @@ def _toml_value(value: object) -> str:
     if isinstance(value, list):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     if isinstance(value, dict):
-        return "{ " + ", ".join(f"{json.dumps(k)} = {_toml_value(v)}"
-                               for k, v in value.items()) + " }"
+        return (
+            "{ " + ", ".join(f"{json.dumps(k)} = {_toml_value(v)}" for k, v in value.items()) + " }"
+        )
     return '""'
 
 
-toml_scalars = st.booleans() | st.integers(-5, 100) | st.text(max_size=12) | st.sampled_from(
-    ["auto", "ngram", "org/repo", "x.gguf", "F32"])
+toml_scalars = (
+    st.booleans()
+    | st.integers(-5, 100)
+    | st.text(max_size=12)
+    | st.sampled_from(["auto", "ngram", "org/repo", "x.gguf", "F32"])
+)
 spec_keys = st.sampled_from(["repo", "file", "path", "pip", "quant", "sha256", "revision", "x"])
 toml_values = st.recursive(
     toml_scalars,
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(spec_keys, inner, max_size=4),
-    max_leaves=8)
+    max_leaves=8,
+)
 pair_tables = st.dictionaries(
-    st.sampled_from(["target", "draft", "lookahead", "chat", "ngram", "description", "license",
-                     "bogus"]), toml_values, max_size=6)
+    st.sampled_from(
+        ["target", "draft", "lookahead", "chat", "ngram", "description", "license", "bogus"]
+    ),
+    toml_values,
+    max_size=6,
+)
 
 
 @settings(suppress_health_check=[HealthCheck.too_slow], max_examples=200)
-@given(st.dictionaries(st.text(alphabet=string.ascii_lowercase + "-.", min_size=1,
-                               max_size=8), pair_tables, max_size=3),
-       st.one_of(st.none(), toml_scalars))
+@given(
+    st.dictionaries(
+        st.text(alphabet=string.ascii_lowercase + "-.", min_size=1, max_size=8),
+        pair_tables,
+        max_size=3,
+    ),
+    st.one_of(st.none(), toml_scalars),
+)
 def test_fuzz_models_toml_only_ever_says_what_is_wrong(pairs: dict, default: object) -> None:
     lines = [] if default is None else [f"default = {_toml_value(default)}"]
     for name, table in pairs.items():

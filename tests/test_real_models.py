@@ -30,8 +30,9 @@ def smol(smollm2_target: Path, smollm2_draft: Path) -> tuple[LlamaModel, LlamaMo
     return LlamaModel(smollm2_target, options), LlamaModel(smollm2_draft, options)
 
 
-def generated(engine: SpeculativeEngine, prompt: list[int], config: GenerationConfig
-              ) -> tuple[list[int], Finished]:
+def generated(
+    engine: SpeculativeEngine, prompt: list[int], config: GenerationConfig
+) -> tuple[list[int], Finished]:
     tokens: list[int] = []
     for event in engine.generate(prompt, config):
         if isinstance(event, CycleDone):
@@ -44,12 +45,17 @@ def generated(engine: SpeculativeEngine, prompt: list[int], config: GenerationCo
 def test_greedy_speculative_is_token_for_token_the_target(smol, prompt: str) -> None:
     target, draft = smol
     tokens = target.tokenize(prompt)
-    alone, _ = generated(SpeculativeEngine(target), tokens,
-                         GenerationConfig(lookahead=0, sampling=GREEDY, max_tokens=48))
+    alone, _ = generated(
+        SpeculativeEngine(target),
+        tokens,
+        GenerationConfig(lookahead=0, sampling=GREEDY, max_tokens=48),
+    )
     for lookahead in (1, 3, 5, 8):
-        spec, done = generated(SpeculativeEngine(target, ModelDrafter(draft)), tokens,
-                               GenerationConfig(lookahead=lookahead, sampling=GREEDY,
-                                                max_tokens=48))
+        spec, done = generated(
+            SpeculativeEngine(target, ModelDrafter(draft)),
+            tokens,
+            GenerationConfig(lookahead=lookahead, sampling=GREEDY, max_tokens=48),
+        )
         assert spec == alone, f"K={lookahead} diverged from the target alone"
         assert done.stats.n_drafted > 0
 
@@ -58,10 +64,16 @@ def test_greedy_exact_on_gemma_pair(gemma_target: Path, gemma_draft: Path) -> No
     options = ModelOptions(n_ctx=256, n_threads=2)
     target, draft = LlamaModel(gemma_target, options), LlamaModel(gemma_draft, options)
     tokens = target.tokenize("Once upon a time, in a small village,")
-    alone, _ = generated(SpeculativeEngine(target), tokens,
-                         GenerationConfig(lookahead=0, sampling=GREEDY, max_tokens=40))
-    spec, done = generated(SpeculativeEngine(target, ModelDrafter(draft)), tokens,
-                           GenerationConfig(lookahead=4, sampling=GREEDY, max_tokens=40))
+    alone, _ = generated(
+        SpeculativeEngine(target),
+        tokens,
+        GenerationConfig(lookahead=0, sampling=GREEDY, max_tokens=40),
+    )
+    spec, done = generated(
+        SpeculativeEngine(target, ModelDrafter(draft)),
+        tokens,
+        GenerationConfig(lookahead=4, sampling=GREEDY, max_tokens=40),
+    )
     assert spec == alone
     assert done.stats.accept_rate > 0.5  # one network at two precisions agrees mostly
 
@@ -77,8 +89,11 @@ def test_first_token_follows_target_distribution(smol) -> None:
     n = 300
     counts: dict[int, int] = {}
     for seed in range(n):
-        tokens, _ = generated(engine, prompt, GenerationConfig(
-            lookahead=4, sampling=sampling, max_tokens=5, seed=seed))
+        tokens, _ = generated(
+            engine,
+            prompt,
+            GenerationConfig(lookahead=4, sampling=sampling, max_tokens=5, seed=seed),
+        )
         counts[tokens[0]] = counts.get(tokens[0], 0) + 1
     assert set(counts) <= set(p.ids.tolist()), "a token outside the target's p was emitted"
     expected = n * p.probs
@@ -89,13 +104,18 @@ def test_first_token_follows_target_distribution(smol) -> None:
 def test_same_seed_same_text(smol) -> None:
     target, draft = smol
     prompt = target.tokenize("Write a short poem about the sea.")
-    config = GenerationConfig(lookahead=4, sampling=SamplingParams(temperature=0.8),
-                              max_tokens=40, seed=1234)
+    config = GenerationConfig(
+        lookahead=4, sampling=SamplingParams(temperature=0.8), max_tokens=40, seed=1234
+    )
     first, _ = generated(SpeculativeEngine(target, ModelDrafter(draft)), prompt, config)
     again, _ = generated(SpeculativeEngine(target, ModelDrafter(draft)), prompt, config)
-    other, _ = generated(SpeculativeEngine(target, ModelDrafter(draft)), prompt,
-                         GenerationConfig(lookahead=4, sampling=SamplingParams(temperature=0.8),
-                                          max_tokens=40, seed=99))
+    other, _ = generated(
+        SpeculativeEngine(target, ModelDrafter(draft)),
+        prompt,
+        GenerationConfig(
+            lookahead=4, sampling=SamplingParams(temperature=0.8), max_tokens=40, seed=99
+        ),
+    )
     assert first == again
     assert first != other
 
@@ -104,8 +124,9 @@ def test_rollback_leaves_both_caches_at_the_accepted_prefix(smol) -> None:
     target, draft = smol
     prompt = target.tokenize("The quick brown fox")
     history = list(prompt)
-    config = GenerationConfig(lookahead=6, sampling=SamplingParams(temperature=1.0),
-                              max_tokens=60, seed=5)
+    config = GenerationConfig(
+        lookahead=6, sampling=SamplingParams(temperature=1.0), max_tokens=60, seed=5
+    )
     saw_rejection = False
     for event in SpeculativeEngine(target, ModelDrafter(draft)).generate(prompt, config):
         if isinstance(event, CycleDone):
@@ -120,11 +141,13 @@ def test_rollback_leaves_both_caches_at_the_accepted_prefix(smol) -> None:
 
 def test_full_context_stops_cleanly(smollm2_target: Path, smollm2_draft: Path) -> None:
     options = ModelOptions(n_ctx=48, n_threads=2)
-    engine = SpeculativeEngine(LlamaModel(smollm2_target, options),
-                               ModelDrafter(LlamaModel(smollm2_draft, options)))
+    engine = SpeculativeEngine(
+        LlamaModel(smollm2_target, options), ModelDrafter(LlamaModel(smollm2_draft, options))
+    )
     prompt = engine.target.tokenize("Count: 1, 2, 3,")
-    tokens, done = generated(engine, prompt, GenerationConfig(lookahead=4, sampling=GREEDY,
-                                                              max_tokens=500))
+    tokens, done = generated(
+        engine, prompt, GenerationConfig(lookahead=4, sampling=GREEDY, max_tokens=500)
+    )
     n_ctx = engine.target.n_ctx  # llama.cpp may round the asked size up
     assert done.reason == "context_full"
     assert n_ctx - 4 <= len(prompt) + len(tokens) <= n_ctx + 1
@@ -150,15 +173,27 @@ def test_f16_target_differs_only_at_float_near_ties(smollm2_draft: Path) -> None
     target = LlamaModel(derive(smollm2_draft, "F16"), ModelOptions(n_ctx=512, n_threads=2))
     draft = LlamaModel(smollm2_draft, ModelOptions(n_ctx=512, n_threads=2))
     prompt = target.tokenize(PROMPTS[0])
-    alone, _ = generated(SpeculativeEngine(target), prompt,
-                         GenerationConfig(lookahead=0, sampling=GREEDY, max_tokens=60))
-    spec, _ = generated(SpeculativeEngine(target, ModelDrafter(draft)), prompt,
-                        GenerationConfig(lookahead=4, sampling=GREEDY, max_tokens=60))
+    alone, _ = generated(
+        SpeculativeEngine(target),
+        prompt,
+        GenerationConfig(lookahead=0, sampling=GREEDY, max_tokens=60),
+    )
+    spec, _ = generated(
+        SpeculativeEngine(target, ModelDrafter(draft)),
+        prompt,
+        GenerationConfig(lookahead=4, sampling=GREEDY, max_tokens=60),
+    )
     assert_same_up_to_near_ties(target, prompt, alone, spec, 0.05)
 
 
-def assert_same_up_to_near_ties(target: LlamaModel, prompt: list[int], alone: list[int],
-                                spec: list[int], tie: float, what: str = "") -> None:
+def assert_same_up_to_near_ties(
+    target: LlamaModel,
+    prompt: list[int],
+    alone: list[int],
+    spec: list[int],
+    tie: float,
+    what: str = "",
+) -> None:
     """The speculative tokens are the target's own, or part only where the target's two best
     logits are within ``tie`` of each other (batched and one-token kernels round differently)."""
     if spec == alone:
@@ -167,8 +202,9 @@ def assert_same_up_to_near_ties(target: LlamaModel, prompt: list[int], alone: li
     target.reset()
     logits = target.decode(prompt + alone[:first], 1)[0]
     best, second = np.sort(logits)[-2:][::-1]
-    assert best - second < tie, \
+    assert best - second < tie, (
         f"{what} diverged at {first} with a clear winner ({best - second:.4f})"
+    )
 
 
 def test_a_model_that_cannot_roll_back_fails_clearly(smollm2_draft: Path, monkeypatch) -> None:
@@ -191,27 +227,35 @@ REPEATING = "Repeat the list exactly: red, green, blue, yellow, purple, orange. 
 def test_greedy_ngram_hybrid_and_auto_are_the_target_alone(smol, prompt: str) -> None:
     target, draft = smol
     tokens = target.tokenize(prompt)
-    alone, _ = generated(SpeculativeEngine(target), tokens,
-                         GenerationConfig(lookahead=0, sampling=GREEDY, max_tokens=48))
-    drafters = [("ngram", NgramDrafter(), 6), ("ngram", NgramDrafter(), "auto"),
-                ("model", ModelDrafter(draft), "auto"),
-                ("hybrid", HybridDrafter(ModelDrafter(draft)), 5),
-                ("hybrid", HybridDrafter(ModelDrafter(draft)), "auto")]
+    alone, _ = generated(
+        SpeculativeEngine(target),
+        tokens,
+        GenerationConfig(lookahead=0, sampling=GREEDY, max_tokens=48),
+    )
+    drafters = [
+        ("ngram", NgramDrafter(), 6),
+        ("ngram", NgramDrafter(), "auto"),
+        ("model", ModelDrafter(draft), "auto"),
+        ("hybrid", HybridDrafter(ModelDrafter(draft)), 5),
+        ("hybrid", HybridDrafter(ModelDrafter(draft)), "auto"),
+    ]
     for name, drafter, lookahead in drafters:
-        spec, done = generated(SpeculativeEngine(target, drafter), tokens,
-                               GenerationConfig(lookahead=lookahead, sampling=GREEDY,
-                                                max_tokens=48))
+        spec, done = generated(
+            SpeculativeEngine(target, drafter),
+            tokens,
+            GenerationConfig(lookahead=lookahead, sampling=GREEDY, max_tokens=48),
+        )
         # F32 weights: the batched verify pass rounds like the one-token pass but for rare
         # float near-ties (seen: a top-2 gap of 0.0024 at one token in 48).
-        assert_same_up_to_near_ties(target, tokens, alone, spec, 0.01,
-                                    f"{name} at K={lookahead}")
+        assert_same_up_to_near_ties(target, tokens, alone, spec, 0.01, f"{name} at K={lookahead}")
         if prompt == REPEATING and name != "model":
             assert done.stats.by_source["ngram"].accepted > 0, name
 
 
 @pytest.mark.parametrize("hybrid", [False, True])
-def test_first_guessed_token_of_ngram_guesses_follows_target_distribution(smol, hybrid: bool
-                                                                          ) -> None:
+def test_first_guessed_token_of_ngram_guesses_follows_target_distribution(
+    smol, hybrid: bool
+) -> None:
     """Chi-square over fixed seeds with the second token drafted by prompt lookup (a point-mass
     q): kept with probability p(guess), else drawn from p without the guess. The first token
     comes from the prompt's own pass; the runs where it is the likeliest one are compared with
@@ -226,8 +270,11 @@ def test_first_guessed_token_of_ngram_guesses_follows_target_distribution(smol, 
     engine = SpeculativeEngine(target, drafter)
     n, counts, by_ngram = 0, {}, 0
     for seed in range(400):
-        tokens, done = generated(engine, prompt, GenerationConfig(
-            lookahead=3, sampling=sampling, max_tokens=3, seed=seed))
+        tokens, done = generated(
+            engine,
+            prompt,
+            GenerationConfig(lookahead=3, sampling=sampling, max_tokens=3, seed=seed),
+        )
         if tokens[0] != first:
             continue
         n += 1

@@ -15,20 +15,42 @@ from specgen.registry import ModelSpec, Registry
 from tests.conftest import with_models_cache
 
 REQUIRED = {
-    "qwen2.5-7b": ("bartowski/Qwen2.5-7B-Instruct-GGUF", "Qwen2.5-7B-Instruct-Q4_K_M.gguf",
-                   "Qwen/Qwen2.5-0.5B-Instruct-GGUF", "qwen2.5-0.5b-instruct-q8_0.gguf"),
-    "qwen2.5-coder-7b": ("ggml-org/Qwen2.5-Coder-7B-Q8_0-GGUF", "qwen2.5-coder-7b-q8_0.gguf",
-                         "ggml-org/Qwen2.5-Coder-0.5B-Q8_0-GGUF", "qwen2.5-coder-0.5b-q8_0.gguf"),
-    "qwen3-8b": ("Qwen/Qwen3-8B-GGUF", "Qwen3-8B-Q4_K_M.gguf",
-                 "Qwen/Qwen3-0.6B-GGUF", "Qwen3-0.6B-Q8_0.gguf"),
-    "llama3.1-8b": ("bartowski/Meta-Llama-3.1-8B-Instruct-GGUF",
-                    "Meta-Llama-3.1-8B-Instruct-Q4_K_M.gguf",
-                    "bartowski/Llama-3.2-1B-Instruct-GGUF", "Llama-3.2-1B-Instruct-Q8_0.gguf"),
-    "gemma3-12b": ("unsloth/gemma-3-12b-it-GGUF", "gemma-3-12b-it-Q4_K_M.gguf",
-                   "ggml-org/gemma-3-1b-it-GGUF", "gemma-3-1b-it-Q8_0.gguf"),
-    "smollm2-1.7b": ("HuggingFaceTB/SmolLM2-1.7B-Instruct-GGUF",
-                     "smollm2-1.7b-instruct-q4_k_m.gguf",
-                     "HuggingFaceTB/SmolLM2-360M-Instruct-GGUF", "smollm2-360m-instruct-q8_0.gguf"),
+    "qwen2.5-7b": (
+        "bartowski/Qwen2.5-7B-Instruct-GGUF",
+        "Qwen2.5-7B-Instruct-Q4_K_M.gguf",
+        "Qwen/Qwen2.5-0.5B-Instruct-GGUF",
+        "qwen2.5-0.5b-instruct-q8_0.gguf",
+    ),
+    "qwen2.5-coder-7b": (
+        "ggml-org/Qwen2.5-Coder-7B-Q8_0-GGUF",
+        "qwen2.5-coder-7b-q8_0.gguf",
+        "ggml-org/Qwen2.5-Coder-0.5B-Q8_0-GGUF",
+        "qwen2.5-coder-0.5b-q8_0.gguf",
+    ),
+    "qwen3-8b": (
+        "Qwen/Qwen3-8B-GGUF",
+        "Qwen3-8B-Q4_K_M.gguf",
+        "Qwen/Qwen3-0.6B-GGUF",
+        "Qwen3-0.6B-Q8_0.gguf",
+    ),
+    "llama3.1-8b": (
+        "bartowski/Meta-Llama-3.1-8B-Instruct-GGUF",
+        "Meta-Llama-3.1-8B-Instruct-Q4_K_M.gguf",
+        "bartowski/Llama-3.2-1B-Instruct-GGUF",
+        "Llama-3.2-1B-Instruct-Q8_0.gguf",
+    ),
+    "gemma3-12b": (
+        "unsloth/gemma-3-12b-it-GGUF",
+        "gemma-3-12b-it-Q4_K_M.gguf",
+        "ggml-org/gemma-3-1b-it-GGUF",
+        "gemma-3-1b-it-Q8_0.gguf",
+    ),
+    "smollm2-1.7b": (
+        "HuggingFaceTB/SmolLM2-1.7B-Instruct-GGUF",
+        "smollm2-1.7b-instruct-q4_k_m.gguf",
+        "HuggingFaceTB/SmolLM2-360M-Instruct-GGUF",
+        "smollm2-360m-instruct-q8_0.gguf",
+    ),
 }
 
 
@@ -60,12 +82,18 @@ def test_unknown_pair_suggests_a_name(builtin: Registry) -> None:
         builtin.pair("qwen3-8")
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("org/repo-GGUF:model.gguf", ModelSpec(repo="org/repo-GGUF", file="model.gguf")),
-    ("org/repo-GGUF@v1:m*.gguf", ModelSpec(repo="org/repo-GGUF", file="m*.gguf", revision="v1")),
-    ("./models/x.gguf", ModelSpec(path="./models/x.gguf")),
-    ("/abs/x.gguf", ModelSpec(path="/abs/x.gguf")),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("org/repo-GGUF:model.gguf", ModelSpec(repo="org/repo-GGUF", file="model.gguf")),
+        (
+            "org/repo-GGUF@v1:m*.gguf",
+            ModelSpec(repo="org/repo-GGUF", file="m*.gguf", revision="v1"),
+        ),
+        ("./models/x.gguf", ModelSpec(path="./models/x.gguf")),
+        ("/abs/x.gguf", ModelSpec(path="/abs/x.gguf")),
+    ],
+)
 def test_command_line_specs(builtin: Registry, text: str, expected: ModelSpec) -> None:
     assert builtin.spec(text) == expected
 
@@ -77,13 +105,19 @@ def test_pair_member_spec(builtin: Registry) -> None:
         builtin.spec("qwen3-8b")
 
 
-@pytest.mark.parametrize("table, message", [
-    ('target = { repo = "a/b" }\ndraft = { path = "x" }', "needs a 'file'"),
-    ('target = { repo = "a/b", file = "f", path = "p" }\ndraft = { path = "x" }', "exactly one"),
-    ('target = { path = "p", sha256 = "abc" }\ndraft = { path = "x" }', "64 hex"),
-    ('target = { path = "p", colour = "red" }\ndraft = { path = "x" }', "unknown key"),
-    ('chat = "yes"\ntarget = { path = "p" }\ndraft = { path = "x" }', "'chat'"),
-])
+@pytest.mark.parametrize(
+    "table, message",
+    [
+        ('target = { repo = "a/b" }\ndraft = { path = "x" }', "needs a 'file'"),
+        (
+            'target = { repo = "a/b", file = "f", path = "p" }\ndraft = { path = "x" }',
+            "exactly one",
+        ),
+        ('target = { path = "p", sha256 = "abc" }\ndraft = { path = "x" }', "64 hex"),
+        ('target = { path = "p", colour = "red" }\ndraft = { path = "x" }', "unknown key"),
+        ('chat = "yes"\ntarget = { path = "p" }\ndraft = { path = "x" }', "'chat'"),
+    ],
+)
 def test_bad_specs_are_explained(tmp_path: Path, table: str, message: str) -> None:
     user = tmp_path / "models.toml"
     user.write_text(f"\n[pairs.bad]\n{table}\n")
@@ -94,8 +128,21 @@ def test_bad_specs_are_explained(tmp_path: Path, table: str, message: str) -> No
 
 def test_models_toml_ships_in_the_wheel(tmp_path: Path) -> None:
     """The built-in models.toml is package data: a built wheel carries it."""
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                    "-q", "-w", str(tmp_path), str(Path(__file__).parents[1])], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path),
+            str(Path(__file__).parents[1]),
+        ],
+        check=True,
+    )
     import zipfile
 
     wheel = next(tmp_path.glob("specgen-*.whl"))
@@ -106,6 +153,7 @@ def test_models_toml_ships_in_the_wheel(tmp_path: Path) -> None:
 
 
 # -- the vocabulary check ---------------------------------------------------------------------
+
 
 @dataclass
 class FakeVocab:
@@ -121,13 +169,16 @@ class FakeVocab:
         return self.changed.get(token, f"tok{token}".encode())
 
 
-@pytest.mark.parametrize("draft, reason", [
-    (FakeVocab(vocab_type=1), "vocabulary types differ (target BPE, draft SPM)"),
-    (FakeVocab(bos=7), "BOS ids differ (target 1, draft 7)"),
-    (FakeVocab(adds_bos=False), "adds BOS"),
-    (FakeVocab(n_vocab=1129), "sizes differ by 129"),
-    (FakeVocab(changed={500: b"other"}), "token 500 differs: target 'tok500', draft 'other'"),
-])
+@pytest.mark.parametrize(
+    "draft, reason",
+    [
+        (FakeVocab(vocab_type=1), "vocabulary types differ (target BPE, draft SPM)"),
+        (FakeVocab(bos=7), "BOS ids differ (target 1, draft 7)"),
+        (FakeVocab(adds_bos=False), "adds BOS"),
+        (FakeVocab(n_vocab=1129), "sizes differ by 129"),
+        (FakeVocab(changed={500: b"other"}), "token 500 differs: target 'tok500', draft 'other'"),
+    ],
+)
 def test_incompatible_drafts_name_the_first_difference(draft: FakeVocab, reason: str) -> None:
     verdict = compat.check(FakeVocab(), draft)
     assert not verdict and reason in verdict.reason
@@ -141,8 +192,9 @@ def test_compatible_drafts() -> None:
 
 
 @pytest.mark.slow
-def test_real_pairs(smollm2_target: Path, smollm2_draft: Path, gemma_target: Path,
-                    gemma_draft: Path) -> None:
+def test_real_pairs(
+    smollm2_target: Path, smollm2_draft: Path, gemma_target: Path, gemma_draft: Path
+) -> None:
     from specgen.backend import Vocabulary
 
     smol_t, smol_d = Vocabulary(smollm2_target), Vocabulary(smollm2_draft)
@@ -155,17 +207,35 @@ def test_real_pairs(smollm2_target: Path, smollm2_draft: Path, gemma_target: Pat
 @pytest.mark.slow
 def test_models_check_command(smollm2_draft: Path, gemma_target: Path) -> None:
     run = [sys.executable, "-m", "specgen", "models", "check"]
-    ok = subprocess.run([*run, "smollm2-135m-demo"], capture_output=True, text=True,
-                        env=with_models_cache())
+    ok = subprocess.run(
+        [*run, "smollm2-135m-demo"], capture_output=True, text=True, env=with_models_cache()
+    )
     assert ok.returncode == 0 and ok.stdout.startswith("ok smollm2-135m-demo: draft")
     assert "fits" in ok.stdout
-    bad = subprocess.run([*run, "--target", str(gemma_target), "--draft", str(smollm2_draft)],
-                         capture_output=True, text=True)
+    bad = subprocess.run(
+        [*run, "--target", str(gemma_target), "--draft", str(smollm2_draft)],
+        capture_output=True,
+        text=True,
+    )
     assert bad.returncode == 1
     assert bad.stderr.count("\n") == 1 and "does not fit" in bad.stderr
-    ran = subprocess.run([sys.executable, "-m", "specgen", "run", "hi", "-n", "4", "--target",
-                          str(gemma_target), "--draft", str(smollm2_draft)],
-                         capture_output=True, text=True)
+    ran = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "specgen",
+            "run",
+            "hi",
+            "-n",
+            "4",
+            "--target",
+            str(gemma_target),
+            "--draft",
+            str(smollm2_draft),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert ran.returncode == 1 and "cannot serve" in ran.stderr and ran.stdout == ""
 
 
@@ -176,7 +246,8 @@ def test_a_pair_may_draft_by_ngrams_or_turn_hybrid_drafting_off(tmp_path: Path) 
     user.write_text(
         '[pairs.lookup]\ntarget = { path = "/m/t.gguf" }\ndraft = "ngram"\nlookahead = "auto"\n'
         '[pairs.plain]\ntarget = { path = "/m/t.gguf" }\ndraft = { path = "/m/d.gguf" }\n'
-        'ngram = false\n')
+        "ngram = false\n"
+    )
     registry = Registry.load(user)
     lookup = registry.pair("lookup")
     assert lookup.draft is None and lookup.ngram and lookup.lookahead == "auto"
@@ -187,7 +258,8 @@ def test_a_pair_may_draft_by_ngrams_or_turn_hybrid_drafting_off(tmp_path: Path) 
     by_flag = choose(registry, "plain", None, "ngram")
     assert by_flag.draft is None and by_flag.ngram
     assert choose(registry, "plain", None, "./ngram").draft.path == "./ngram"
-    user.write_text('[pairs.bad]\ntarget = { path = "/m/t.gguf" }\ndraft = "ngram"\n'
-                    'lookahead = "fast"\n')
+    user.write_text(
+        '[pairs.bad]\ntarget = { path = "/m/t.gguf" }\ndraft = "ngram"\nlookahead = "fast"\n'
+    )
     with pytest.raises(UserError, match="line 1.*auto"):
         Registry.load(user)

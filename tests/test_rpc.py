@@ -34,9 +34,16 @@ def test_endpoints_parse_as_llama_cpp_reads_them() -> None:
     assert rpc.parse_endpoint("10.0.0.2:50053") == rpc.Endpoint("10.0.0.2", 50053)
     assert rpc.parse_endpoint(" big-box ") == rpc.Endpoint("big-box", rpc.DEFAULT_PORT)
     assert [str(e) for e in rpc.parse_endpoints("a:1,b")] == ["a:1", f"b:{rpc.DEFAULT_PORT}"]
-    for bad, says in (("", "no host"), (":50052", "no host"), ("a:0", "port"),
-                      ("a:x", "port"), ("a:70000", "port"), ("[::1]:50052", "IPv4"),
-                      ("::1", "IPv4"), ("a:1,a:1", "twice")):
+    for bad, says in (
+        ("", "no host"),
+        (":50052", "no host"),
+        ("a:0", "port"),
+        ("a:x", "port"),
+        ("a:70000", "port"),
+        ("[::1]:50052", "IPv4"),
+        ("::1", "IPv4"),
+        ("a:1,a:1", "twice"),
+    ):
         with pytest.raises(UsageError, match=says):
             rpc.parse_endpoints(bad)
     assert rpc.listen_address("localhost") == "127.0.0.1"
@@ -50,8 +57,10 @@ def test_the_protocol_version_is_the_installed_header_s() -> None:
 
     header = Path(llama_cpp.__file__).parent.parent / "include" / "ggml-rpc.h"
     text = header.read_text()
-    found = tuple(int(text.split(f"RPC_PROTO_{part}_VERSION")[1].split()[0])
-                  for part in ("MAJOR", "MINOR", "PATCH"))
+    found = tuple(
+        int(text.split(f"RPC_PROTO_{part}_VERSION")[1].split()[0])
+        for part in ("MAJOR", "MINOR", "PATCH")
+    )
     assert found == rpc.PROTOCOL
 
 
@@ -85,6 +94,7 @@ def hello_reply(version: tuple[int, int, int]):
         request = conn.recv(1 + 8 + 24)
         assert request[0] == 14 and struct.unpack("<Q", request[1:9])[0] == 24
         conn.sendall(struct.pack("<Q", 28) + bytes(version) + bytes(25))
+
     return answer
 
 
@@ -94,12 +104,21 @@ def test_hello_reads_the_version_and_times_the_round_trip() -> None:
     assert found.version == rpc.PROTOCOL and 0 < found.round_trip_s < 5
 
 
-@pytest.mark.parametrize("version", [(rpc.PROTOCOL[0] + 1, 0, 0), (rpc.PROTOCOL[0] - 1, 0, 0),
-                                     (rpc.PROTOCOL[0], rpc.PROTOCOL[1] + 1, 0)])
+@pytest.mark.parametrize(
+    "version",
+    [
+        (rpc.PROTOCOL[0] + 1, 0, 0),
+        (rpc.PROTOCOL[0] - 1, 0, 0),
+        (rpc.PROTOCOL[0], rpc.PROTOCOL[1] + 1, 0),
+    ],
+)
 def test_a_worker_of_another_version_is_one_line(version: tuple[int, int, int]) -> None:
     with fake_server(hello_reply(version)) as endpoint:
-        with pytest.raises(rpc.WorkerError, match=r"speaks RPC protocol .*same "
-                                                  r"llama-cpp-python version"):
+        with pytest.raises(
+            rpc.WorkerError,
+            match=r"speaks RPC protocol .*same "
+            r"llama-cpp-python version",
+        ):
             rpc.hello(endpoint)
 
 
@@ -115,8 +134,10 @@ def test_nothing_listening_a_silent_server_and_a_stranger_are_one_line_each() ->
 
 
 def test_an_abort_becomes_one_line_naming_the_workers() -> None:
-    died = rpc.abort_line("ggml-rpc.cpp:566: Remote RPC server crashed or returned malformed "
-                          "response", ["10.0.0.2:50052"])
+    died = rpc.abort_line(
+        "ggml-rpc.cpp:566: Remote RPC server crashed or returned malformed response",
+        ["10.0.0.2:50052"],
+    )
     assert "lost the connection to the RPC worker (10.0.0.2:50052) mid-run" in died
     assert "restart `specgen worker`" in died
     other = rpc.abort_line("ggml.c:1: GGML_ASSERT(x) failed", ["a:1"])
@@ -124,8 +145,9 @@ def test_an_abort_becomes_one_line_naming_the_workers() -> None:
 
 
 # -- models.toml and the command line --------------------------------------------------------
-def test_pairs_may_name_workers_and_rpc_none_runs_here(tmp_path: Path,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_pairs_may_name_workers_and_rpc_none_runs_here(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from specgen.backend import runtime
     from specgen.choice import choose
     from specgen.registry import Registry
@@ -133,7 +155,8 @@ def test_pairs_may_name_workers_and_rpc_none_runs_here(tmp_path: Path,
     home = Path(os.environ["SPECGEN_HOME"])
     (home / "models.toml").write_text(
         '[pairs.far]\ntarget = { path = "t.gguf" }\ndraft = { path = "d.gguf" }\n'
-        'rpc = ["127.0.0.1:1", "127.0.0.1:2"]\n')
+        'rpc = ["127.0.0.1:1", "127.0.0.1:2"]\n'
+    )
     registry = Registry.load()
     assert registry.pair("far").workers == ("127.0.0.1:1", "127.0.0.1:2")
     assert choose(registry, "far", None, None, rpc="none").workers == ()
@@ -141,13 +164,15 @@ def test_pairs_may_name_workers_and_rpc_none_runs_here(tmp_path: Path,
     with pytest.raises(rpc.WorkerError, match="nothing is listening at 127.0.0.1:1"):
         choose(registry, "far", None, None)  # probed before anything loads
     (home / "models.toml").write_text(
-        '[pairs.far]\ntarget = { path = "t.gguf" }\ndraft = { path = "d.gguf" }\nrpc = 5\n')
+        '[pairs.far]\ntarget = { path = "t.gguf" }\ndraft = { path = "d.gguf" }\nrpc = 5\n'
+    )
     with pytest.raises(Exception, match="'rpc' must be"):
         Registry.load()
 
 
-def main(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], *args: str
-         ) -> tuple[int, str]:
+def main(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], *args: str
+) -> tuple[int, str]:
     """`specgen ARGS` in this process, through the entry point's error table: (code, stderr)."""
     monkeypatch.setattr(sys, "argv", ["specgen", *args])
     with pytest.raises(SystemExit) as exit_:
@@ -155,8 +180,9 @@ def main(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], *a
     return int(exit_.value.code or 0), " ".join(capsys.readouterr().err.split())
 
 
-def test_a_build_without_rpc_says_how_to_rebuild(monkeypatch: pytest.MonkeyPatch,
-                                                 capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_build_without_rpc_says_how_to_rebuild(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     from specgen.backend import runtime
 
     monkeypatch.setattr(runtime, "supports_rpc", lambda: False)
@@ -167,7 +193,8 @@ def test_a_build_without_rpc_says_how_to_rebuild(monkeypatch: pytest.MonkeyPatch
 
 
 def test_a_worker_beyond_loopback_warns_that_the_protocol_is_open(
-        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     from specgen import backend, cli_worker
 
     monkeypatch.setattr(cli_worker, "_check_port_free", lambda endpoint: None)
@@ -182,13 +209,34 @@ def test_a_worker_beyond_loopback_warns_that_the_protocol_is_open(
 
 
 # -- real workers --------------------------------------------------------------------------------
-def run_json(target: Path, draft: Path | None, *extra: str,
-             prompt: str = "The capital of France is", n: int = 24) -> dict:
+def run_json(
+    target: Path,
+    draft: Path | None,
+    *extra: str,
+    prompt: str = "The capital of France is",
+    n: int = 24,
+) -> dict:
     models = ["--target", str(target)] + (["--draft", str(draft)] if draft else [])
-    args = [sys.executable, "-m", "specgen", "run", *models, "--raw", "--temperature", "0",
-            "-n", str(n), "--threads", "1", "--json", *extra, prompt]
-    done = subprocess.run(args, capture_output=True, text=True, env=with_models_cache(),
-                          timeout=300)
+    args = [
+        sys.executable,
+        "-m",
+        "specgen",
+        "run",
+        *models,
+        "--raw",
+        "--temperature",
+        "0",
+        "-n",
+        str(n),
+        "--threads",
+        "1",
+        "--json",
+        *extra,
+        prompt,
+    ]
+    done = subprocess.run(
+        args, capture_output=True, text=True, env=with_models_cache(), timeout=300
+    )
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 
@@ -196,14 +244,16 @@ def run_json(target: Path, draft: Path | None, *extra: str,
 @pytest.mark.slow
 @pytest.mark.needs_rpc
 def test_greedy_through_one_and_two_workers_is_the_local_target_s(
-        smollm2_target: Path, smollm2_draft: Path) -> None:
+    smollm2_target: Path, smollm2_draft: Path
+) -> None:
     local = run_json(smollm2_target, None, "-k", "0")
     with worker() as (first, _), worker() as (second, _):
         one = run_json(smollm2_target, None, "-k", "0", "--rpc", first)
         two = run_json(smollm2_target, None, "-k", "0", "--rpc", f"{first},{second}")
         speculative = run_json(smollm2_target, smollm2_draft, "-k", "8", "--rpc", first)
-        whole_head = run_json(smollm2_target, None, "-k", "0", "--rpc", first,
-                              "--no-rpc-local-head")
+        whole_head = run_json(
+            smollm2_target, None, "-k", "0", "--rpc", first, "--no-rpc-local-head"
+        )
     assert local["stats"]["generated_tokens"] == 24
     for remote in (one, two, speculative, whole_head):
         assert remote["text"] == local["text"] and remote["stats"]["generated_tokens"] == 24
@@ -213,15 +263,17 @@ def test_greedy_through_one_and_two_workers_is_the_local_target_s(
 @pytest.mark.slow
 @pytest.mark.needs_rpc
 def test_the_draft_and_the_output_layer_stay_on_this_machine(
-        smollm2_target: Path, smollm2_draft: Path) -> None:
+    smollm2_target: Path, smollm2_draft: Path
+) -> None:
     target_size, draft_size = smollm2_target.stat().st_size, smollm2_draft.stat().st_size
     traffic = {}
     with worker() as (endpoint, _):
         for head in ("--rpc-local-head", "--no-rpc-local-head"):
             proxy = CountingProxy(endpoint)
             try:
-                run_json(smollm2_target, smollm2_draft, "-k", "4", "--rpc", proxy.endpoint, head,
-                         n=32)
+                run_json(
+                    smollm2_target, smollm2_draft, "-k", "4", "--rpc", proxy.endpoint, head, n=32
+                )
                 traffic[head] = proxy.counts()
             finally:
                 proxy.close()
@@ -239,10 +291,24 @@ def test_the_draft_and_the_output_layer_stay_on_this_machine(
 @pytest.mark.needs_rpc
 def test_failures_before_attaching_are_one_line_each(smollm2_target: Path) -> None:
     def run(*extra: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "specgen", "run", "--target",
-                               str(smollm2_target), "-n", "4", *extra, "hi"],
-                              capture_output=True, text=True, env=with_models_cache(),
-                              timeout=120)
+        return subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "specgen",
+                "run",
+                "--target",
+                str(smollm2_target),
+                "-n",
+                "4",
+                *extra,
+                "hi",
+            ],
+            capture_output=True,
+            text=True,
+            env=with_models_cache(),
+            timeout=120,
+        )
 
     nobody = run("--rpc", f"127.0.0.1:{free_port()}")
     assert nobody.returncode == 1 and "nothing is listening" in nobody.stderr
@@ -264,14 +330,34 @@ def test_failures_before_attaching_are_one_line_each(smollm2_target: Path) -> No
 
 @pytest.mark.slow
 @pytest.mark.needs_rpc
-def test_a_worker_killed_mid_run_ends_the_run_with_one_line(smollm2_target: Path,
-                                                             tmp_path: Path) -> None:
+def test_a_worker_killed_mid_run_ends_the_run_with_one_line(
+    smollm2_target: Path, tmp_path: Path
+) -> None:
     with worker() as (endpoint, worker_proc):
         run = subprocess.Popen(
-            [sys.executable, "-m", "specgen", "run", "--target", str(smollm2_target), "--raw",
-             "-k", "0", "-n", "3000", "--ctx-size", "4096", "--rpc", endpoint,
-             "Once upon a time"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            env=with_models_cache(), cwd=tmp_path)
+            [
+                sys.executable,
+                "-m",
+                "specgen",
+                "run",
+                "--target",
+                str(smollm2_target),
+                "--raw",
+                "-k",
+                "0",
+                "-n",
+                "3000",
+                "--ctx-size",
+                "4096",
+                "--rpc",
+                endpoint,
+                "Once upon a time",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=with_models_cache(),
+            cwd=tmp_path,
+        )
         first = run.stdout.read(1)  # generating: text is coming
         worker_proc.kill()
         rest, errors = run.communicate(timeout=120)
@@ -301,8 +387,12 @@ def test_a_worker_stops_cleanly_and_shows_what_it_serves() -> None:
     assert "worker stopped" in err and out == ""
     with worker() as (endpoint, _):
         port = endpoint.split(":")[1]
-        clash = subprocess.run([sys.executable, "-m", "specgen", "worker", "--port", port],
-                               capture_output=True, text=True, timeout=60)
+        clash = subprocess.run(
+            [sys.executable, "-m", "specgen", "worker", "--port", port],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     assert clash.returncode == 1 and "pick another --port" in clash.stderr
 
 
@@ -310,8 +400,12 @@ def test_a_worker_stops_cleanly_and_shows_what_it_serves() -> None:
 @pytest.mark.needs_rpc
 def test_doctor_lists_the_workers(monkeypatch: pytest.MonkeyPatch) -> None:
     with worker() as (endpoint, _):
-        done = subprocess.run([sys.executable, "-m", "specgen", "doctor", "--json", "--rpc",
-                               endpoint], capture_output=True, text=True, timeout=120)
+        done = subprocess.run(
+            [sys.executable, "-m", "specgen", "doctor", "--json", "--rpc", endpoint],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         wait_for_worker(endpoint)  # doctor let go of it
     assert done.returncode == 0, done.stderr
     found = json.loads(done.stdout)["workers"]
@@ -321,17 +415,42 @@ def test_doctor_lists_the_workers(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.slow
 @pytest.mark.needs_rpc
-def test_bench_measures_the_verify_over_the_workers(smollm2_target: Path, smollm2_draft: Path,
-                                                     tmp_path: Path) -> None:
+def test_bench_measures_the_verify_over_the_workers(
+    smollm2_target: Path, smollm2_draft: Path, tmp_path: Path
+) -> None:
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("The capital of France is\n")
     with worker() as (endpoint, _):
         done = subprocess.run(
-            [sys.executable, "-m", "specgen", "bench", "--target", str(smollm2_target),
-             "--draft", str(smollm2_draft), "-k", "2", "-n", "8", "--temperature", "0",
-             "--prompts", str(prompts), "--threads", "1", "--rpc", endpoint, "--json",
-             str(tmp_path / "bench.json")], capture_output=True, text=True,
-            env=with_models_cache(), timeout=300)
+            [
+                sys.executable,
+                "-m",
+                "specgen",
+                "bench",
+                "--target",
+                str(smollm2_target),
+                "--draft",
+                str(smollm2_draft),
+                "-k",
+                "2",
+                "-n",
+                "8",
+                "--temperature",
+                "0",
+                "--prompts",
+                str(prompts),
+                "--threads",
+                "1",
+                "--rpc",
+                endpoint,
+                "--json",
+                str(tmp_path / "bench.json"),
+            ],
+            capture_output=True,
+            text=True,
+            env=with_models_cache(),
+            timeout=300,
+        )
     assert done.returncode == 0, done.stderr
     shown = " ".join(done.stdout.split())  # the title wraps at the table's width
     assert f"target on {endpoint}" in shown and "RPC workers" in shown
@@ -355,8 +474,9 @@ def test_bench_s_pasteable_command_keeps_the_workers() -> None:
 
 @pytest.mark.slow
 @pytest.mark.needs_rpc
-def test_serve_over_a_worker_answers_as_run_does_here(smollm2_target: Path,
-                                                       smollm2_draft: Path) -> None:
+def test_serve_over_a_worker_answers_as_run_does_here(
+    smollm2_target: Path, smollm2_draft: Path
+) -> None:
     import openai
 
     from tests.test_server import start
@@ -366,8 +486,9 @@ def test_serve_over_a_worker_answers_as_run_does_here(smollm2_target: Path,
         proc, url = start(smollm2_target, smollm2_draft, "--rpc", endpoint, "-k", "4")
         try:
             client = openai.OpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
-            answer = client.completions.create(model="x", prompt="The capital of France is",
-                                               temperature=0, max_tokens=24)
+            answer = client.completions.create(
+                model="x", prompt="The capital of France is", temperature=0, max_tokens=24
+            )
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=60)
@@ -376,7 +497,8 @@ def test_serve_over_a_worker_answers_as_run_does_here(smollm2_target: Path,
 
 
 def test_without_the_rpc_build_its_tests_skip_saying_how_unless_ci_requires_it(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from types import SimpleNamespace
 
     from tests import conftest

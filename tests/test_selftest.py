@@ -27,8 +27,12 @@ def model_file(tmp_path: Path) -> Path:
         return struct.pack("<Q", len(text)) + text.encode()
 
     path = tmp_path / "m.gguf"
-    path.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + string("general.file_type")
-                     + struct.pack("<II", 4, 15))
+    path.write_bytes(
+        b"GGUF"
+        + struct.pack("<IQQ", 3, 0, 1)
+        + string("general.file_type")
+        + struct.pack("<II", 4, 15)
+    )
     return path
 
 
@@ -37,8 +41,9 @@ def selftest_on(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SPECGEN_SELFTEST", "1")
 
 
-def test_a_child_killed_by_sigill_is_named_with_the_fix(model_file: Path,
-                                                         selftest_on: None) -> None:
+def test_a_child_killed_by_sigill_is_named_with_the_fix(
+    model_file: Path, selftest_on: None
+) -> None:
     verdict = selftest.run_child(DIES_OF_SIGILL)
     assert verdict is not None and not verdict.ok and verdict.signal == "SIGILL"
     with pytest.raises(CpuUnsupported) as caught:
@@ -51,29 +56,36 @@ def test_a_child_killed_by_sigill_is_named_with_the_fix(model_file: Path,
         selftest.ensure_cpu_works([model_file], command=PASSES)
 
 
-def test_a_passing_child_is_cached_and_a_failing_one_is_not(model_file: Path,
-                                                            selftest_on: None) -> None:
+def test_a_passing_child_is_cached_and_a_failing_one_is_not(
+    model_file: Path, selftest_on: None
+) -> None:
     assert selftest.ensure_cpu_works([model_file], command=FAILS) is None
     assert selftest.cached_verdict([model_file]) is None  # not a CPU verdict: not kept
     assert selftest.ensure_cpu_works([model_file], command=PASSES).ok
     assert selftest.ensure_cpu_works([model_file], command=DIES_OF_SIGILL).ok  # cached
 
 
-def test_the_cli_stops_with_one_line_on_an_unsupported_cpu(model_file: Path,
-                                                           selftest_on: None) -> None:
+def test_the_cli_stops_with_one_line_on_an_unsupported_cpu(
+    model_file: Path, selftest_on: None
+) -> None:
     with pytest.raises(CpuUnsupported):
         selftest.ensure_cpu_works([model_file], command=DIES_OF_SIGILL)
-    done = subprocess.run([sys.executable, "-m", "specgen", "run", "hi", "--target",
-                           str(model_file)], capture_output=True, text=True, timeout=120,
-                          env=dict(os.environ))
+    done = subprocess.run(
+        [sys.executable, "-m", "specgen", "run", "hi", "--target", str(model_file)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ),
+    )
     assert done.returncode == 1 and "Traceback" not in done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "SIGILL" in lines[0] and "CMAKE_ARGS" in lines[0]
 
 
 @pytest.mark.slow
-def test_the_real_self_test_passes_here(smollm2_draft: Path, smollm2_target: Path,
-                                        selftest_on: None) -> None:
+def test_the_real_self_test_passes_here(
+    smollm2_draft: Path, smollm2_target: Path, selftest_on: None
+) -> None:
     verdict = selftest.ensure_cpu_works([smollm2_target, smollm2_draft])
     assert verdict is not None and verdict.ok
     assert set(selftest.quant_types([smollm2_target, smollm2_draft])) == {"F32", "Q4_1"}
@@ -82,24 +94,54 @@ def test_the_real_self_test_passes_here(smollm2_draft: Path, smollm2_target: Pat
 def test_doctor_json_and_its_advice() -> None:
     from specgen.cli_doctor import advice
 
-    done = subprocess.run([sys.executable, "-m", "specgen", "doctor", "--json",
-                           "--hub-timeout", "1"], capture_output=True, text=True, timeout=120,
-                          env=dict(os.environ))
+    done = subprocess.run(
+        [sys.executable, "-m", "specgen", "doctor", "--json", "--hub-timeout", "1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ),
+    )
     assert done.returncode == 0, done.stderr
     found = json.loads(done.stdout)
-    for key in ("llama_cpp_python", "system_info", "backends", "gpu_offload", "self_test",
-                "default_threads", "caches", "pairs", "hub", "advice"):
+    for key in (
+        "llama_cpp_python",
+        "system_info",
+        "backends",
+        "gpu_offload",
+        "self_test",
+        "default_threads",
+        "caches",
+        "pairs",
+        "hub",
+        "advice",
+    ):
         assert key in found
     assert found["caches"]["specgen cache"]["path"] == os.environ["SPECGEN_CACHE"]
     assert found["hub"]["state"]
-    machine = {**found, "gpu_offload": False, "nvidia_gpu_present": True, "physical_cores": 4,
-               "default_threads": 8, "cpu_lists_amx": False,
-               "self_test": {"ok": True, "message": "passed"},
-               "pairs": [{"name": "p", "downloaded": True,
-                          "bench": {"sampled": {"variant": 0, "cost_ratio": 0.7}}}]}
+    machine = {
+        **found,
+        "gpu_offload": False,
+        "nvidia_gpu_present": True,
+        "physical_cores": 4,
+        "default_threads": 8,
+        "cpu_lists_amx": False,
+        "self_test": {"ok": True, "message": "passed"},
+        "pairs": [
+            {
+                "name": "p",
+                "downloaded": True,
+                "bench": {"sampled": {"variant": 0, "cost_ratio": 0.7}},
+            }
+        ],
+    }
     tips = " | ".join(advice(machine))
     assert "-DGGML_CUDA=on" in tips and "--threads 4" in tips
     assert "no K pays" in tips and "0.70 of a target step" in tips
-    human = subprocess.run([sys.executable, "-m", "specgen", "doctor", "--hub-timeout", "1"],
-                           capture_output=True, text=True, timeout=120, env=dict(os.environ))
+    human = subprocess.run(
+        [sys.executable, "-m", "specgen", "doctor", "--hub-timeout", "1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ),
+    )
     assert human.returncode == 0 and "CPU self-test" in human.stdout

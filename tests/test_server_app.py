@@ -46,28 +46,40 @@ class AppClient:
 
     def __init__(self, app) -> None:
         self.loop = asyncio.new_event_loop()
-        self.http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
-                                      base_url="http://specgen")
+        self.http = httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://specgen"
+        )
 
-    def request(self, method: str, path: str, key: str | None = KEY,
-                headers: dict[str, str] | None = None, **kwargs) -> httpx.Response:
+    def request(
+        self,
+        method: str,
+        path: str,
+        key: str | None = KEY,
+        headers: dict[str, str] | None = None,
+        **kwargs,
+    ) -> httpx.Response:
         auth = {"Authorization": f"Bearer {key}"} if key else {}
-        return self.loop.run_until_complete(self.http.request(
-            method, path, headers={**auth, **(headers or {})}, **kwargs))
+        return self.loop.run_until_complete(
+            self.http.request(method, path, headers={**auth, **(headers or {})}, **kwargs)
+        )
 
     def post(self, path: str, **kwargs) -> httpx.Response:
         return self.request("POST", path, **kwargs)
 
     def openai(self, work):
         """``work(client)`` with the official async `openai` client, run to the end."""
-        client = openai.AsyncOpenAI(base_url="http://specgen/v1", api_key=KEY,
-                                    http_client=self.http, max_retries=0)
+        client = openai.AsyncOpenAI(
+            base_url="http://specgen/v1", api_key=KEY, http_client=self.http, max_retries=0
+        )
         return self.loop.run_until_complete(work(client))
 
     def metric(self, name: str) -> float:
         text = self.request("GET", "/metrics", key=None).text
-        return sum(float(line.split()[-1]) for line in text.splitlines()
-                   if line.startswith(name + " ") or line.startswith(name + "{"))
+        return sum(
+            float(line.split()[-1])
+            for line in text.splitlines()
+            if line.startswith(name + " ") or line.startswith(name + "{")
+        )
 
     def close(self) -> None:
         self.loop.run_until_complete(self.http.aclose())
@@ -84,35 +96,59 @@ def http(app) -> Iterator[AppClient]:
 def test_greedy_chat_and_completions_equal_specgen_run(http, fake_pair: FakePair) -> None:
     async def work(client):
         chat = await client.chat.completions.create(
-            model="x", messages=[{"role": "user", "content": "What is the capital?"}],
-            temperature=0, max_tokens=24)
-        completion = await client.completions.create(model="x", prompt="The capital is",
-                                                     temperature=0, max_tokens=24)
-        pieces = [c.choices[0].text async for c in await client.completions.create(
-            model="x", prompt="The capital is", temperature=0, max_tokens=24, stream=True)]
-        streamed = [c.choices[0].delta.content or "" async for c in
-                    await client.chat.completions.create(
-                        model="x", messages=[{"role": "user", "content": "What is the capital?"}],
-                        temperature=0, max_tokens=24, stream=True) if c.choices]
+            model="x",
+            messages=[{"role": "user", "content": "What is the capital?"}],
+            temperature=0,
+            max_tokens=24,
+        )
+        completion = await client.completions.create(
+            model="x", prompt="The capital is", temperature=0, max_tokens=24
+        )
+        pieces = [
+            c.choices[0].text
+            async for c in await client.completions.create(
+                model="x", prompt="The capital is", temperature=0, max_tokens=24, stream=True
+            )
+        ]
+        streamed = [
+            c.choices[0].delta.content or ""
+            async for c in await client.chat.completions.create(
+                model="x",
+                messages=[{"role": "user", "content": "What is the capital?"}],
+                temperature=0,
+                max_tokens=24,
+                stream=True,
+            )
+            if c.choices
+        ]
         return chat, completion, pieces, streamed
 
     chat, completion, pieces, streamed = http.openai(work)
-    assert chat.choices[0].message.content == run_cli(fake_pair, "What is the capital?", "-n",
-                                                      "24")["text"]
+    assert (
+        chat.choices[0].message.content
+        == run_cli(fake_pair, "What is the capital?", "-n", "24")["text"]
+    )
     assert chat.choices[0].finish_reason == "length" and chat.object == "chat.completion"
-    assert completion.choices[0].text == run_cli(fake_pair, "The capital is", "-n", "24",
-                                                 "--raw")["text"]
+    assert (
+        completion.choices[0].text
+        == run_cli(fake_pair, "The capital is", "-n", "24", "--raw")["text"]
+    )
     assert "".join(pieces) == completion.choices[0].text
     assert "".join(streamed) == chat.choices[0].message.content
 
 
 def test_timings_usage_and_metrics_agree(http) -> None:
-    names = ("specgen_spec_decode_num_draft_tokens_total",
-             "specgen_spec_decode_num_accepted_tokens_total", "specgen_generation_tokens_total",
-             "specgen_spec_decode_num_accepted_tokens_per_pos_total")
+    names = (
+        "specgen_spec_decode_num_draft_tokens_total",
+        "specgen_spec_decode_num_accepted_tokens_total",
+        "specgen_generation_tokens_total",
+        "specgen_spec_decode_num_accepted_tokens_per_pos_total",
+    )
     before = {name: http.metric(name) for name in names}
-    body = http.post("/v1/completions", json={"prompt": "Once upon a time", "temperature": 0.7,
-                                              "seed": 3, "max_tokens": 40}).json()
+    body = http.post(
+        "/v1/completions",
+        json={"prompt": "Once upon a time", "temperature": 0.7, "seed": 3, "max_tokens": 40},
+    ).json()
     timings, usage = body["timings"], body["usage"]
     assert timings["predicted_n"] == usage["completion_tokens"] == 40
     assert 0 < timings["draft_n_accepted"] <= timings["draft_n"]
@@ -128,13 +164,18 @@ def test_timings_usage_and_metrics_agree(http) -> None:
 
 def test_a_second_chat_turn_reuses_the_first(http) -> None:
     first = [{"role": "user", "content": "Name a colour."}]
-    answer = http.post("/v1/chat/completions",
-                       json={"messages": first, "temperature": 0, "max_tokens": 16}).json()
+    answer = http.post(
+        "/v1/chat/completions", json={"messages": first, "temperature": 0, "max_tokens": 16}
+    ).json()
     reply = answer["choices"][0]["message"]["content"]
-    turn_two = [*first, {"role": "assistant", "content": reply},
-                {"role": "user", "content": "And another one?"}]
-    two = http.post("/v1/chat/completions",
-                    json={"messages": turn_two, "temperature": 0, "max_tokens": 16}).json()
+    turn_two = [
+        *first,
+        {"role": "assistant", "content": reply},
+        {"role": "user", "content": "And another one?"},
+    ]
+    two = http.post(
+        "/v1/chat/completions", json={"messages": turn_two, "temperature": 0, "max_tokens": 16}
+    ).json()
     cached = two["timings"]["cache_n"]
     assert cached >= answer["usage"]["prompt_tokens"]  # all of turn one's prompt, at least
     assert two["timings"]["prompt_n"] == two["usage"]["prompt_tokens"] - cached
@@ -149,12 +190,23 @@ def test_bad_requests_get_openai_errors(http) -> None:
         (json.dumps({"messages": "hi"}).encode(), 422, "invalid_value"),
         (json.dumps({"messages": hi, "temperature": "hot"}).encode(), 422, "invalid_value"),
         (json.dumps({"messages": hi, "top_p": 2}).encode(), 422, "invalid_value"),
-        (json.dumps({"messages": [{"role": "robot", "content": "hi"}]}).encode(), 422,
-         "invalid_value"),
-        (json.dumps({"messages": [{"role": "user", "content": "x" * (2 << 20)}]}).encode(),
-         413, "request_too_large"),
-        (json.dumps({"messages": [{"role": "user", "content": "word " * 500}],
-                     "max_tokens": 4}).encode(), 400, None),
+        (
+            json.dumps({"messages": [{"role": "robot", "content": "hi"}]}).encode(),
+            422,
+            "invalid_value",
+        ),
+        (
+            json.dumps({"messages": [{"role": "user", "content": "x" * (2 << 20)}]}).encode(),
+            413,
+            "request_too_large",
+        ),
+        (
+            json.dumps(
+                {"messages": [{"role": "user", "content": "word " * 500}], "max_tokens": 4}
+            ).encode(),
+            400,
+            None,
+        ),
     ]
     for body, status, code in cases:
         response = http.post(url, content=body, headers={"Content-Type": "application/json"})
@@ -163,16 +215,20 @@ def test_bad_requests_get_openai_errors(http) -> None:
         assert error["message"] and (code is None or error["code"] == code)
     too_long = http.post(url, json={"messages": [{"role": "user", "content": "word " * 500}]})
     assert "does not fit the context" in too_long.json()["error"]["message"]
-    unknown = http.post(url, json={"messages": hi, "max_tokens": 2, "frequency_penalty": 0,
-                                   "user": "me"})
+    unknown = http.post(
+        url, json={"messages": hi, "max_tokens": 2, "frequency_penalty": 0, "user": "me"}
+    )
     assert unknown.status_code == 200  # fields other clients send are ignored
 
     async def chunks() -> AsyncIterator[bytes]:
         for _ in range(40):
             yield b"x" * 65536
 
-    chunked = http.post(url, content=chunks(),  # no Content-Length
-                        headers={"Content-Type": "application/json"})
+    chunked = http.post(
+        url,
+        content=chunks(),  # no Content-Length
+        headers={"Content-Type": "application/json"},
+    )
     assert chunked.status_code == 413 and chunked.json()["error"]["code"] == "request_too_large"
     assert http.post(url, key=None, json={"messages": []}).status_code == 401
     assert http.post(url, key="wrong", json={}).status_code == 401
@@ -185,8 +241,9 @@ def test_back_to_back_requests_never_find_the_model_busy(http) -> None:
     an answer is only sent once its generation has given the model back; an error is an answer
     too."""
     for i in range(12):
-        answer = http.post("/v1/completions", json={"prompt": f"Number {i}:", "max_tokens": 2,
-                                                    "temperature": 0})
+        answer = http.post(
+            "/v1/completions", json={"prompt": f"Number {i}:", "max_tokens": 2, "temperature": 0}
+        )
         assert answer.status_code == 200
         assert answer.json()["choices"][0]["finish_reason"] in ("length", "stop")
         refused = http.post("/v1/completions", json={"prompt": "word " * 500})
@@ -204,8 +261,9 @@ class Held:
         self.started = threading.Event()
         self.ended: list[str] = []
 
-    def stream_events(self, prompt, settings=None, *, system=None, reuse_prefix=False,
-                      cancelled=None, chat=None) -> Iterator[object]:
+    def stream_events(
+        self, prompt, settings=None, *, system=None, reuse_prefix=False, cancelled=None, chat=None
+    ) -> Iterator[object]:
         from specgen.engine import TextChunk
         from specgen.session import Result
         from specgen.stats import Stats
@@ -259,8 +317,11 @@ def test_the_python_api_generates_as_run_does(generator, fake_pair: FakePair) ->
     result = generator.generate("What is the capital?", temperature=0, max_tokens=16)
     assert isinstance(result, Result) and result.stats.n_generated == 16
     assert result.text == run_cli(fake_pair, "What is the capital?", "-n", "16")["text"]
-    pieces = list(generator.stream([{"role": "user", "content": "What is the capital?"}],
-                                   temperature=0, max_tokens=16))
+    pieces = list(
+        generator.stream(
+            [{"role": "user", "content": "What is the capital?"}], temperature=0, max_tokens=16
+        )
+    )
     assert "".join(pieces) == result.text and generator.last is not None
     events = list(generator.stream_events("Once upon a time", chat=False))
     assert isinstance(events[-1], Result)
@@ -276,8 +337,11 @@ def test_serve_takes_the_k_bench_found(fake_pair: FakePair) -> None:
     choice = choose(Registry.load(), None, str(fake_pair.target), str(fake_pair.draft))
     memo = memo_path(choice, 2, -1)
     memo.parent.mkdir(parents=True, exist_ok=True)
-    memo.write_text(json.dumps({"sampled": {"variant": 3, "speedup": 1.3, "temperature": 0.8,
-                                            "date": "2026-11-29"}}))
+    memo.write_text(
+        json.dumps(
+            {"sampled": {"variant": 3, "speedup": 1.3, "temperature": 0.8, "date": "2026-11-29"}}
+        )
+    )
     sg = Specgen(target=fake_pair.target, draft=fake_pair.draft, threads=2, from_bench=True)
     assert sg.lookahead == 3 and "specgen bench" in sg.note
     assert Specgen(target=fake_pair.target, draft=fake_pair.draft, threads=2).lookahead == "auto"

@@ -21,9 +21,18 @@ def test_one_cycle_is_singular() -> None:
 
 
 def test_final_stats_fit_80_columns() -> None:
-    stats = Stats(lookahead="auto", seed=4294967295, n_prompt=1234, prompt_seconds=0.5,
-                  n_generated=1000, n_cycles=333, n_drafted=2222, n_accepted=1111,
-                  current_lookahead=12, stop_reason="max_tokens")
+    stats = Stats(
+        lookahead="auto",
+        seed=4294967295,
+        n_prompt=1234,
+        prompt_seconds=0.5,
+        n_generated=1000,
+        n_cycles=333,
+        n_drafted=2222,
+        n_accepted=1111,
+        current_lookahead=12,
+        stop_reason="max_tokens",
+    )
     stats.by_source = {"model": SourceStats(100, 2000, 1000), "ngram": SourceStats(20, 222, 111)}
     wide = stats_text(stats, final=True).plain
     assert len(wide) > 80  # the whole story is long...
@@ -60,8 +69,13 @@ def test_a_terminal_that_reports_no_size_gets_no_bar(fake_pair: FakePair) -> Non
     tty = io.TextIOWrapper(io.FileIO(slave, "w", closefd=False), write_through=True)
     sys.stdout = sys.stderr = tty
     try:
-        code = cli.execute(["run", "Tell me about the moon.",
-                        *fake_pair.args("--temperature", "0", "-n", "40", "-k", "4")])
+        code = cli.execute(
+            [
+                "run",
+                "Tell me about the moon.",
+                *fake_pair.args("--temperature", "0", "-n", "40", "-k", "4"),
+            ]
+        )
     finally:
         tty.flush()
         sys.stdout, sys.stderr = saved

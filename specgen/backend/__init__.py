@@ -23,7 +23,20 @@ from specgen.backend.ggml import (
 from specgen.backend.llama import LlamaModel, ModelOptions, Vocabulary, quantize
 from specgen.backend.runtime import library_version, supports_rpc, system_info
 
-__all__ = ["LOCAL_HEAD_PATTERN", "RPC_REBUILD", "Device", "LlamaModel", "ModelOptions",
-           "Vocabulary", "library_version", "quantize", "require_rpc", "serve_worker",
-           "served_devices", "supports_gpu_offload", "supports_rpc", "system_info",
-           "worker_devices"]
+__all__ = [
+    "LOCAL_HEAD_PATTERN",
+    "RPC_REBUILD",
+    "Device",
+    "LlamaModel",
+    "ModelOptions",
+    "Vocabulary",
+    "library_version",
+    "quantize",
+    "require_rpc",
+    "serve_worker",
+    "served_devices",
+    "supports_gpu_offload",
+    "supports_rpc",
+    "system_info",
+    "worker_devices",
+]

@@ -29,8 +29,9 @@ _GPU_TYPES = (_DEV_GPU, _DEV_IGPU)
 # Kept on this machine when the target's layers are on workers: each verify then sends hidden
 # states (kilobytes) instead of one logit row per token (a megabyte each for a 262k vocabulary).
 LOCAL_HEAD_PATTERN = r"^(output|token_embd)\.weight$"
-RPC_REBUILD = ('CMAKE_ARGS="-DGGML_RPC=ON" pip install --force-reinstall --no-cache-dir '
-               'llama-cpp-python')
+RPC_REBUILD = (
+    'CMAKE_ARGS="-DGGML_RPC=ON" pip install --force-reinstall --no-cache-dir llama-cpp-python'
+)
 # ctypes functions of libllama, typed as they are declared (ctypes has no useful static type).
 _functions: dict[str, Any] = {}
 
@@ -59,11 +60,16 @@ def _describe_device(device: int) -> Device:
     free, total = ctypes.c_size_t(), ctypes.c_size_t()
     size_p = ctypes.POINTER(ctypes.c_size_t)
     _ggml("ggml_backend_dev_memory", None, ctypes.c_void_p, size_p, size_p)(
-        device, ctypes.byref(free), ctypes.byref(total))
+        device, ctypes.byref(free), ctypes.byref(total)
+    )
     name = _ggml("ggml_backend_dev_name", ctypes.c_char_p, ctypes.c_void_p)(device)
     text = _ggml("ggml_backend_dev_description", ctypes.c_char_p, ctypes.c_void_p)(device)
-    return Device((name or b"?").decode(errors="replace"), (text or b"").decode(errors="replace"),
-                  free.value, total.value)
+    return Device(
+        (name or b"?").decode(errors="replace"),
+        (text or b"").decode(errors="replace"),
+        free.value,
+        total.value,
+    )
 
 
 def _local_devices(types: tuple[int, ...]) -> list[int]:
@@ -85,18 +91,20 @@ def served_devices() -> list[Device]:
 def require_rpc() -> None:
     """One line, with the rebuild command, where this build has no RPC backend."""
     if not runtime.supports_rpc():
-        raise UserError(f"this build of llama.cpp has no RPC backend (needed by `specgen worker` "
-                        f"and --rpc); rebuild it with: {RPC_REBUILD}")
+        raise UserError(
+            f"this build of llama.cpp has no RPC backend (needed by `specgen worker` "
+            f"and --rpc); rebuild it with: {RPC_REBUILD}"
+        )
 
 
 def _rpc_function(name: str, restype: Any, *argtypes: Any) -> Any:
     require_rpc()
     registry = _ggml("ggml_backend_reg_by_name", ctypes.c_void_p, ctypes.c_char_p)(b"RPC")
-    address = _ggml("ggml_backend_reg_get_proc_address", ctypes.c_void_p, ctypes.c_void_p,
-                    ctypes.c_char_p)(registry, name.encode())
+    address = _ggml(
+        "ggml_backend_reg_get_proc_address", ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p
+    )(registry, name.encode())
     if not registry or not address:
-        raise UserError(f"this build of llama.cpp lacks {name}; rebuild it with: "
-                        f"{RPC_REBUILD}")
+        raise UserError(f"this build of llama.cpp lacks {name}; rebuild it with: {RPC_REBUILD}")
     return ctypes.CFUNCTYPE(restype, *argtypes)(address)
 
 
@@ -107,12 +115,23 @@ def serve_worker(endpoint: str, n_threads: int, cache_dir: str | None) -> None:
     """
     init_backend(False)
     devices = _served_devices()
-    start = _rpc_function("ggml_backend_rpc_start_server", None, ctypes.c_char_p,
-                          ctypes.c_char_p, ctypes.c_size_t, ctypes.c_size_t,
-                          ctypes.POINTER(ctypes.c_void_p))
+    start = _rpc_function(
+        "ggml_backend_rpc_start_server",
+        None,
+        ctypes.c_char_p,
+        ctypes.c_char_p,
+        ctypes.c_size_t,
+        ctypes.c_size_t,
+        ctypes.POINTER(ctypes.c_void_p),
+    )
     array = (ctypes.c_void_p * len(devices))(*devices)
-    start(endpoint.encode(), cache_dir.encode() if cache_dir else None,
-          n_threads or default_threads(), len(devices), array)
+    start(
+        endpoint.encode(),
+        cache_dir.encode() if cache_dir else None,
+        n_threads or default_threads(),
+        len(devices),
+        array,
+    )
 
 
 # Workers attached in this process (ggml keeps one connection to each for the process's life).
@@ -127,13 +146,11 @@ def _worker_devices(endpoint: str) -> list[int]:
     """
     devices = _workers.get(endpoint)
     if devices is None:
-        add_server = _rpc_function("ggml_backend_rpc_add_server", ctypes.c_void_p,
-                                   ctypes.c_char_p)
+        add_server = _rpc_function("ggml_backend_rpc_add_server", ctypes.c_void_p, ctypes.c_char_p)
         rpc.hello(rpc.parse_endpoint(endpoint))
         _on_abort_exit()
         registry = add_server(endpoint.encode())
-        count = int(_ggml("ggml_backend_reg_dev_count", ctypes.c_size_t, ctypes.c_void_p)(
-            registry))
+        count = int(_ggml("ggml_backend_reg_dev_count", ctypes.c_size_t, ctypes.c_void_p)(registry))
         get = _ggml("ggml_backend_reg_dev_get", ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
         devices = [get(registry, i) for i in range(count)]
         _workers[endpoint] = devices
@@ -169,7 +186,8 @@ def _on_abort_exit() -> None:
 
     _abort_state["callback"] = on_abort  # referenced for the life of the process
     _ggml("ggml_set_abort_callback", ctypes.c_void_p, ctypes.c_void_p)(
-        ctypes.cast(on_abort, ctypes.c_void_p))
+        ctypes.cast(on_abort, ctypes.c_void_p)
+    )
 
 
 class _BuftOverride(ctypes.Structure):
@@ -178,8 +196,9 @@ class _BuftOverride(ctypes.Structure):
     _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
 
 
-def place_on_workers(params: llama_cpp.llama_model_params, workers: tuple[str, ...],
-                      local_head: bool) -> list[object]:
+def place_on_workers(
+    params: llama_cpp.llama_model_params, workers: tuple[str, ...], local_head: bool
+) -> list[object]:
     """Point a model's layers at the workers (after this machine's GPUs, if any); returns the
     ctypes arrays that must stay referenced while the model loads."""
     devices = _local_devices(_GPU_TYPES)
@@ -191,10 +210,12 @@ def place_on_workers(params: llama_cpp.llama_model_params, workers: tuple[str, .
     keep: list[object] = [device_array]
     if local_head:
         cpu = _ggml("ggml_backend_cpu_buffer_type", ctypes.c_void_p)()
-        overrides = (_BuftOverride * 2)(_BuftOverride(LOCAL_HEAD_PATTERN.encode(), cpu),
-                                        _BuftOverride(None, None))
+        overrides = (_BuftOverride * 2)(
+            _BuftOverride(LOCAL_HEAD_PATTERN.encode(), cpu), _BuftOverride(None, None)
+        )
         params.tensor_buft_overrides = ctypes.cast(  # type: ignore[assignment]  # an address
-            overrides, ctypes.c_void_p).value
+            overrides, ctypes.c_void_p
+        ).value
         keep.append(overrides)
     return keep
 

@@ -42,9 +42,16 @@ class ModelOptions:
 class Vocabulary:
     """A model's vocabulary alone, read without the weights (``vocab_only``)."""
 
-    def __init__(self, path: str | Path, verbose: bool = False, *, _weights: bool = False,
-                 n_gpu_layers: int = 0, workers: tuple[str, ...] = (),
-                 local_head: bool = True) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        verbose: bool = False,
+        *,
+        _weights: bool = False,
+        n_gpu_layers: int = 0,
+        workers: tuple[str, ...] = (),
+        local_head: bool = True,
+    ) -> None:
         init_backend(verbose)
         self.path = Path(path)
         if not self.path.is_file():
@@ -98,18 +105,21 @@ class Vocabulary:
         return raw.decode("utf-8", errors="replace") if raw else None
 
     # -- text <-> tokens ----------------------------------------------------------------------
-    def tokenize(self, text: str, add_special: bool = True,
-                 parse_special: bool = True) -> list[int]:
+    def tokenize(
+        self, text: str, add_special: bool = True, parse_special: bool = True
+    ) -> list[int]:
         data = text.encode("utf-8")
         n_max = len(data) + 16
         buf = (llama_cpp.llama_token * n_max)()
-        n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_special,
-                                     parse_special)
+        n = llama_cpp.llama_tokenize(
+            self._vocab, data, len(data), buf, n_max, add_special, parse_special
+        )
         if n < 0:
             n_max = -n
             buf = (llama_cpp.llama_token * n_max)()
-            n = llama_cpp.llama_tokenize(self._vocab, data, len(data), buf, n_max, add_special,
-                                         parse_special)
+            n = llama_cpp.llama_tokenize(
+                self._vocab, data, len(data), buf, n_max, add_special, parse_special
+            )
         if n < 0:
             raise BackendError("llama.cpp could not tokenize the prompt")
         return list(buf[:n])
@@ -139,10 +149,17 @@ class Vocabulary:
 class LlamaModel(Vocabulary):
     """A loaded model with its own context, KV cache and decode batch (one sequence, id 0)."""
 
-    def __init__(self, path: str | Path, options: ModelOptions = ModelOptions(),
-                 verbose: bool = False) -> None:
-        super().__init__(path, verbose, _weights=True, n_gpu_layers=options.n_gpu_layers,
-                         workers=options.workers, local_head=options.local_head)
+    def __init__(
+        self, path: str | Path, options: ModelOptions = ModelOptions(), verbose: bool = False
+    ) -> None:
+        super().__init__(
+            path,
+            verbose,
+            _weights=True,
+            n_gpu_layers=options.n_gpu_layers,
+            workers=options.workers,
+            local_head=options.local_head,
+        )
         n_train = int(llama_cpp.llama_model_n_ctx_train(self._model))
         n_ctx = options.n_ctx or min(4096, n_train or 4096)
         n_threads = options.n_threads or default_threads()
@@ -154,8 +171,10 @@ class LlamaModel(Vocabulary):
         params.n_threads_batch = n_threads
         ctx = llama_cpp.llama_init_from_model(self._model, params)
         if not ctx:
-            raise BackendError(f"llama.cpp could not create a context of {n_ctx} tokens for "
-                               f"{self.path.name} (too little memory? try a smaller --ctx-size)")
+            raise BackendError(
+                f"llama.cpp could not create a context of {n_ctx} tokens for "
+                f"{self.path.name} (too little memory? try a smaller --ctx-size)"
+            )
         self._ctx = ctx
         self._mem = llama_cpp.llama_get_memory(ctx)
         self.n_ctx = int(llama_cpp.llama_n_ctx(ctx))
@@ -246,7 +265,8 @@ def quantize(src: str | Path, dst: str | Path, ftype: str, n_threads: int = 0) -
     params.ftype = code
     params.allow_requantize = True
     params.nthread = n_threads or default_threads()
-    status = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(),
-                                            ctypes.byref(params))
+    status = llama_cpp.llama_model_quantize(
+        str(src).encode(), str(dst).encode(), ctypes.byref(params)
+    )
     if status != 0:
         raise BackendError(f"llama.cpp could not convert {src} to {ftype} (status {status})")

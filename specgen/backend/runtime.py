@@ -36,6 +36,7 @@ def system_info() -> str:
     """llama.cpp's own description of the build (CPU features, GPU backends)."""
     return llama_cpp.llama_print_system_info().decode("utf-8", errors="replace").strip()
 
+
 def supports_rpc() -> bool:
     """Whether this build has llama.cpp's RPC backend (``-DGGML_RPC=ON``)."""
     return bool(llama_cpp.llama_supports_rpc())
@@ -43,4 +44,3 @@ def supports_rpc() -> bool:
 
 def library_version() -> str:
     return str(getattr(llama_cpp, "__version__", "unknown"))
-

@@ -11,16 +11,30 @@ from pathlib import Path
 from specgen.bench.report import Report
 from specgen.errors import UserError
 
-CSV_FIELDS = ["temperature", "lookahead", "tokens_per_second", "speedup", "predicted_speedup",
-              "disagreement", "accept_rate", "tokens_per_cycle", "predicted_tokens_per_cycle",
-              "draft_ms_per_token", "verify_ms", "cost_ratio", "verify_ratio",
-              "position_accept_rates", "explanation"]
+CSV_FIELDS = [
+    "temperature",
+    "lookahead",
+    "tokens_per_second",
+    "speedup",
+    "predicted_speedup",
+    "disagreement",
+    "accept_rate",
+    "tokens_per_cycle",
+    "predicted_tokens_per_cycle",
+    "draft_ms_per_token",
+    "verify_ms",
+    "cost_ratio",
+    "verify_ratio",
+    "position_accept_rates",
+    "explanation",
+]
 
 
 def write_json(reports: Sequence[Report], path: Path) -> None:
     """One report as it is, or ``{"reports": [...]}`` for several sampling settings."""
-    body = reports[0].as_dict() if len(reports) == 1 else {
-        "reports": [r.as_dict() for r in reports]}
+    body = (
+        reports[0].as_dict() if len(reports) == 1 else {"reports": [r.as_dict() for r in reports]}
+    )
     path.write_text(json.dumps(body, indent=2) + "\n")
 
 
@@ -56,12 +70,18 @@ def write_plot(report: Report, path: Path) -> None:
     ks = [0] + [int(r.variant) for r in fixed]
     fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
     ax.plot(ks, [1.0] + [r.speedup for r in fixed], "o-", label="measured")
-    ax.plot(ks, [1.0] + [r.predicted_speedup or float("nan") for r in fixed], "s--",
-            label="predicted (Leviathan et al. 2023)")
-    for row, style in zip((r for r in report.per_k if not isinstance(r.variant, int)),
-                          (":", "-.", (0, (5, 1)))):
-        ax.axhline(row.speedup, ls=style, color="tab:green", lw=1,
-                   label=f"{row.variant} (adaptive K)")
+    ax.plot(
+        ks,
+        [1.0] + [r.predicted_speedup or float("nan") for r in fixed],
+        "s--",
+        label="predicted (Leviathan et al. 2023)",
+    )
+    for row, style in zip(
+        (r for r in report.per_k if not isinstance(r.variant, int)), (":", "-.", (0, (5, 1)))
+    ):
+        ax.axhline(
+            row.speedup, ls=style, color="tab:green", lw=1, label=f"{row.variant} (adaptive K)"
+        )
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.set_xlabel("lookahead K (0 = target alone)")
     ax.set_ylabel("speedup over the target alone")

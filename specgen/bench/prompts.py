@@ -9,37 +9,53 @@ from specgen.errors import UserError
 # The built-in prompts, each with its kind: the kinds answer "which drafter for which task".
 # "rewrite" and "extract" prompts carry a passage the answer copies from (prompt lookup's home
 # ground); the others ask for new text. Phrased to work for base and chat models alike.
-PASSAGE = ("The printing press, developed by Johannes Gutenberg around 1440, made books cheaper "
-           "and faster to produce. Ideas spread across Europe within years instead of decades, "
-           "literacy rose, and the Reformation and the scientific revolution both owed much to "
-           "pamphlets and journals that could be printed in thousands of copies.")
+PASSAGE = (
+    "The printing press, developed by Johannes Gutenberg around 1440, made books cheaper "
+    "and faster to produce. Ideas spread across Europe within years instead of decades, "
+    "literacy rose, and the Reformation and the scientific revolution both owed much to "
+    "pamphlets and journals that could be printed in thousands of copies."
+)
 BUILTIN = [
     ("explain", "Explain in a few sentences why the sky is blue."),
     ("explain", "What are the main differences between a list and a tuple in Python?"),
     ("code", "Write a Python function that returns the n-th Fibonacci number, with a docstring."),
-    ("code", "Write a SQL query that finds the ten customers with the highest total order "
-             "value."),
+    ("code", "Write a SQL query that finds the ten customers with the highest total order value."),
     ("summarize", f"Summarize this passage in two sentences: {PASSAGE}"),
-    ("rewrite", "Rewrite this sentence in a formal tone: hey, the meeting got moved to friday, "
-                "can u make it?"),
-    ("rewrite", "Correct the spelling mistakes in this paragraph and write it out in full.\n\n"
-                "Paragraph: The printing pres, developped by Johannes Gutenberg around 1440, "
-                "made books cheeper and faster to produce. Ideas spread accross Europe within "
-                "years insted of decades, literacy rose, and the Reformation and the scientific "
-                "revolution both owed much to pamflets and journals that could be printed in "
-                "thousands of copys.\n\nCorrected paragraph:"),
-    ("rewrite", "Rename the variable `total` to `order_sum` in this code and show the whole "
-                "code.\n\n```python\ndef order_value(orders):\n    total = 0\n    for order "
-                "in orders:\n        if order.paid:\n            total += order.price * "
-                "order.quantity\n    return total\n\n\ndef report(orders):\n    total = "
-                "order_value(orders)\n    print(f\"Paid orders: {total:.2f}\")\n    return "
-                "total\n```\n\nThe code with `order_sum`:\n\n```python\n"),
-    ("extract", f"Copy out, word for word, every sentence of this passage that mentions "
-                f"Europe or Gutenberg.\n\nPassage: {PASSAGE}\n\nSentences:"),
+    (
+        "rewrite",
+        "Rewrite this sentence in a formal tone: hey, the meeting got moved to friday, "
+        "can u make it?",
+    ),
+    (
+        "rewrite",
+        "Correct the spelling mistakes in this paragraph and write it out in full.\n\n"
+        "Paragraph: The printing pres, developped by Johannes Gutenberg around 1440, "
+        "made books cheeper and faster to produce. Ideas spread accross Europe within "
+        "years insted of decades, literacy rose, and the Reformation and the scientific "
+        "revolution both owed much to pamflets and journals that could be printed in "
+        "thousands of copys.\n\nCorrected paragraph:",
+    ),
+    (
+        "rewrite",
+        "Rename the variable `total` to `order_sum` in this code and show the whole "
+        "code.\n\n```python\ndef order_value(orders):\n    total = 0\n    for order "
+        "in orders:\n        if order.paid:\n            total += order.price * "
+        "order.quantity\n    return total\n\n\ndef report(orders):\n    total = "
+        'order_value(orders)\n    print(f"Paid orders: {total:.2f}")\n    return '
+        "total\n```\n\nThe code with `order_sum`:\n\n```python\n",
+    ),
+    (
+        "extract",
+        f"Copy out, word for word, every sentence of this passage that mentions "
+        f"Europe or Gutenberg.\n\nPassage: {PASSAGE}\n\nSentences:",
+    ),
     ("list", "List ten countries in Europe and their capital cities."),
     ("howto", "Give a step-by-step recipe for a simple tomato soup."),
-    ("story", "Write the opening paragraph of a story about a lighthouse keeper who finds a "
-              "message in a bottle."),
+    (
+        "story",
+        "Write the opening paragraph of a story about a lighthouse keeper who finds a "
+        "message in a bottle.",
+    ),
     ("translate", "Translate to French: The train leaves at eight o'clock tomorrow morning."),
 ]
 BUILTIN_PROMPTS = [prompt for _, prompt in BUILTIN]
@@ -66,8 +82,7 @@ def load_prompts(path: Path) -> list[str]:
         if isinstance(item, BadLine):
             raise UserError(f"{path}, {item.error}")
         if item.prompt is None:
-            raise UserError(f"{path}, line {number}: bench takes \"prompt\" lines, not "
-                            f"\"messages\"")
+            raise UserError(f'{path}, line {number}: bench takes "prompt" lines, not "messages"')
         prompts.append(item.prompt)
     if not prompts:
         raise UserError(f"{path} holds no prompts")

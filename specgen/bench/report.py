@@ -118,20 +118,35 @@ class Report:
         if self.setting is None:
             return {}
         s = self.setting
-        return {"name": s.name, "pair": s.pair, "target": s.target, "draft": s.draft,
-                "params": {**s.params, **self.sampling}, "machine": s.machine,
-                "title": self.title, "partial": self.partial}
+        return {
+            "name": s.name,
+            "pair": s.pair,
+            "target": s.target,
+            "draft": s.draft,
+            "params": {**s.params, **self.sampling},
+            "machine": s.machine,
+            "title": self.title,
+            "partial": self.partial,
+        }
 
     def as_dict(self) -> dict[str, object]:
-        return {"meta": self.meta(), "target_ms_per_token": self.target_ms_per_token,
-                "baseline_tokens_per_second": self.baseline_tokens_per_second,
-                "recommended_lookahead": self.recommended, "warning": self.warning,
-                "note": self.note,
-                "runs": self.runs, "per_k": [row.as_dict() for row in self.per_k],
-                "per_kind": {kind: {str(v): x for v, x in speedups.items()}
-                             for kind, speedups in self.per_kind.items()},
-                "per_prompt": [{str(v): x for v, x in speedups.items()}
-                               for speedups in self.per_prompt]}
+        return {
+            "meta": self.meta(),
+            "target_ms_per_token": self.target_ms_per_token,
+            "baseline_tokens_per_second": self.baseline_tokens_per_second,
+            "recommended_lookahead": self.recommended,
+            "warning": self.warning,
+            "note": self.note,
+            "runs": self.runs,
+            "per_k": [row.as_dict() for row in self.per_k],
+            "per_kind": {
+                kind: {str(v): x for v, x in speedups.items()}
+                for kind, speedups in self.per_kind.items()
+            },
+            "per_prompt": [
+                {str(v): x for v, x in speedups.items()} for speedups in self.per_prompt
+            ],
+        }
 
 
 def _pooled(runs: Iterable[Run], attr: str) -> float:
@@ -156,21 +171,33 @@ def summarize(runs: Sequence[Run], kinds: Sequence[str] | None = None) -> Report
         row.explanation = _explain(row, mine, base)
         per_k.append(row)
     # 2. The same speedups by kind of prompt and by prompt.
-    per_kind = {kind: _speedups(per_k, runs, ratio,
-                                {i for i, name in enumerate(kinds or ()) if name == kind})
-                for kind in dict.fromkeys(kinds or ())}
+    per_kind = {
+        kind: _speedups(
+            per_k, runs, ratio, {i for i, name in enumerate(kinds or ()) if name == kind}
+        )
+        for kind in dict.fromkeys(kinds or ())
+    }
     per_prompt = [_speedups(per_k, runs, ratio, {p}) for p in sorted({r.prompt for r in runs})]
     # 3. The verdict.
     fastest = max(per_k, key=lambda r: r.speedup, default=None)
     warning = ""
     if fastest is None or fastest.speedup <= 1.0:
-        warning = ("nothing beat the target alone on this machine: this pair is not worth "
-                   "speculating on here (run with -k 0, or try a smaller draft)")
+        warning = (
+            "nothing beat the target alone on this machine: this pair is not worth "
+            "speculating on here (run with -k 0, or try a smaller draft)"
+        )
     best, note = _recommend(per_k, fastest, runs) if not warning else (None, "")
-    return Report(target_ms_per_token=target_one * 1000,
-                  baseline_tokens_per_second=statistics.median(r.tokens_per_second for r in base),
-                  per_k=per_k, recommended=best.variant if best else None, warning=warning,
-                  note=note, runs=len(runs), per_kind=per_kind, per_prompt=per_prompt)
+    return Report(
+        target_ms_per_token=target_one * 1000,
+        baseline_tokens_per_second=statistics.median(r.tokens_per_second for r in base),
+        per_k=per_k,
+        recommended=best.variant if best else None,
+        warning=warning,
+        note=note,
+        runs=len(runs),
+        per_kind=per_kind,
+        per_prompt=per_prompt,
+    )
 
 
 def _ratio_to_alone(base: Sequence[Run]) -> Callable[[Run], float | None]:
@@ -184,8 +211,9 @@ def _ratio_to_alone(base: Sequence[Run]) -> Callable[[Run], float | None]:
     return ratio
 
 
-def _row(variant: Variant, mine: Sequence[Run], ratio: Callable[[Run], float | None],
-         target_one: float) -> KReport:
+def _row(
+    variant: Variant, mine: Sequence[Run], ratio: Callable[[Run], float | None], target_one: float
+) -> KReport:
     """What one row's runs measured, and what the model predicts for a fixed K."""
     ratios = [x for x in map(ratio, mine) if x is not None]
     drafted, accepted = _pooled(mine, "n_drafted"), _pooled(mine, "n_accepted")
@@ -193,9 +221,11 @@ def _row(variant: Variant, mine: Sequence[Run], ratio: Callable[[Run], float | N
     alpha = accepted / judged if judged else None
     cycles = _pooled(mine, "n_cycles")
     depth = variant if isinstance(variant, int) else max(len(r.stats.reached_at) for r in mine)
-    positions = [sum(r.stats.accepted_at[i] for r in mine if i < len(r.stats.accepted_at)) /
-                 max(1, sum(r.stats.reached_at[i] for r in mine if i < len(r.stats.reached_at)))
-                 for i in range(depth)]
+    positions = [
+        sum(r.stats.accepted_at[i] for r in mine if i < len(r.stats.accepted_at))
+        / max(1, sum(r.stats.reached_at[i] for r in mine if i < len(r.stats.reached_at)))
+        for i in range(depth)
+    ]
     # Per guess: a draft model's catch-up after speculation was off is not a guess's cost
     # (auto's rare explorations on a pair that cannot pay read 32 missed tokens for one guess).
     drafting = _pooled(mine, "draft_seconds") - _pooled(mine, "catch_up_seconds")
@@ -205,26 +235,33 @@ def _row(variant: Variant, mine: Sequence[Run], ratio: Callable[[Run], float | N
     verify_ratio = verify / target_one
     # Cycles cut short by the token budget draft fewer than K guesses: use the mean drafted.
     k_eff = drafted / cycles if cycles else 0
-    predicted_tpc = (expected_tokens(alpha, variant)
-                     if alpha is not None and isinstance(variant, int) else None)
-    predicted = (predicted_speedup(predicted_tpc, k_eff, cost_ratio, verify_ratio)
-                 if predicted_tpc is not None and cost_ratio is not None else None)
+    predicted_tpc = (
+        expected_tokens(alpha, variant) if alpha is not None and isinstance(variant, int) else None
+    )
+    predicted = (
+        predicted_speedup(predicted_tpc, k_eff, cost_ratio, verify_ratio)
+        if predicted_tpc is not None and cost_ratio is not None
+        else None
+    )
     k_counts: dict[int, int] = {}
     for r in mine:
         for n, c in r.stats.k_counts.items():
             k_counts[n] = k_counts.get(n, 0) + c
     n_k = sum(k_counts.values())
-    by_ngram = sum(r.stats.by_source["ngram"].drafted for r in mine
-                   if "ngram" in r.stats.by_source)
+    by_ngram = sum(r.stats.by_source["ngram"].drafted for r in mine if "ngram" in r.stats.by_source)
     return KReport(
         variant=variant,
         tokens_per_second=statistics.median(r.tokens_per_second for r in mine),
         speedup=statistics.median(ratios) if ratios else 0.0,
-        accept_rate=alpha, position_accept_rates=positions,
+        accept_rate=alpha,
+        position_accept_rates=positions,
         tokens_per_cycle=_pooled(mine, "n_cycle_tokens") / max(cycles, 1),
         draft_ms_per_token=None if draft_per_token is None else draft_per_token * 1000,
-        verify_ms=verify * 1000, cost_ratio=cost_ratio, verify_ratio=verify_ratio,
-        predicted_tokens_per_cycle=predicted_tpc, predicted_speedup=predicted,
+        verify_ms=verify * 1000,
+        cost_ratio=cost_ratio,
+        verify_ratio=verify_ratio,
+        predicted_tokens_per_cycle=predicted_tpc,
+        predicted_speedup=predicted,
         mean_lookahead=sum(n * c for n, c in k_counts.items()) / n_k if n_k else None,
         target_alone_share=k_counts.get(0, 0) / n_k if n_k else 0.0,
         ngram_share=by_ngram / drafted if drafted else None,
@@ -232,20 +269,30 @@ def _row(variant: Variant, mine: Sequence[Run], ratio: Callable[[Run], float | N
     )
 
 
-def _speedups(per_k: Sequence[KReport], runs: Sequence[Run],
-              ratio: Callable[[Run], float | None], prompts: set[int]) -> dict[Variant, float]:
+def _speedups(
+    per_k: Sequence[KReport],
+    runs: Sequence[Run],
+    ratio: Callable[[Run], float | None],
+    prompts: set[int],
+) -> dict[Variant, float]:
     """Each row's median speedup over the runs of these prompts."""
     out = {}
     for row in per_k:
-        ratios = [x for r in runs if r.variant == row.variant and r.prompt in prompts
-                  for x in [ratio(r)] if x is not None]
+        ratios = [
+            x
+            for r in runs
+            if r.variant == row.variant and r.prompt in prompts
+            for x in [ratio(r)]
+            if x is not None
+        ]
         if ratios:
             out[row.variant] = statistics.median(ratios)
     return out
 
 
-def _recommend(per_k: Sequence[KReport], fastest: KReport | None, runs: Sequence[Run]
-               ) -> tuple[KReport | None, str]:
+def _recommend(
+    per_k: Sequence[KReport], fastest: KReport | None, runs: Sequence[Run]
+) -> tuple[KReport | None, str]:
     """The fastest row, unless a row that adapts (ADAPTS) is within the noise of it: then that
     one, and a note that says why."""
     steady = next((r for name in ADAPTS for r in per_k if r.variant == name), None)
@@ -255,18 +302,22 @@ def _recommend(per_k: Sequence[KReport], fastest: KReport | None, runs: Sequence
     if _beyond_noise(ratios):
         return fastest, ""
     spread = f"; run by run {min(ratios):.2f}-{max(ratios):.2f}x" if ratios else ""
-    return steady, (f"{variant_name(fastest.variant)} ran fastest ({fastest.speedup:.2f}x) "
-                    f"but not beyond the noise of {len(ratios)} runs against "
-                    f"{steady.variant} ({steady.speedup:.2f}x{spread}), which adapts to the "
-                    f"text as it goes; more prompts or --repeats can tell them apart")
+    return steady, (
+        f"{variant_name(fastest.variant)} ran fastest ({fastest.speedup:.2f}x) "
+        f"but not beyond the noise of {len(ratios)} runs against "
+        f"{steady.variant} ({steady.speedup:.2f}x{spread}), which adapts to the "
+        f"text as it goes; more prompts or --repeats can tell them apart"
+    )
 
 
 def _paired_ratios(runs: Sequence[Run], a: Variant, b: Variant) -> list[float]:
     """Speed of ``a`` over ``b``, run by run (the same prompt and repeat)."""
     speed_b = {(r.prompt, r.repeat): r.tokens_per_second for r in runs if r.variant == b}
-    return [r.tokens_per_second / speed_b[(r.prompt, r.repeat)] for r in runs
-            if r.variant == a and speed_b.get((r.prompt, r.repeat), 0) > 0
-            and r.tokens_per_second > 0]
+    return [
+        r.tokens_per_second / speed_b[(r.prompt, r.repeat)]
+        for r in runs
+        if r.variant == a and speed_b.get((r.prompt, r.repeat), 0) > 0 and r.tokens_per_second > 0
+    ]
 
 
 def _beyond_noise(ratios: Sequence[float]) -> bool:
@@ -286,29 +337,42 @@ def _explain(row: KReport, mine: Sequence[Run], base: Sequence[Run]) -> str:
     # Three places the model can be off: tokens per cycle, time outside the two models, and
     # the target's speed outside the verify pass (the baseline's own overhead).
     tpc_gap = (row.predicted_tokens_per_cycle or 0) / row.tokens_per_cycle - 1
-    overhead = 1 - (_pooled(mine, "draft_seconds") + _pooled(mine, "target_seconds")) / \
-        max(_pooled(mine, "gen_seconds"), 1e-9)
+    overhead = 1 - (_pooled(mine, "draft_seconds") + _pooled(mine, "target_seconds")) / max(
+        _pooled(mine, "gen_seconds"), 1e-9
+    )
     base_overhead = 1 - _pooled(base, "target_seconds") / max(_pooled(base, "gen_seconds"), 1e-9)
     causes = {
-        "tokens per cycle": (abs(tpc_gap),
-                             f"the formula expects {row.predicted_tokens_per_cycle:.2f} tokens "
-                             f"per cycle but {row.tokens_per_cycle:.2f} came, because guesses "
-                             f"do not survive independently with one alpha (by position: "
-                             f"{_rates(row.position_accept_rates)}): "
-                             + ("easy stretches are accepted whole, hard ones fail early"
-                                if tpc_gap < 0 else "later guesses survive less often")),
-        "overhead": (abs(overhead - base_overhead),
-                     f"{overhead:.0%} of speculative time is spent outside the two models "
-                     f"(sampling, text, rollback) against {base_overhead:.0%} for the target "
-                     f"alone"),
+        "tokens per cycle": (
+            abs(tpc_gap),
+            f"the formula expects {row.predicted_tokens_per_cycle:.2f} tokens "
+            f"per cycle but {row.tokens_per_cycle:.2f} came, because guesses "
+            f"do not survive independently with one alpha (by position: "
+            f"{_rates(row.position_accept_rates)}): "
+            + (
+                "easy stretches are accepted whole, hard ones fail early"
+                if tpc_gap < 0
+                else "later guesses survive less often"
+            ),
+        ),
+        "overhead": (
+            abs(overhead - base_overhead),
+            f"{overhead:.0%} of speculative time is spent outside the two models "
+            f"(sampling, text, rollback) against {base_overhead:.0%} for the target "
+            f"alone",
+        ),
     }
     cause, (_, text) = max(causes.items(), key=lambda item: item[1][0])
     drafted_per_cycle = _pooled(mine, "n_drafted") / max(_pooled(mine, "n_cycles"), 1)
-    if cause == "tokens per cycle" and isinstance(row.variant, int) and \
-            drafted_per_cycle < 0.95 * row.variant:
-        text = (f"runs are short, so the --max-tokens budget cut cycles short "
-                f"({drafted_per_cycle:.1f} of {row.variant} guesses drafted per cycle on "
-                f"average); raise --max-tokens for a fairer measure")
+    if (
+        cause == "tokens per cycle"
+        and isinstance(row.variant, int)
+        and drafted_per_cycle < 0.95 * row.variant
+    ):
+        text = (
+            f"runs are short, so the --max-tokens budget cut cycles short "
+            f"({drafted_per_cycle:.1f} of {row.variant} guesses drafted per cycle on "
+            f"average); raise --max-tokens for a fairer measure"
+        )
     direction = "over" if gap > 0 else "under"
     return f"model {direction}estimates by {abs(gap):.0%}: {text}"
 

@@ -47,10 +47,21 @@ class BenchSession:
     from nothing, which they do not read anyway.
     """
 
-    def __init__(self, pair: Pair, choice: Choice, prompts: Sequence[str],
-                 kinds: Sequence[str] | None, variants: list[Variant], *, max_tokens: int,
-                 repeats: int, seed: int, draft_p_min: float = 0.0,
-                 prompts_file: Path | None = None, local_head: bool = True) -> None:
+    def __init__(
+        self,
+        pair: Pair,
+        choice: Choice,
+        prompts: Sequence[str],
+        kinds: Sequence[str] | None,
+        variants: list[Variant],
+        *,
+        max_tokens: int,
+        repeats: int,
+        seed: int,
+        draft_p_min: float = 0.0,
+        prompts_file: Path | None = None,
+        local_head: bool = True,
+    ) -> None:
         from specgen.session import prompt_tokens, wants_chat
 
         self.pair, self.choice, self.kinds, self.variants = pair, choice, kinds, variants
@@ -61,11 +72,16 @@ class BenchSession:
         self.encoded = [prompt_tokens(pair.target, p, self.chat) for p in prompts]
         self.learned: CostBook = pair.costs
         # One drafter per way of drafting, over the same loaded models; each run begins afresh.
-        model = (ModelDrafter(pair.draft, draft_p_min, self.clock) if pair.draft is not None
-                 else None)
+        model = (
+            ModelDrafter(pair.draft, draft_p_min, self.clock) if pair.draft is not None else None
+        )
         self._drafters: dict[str, Drafter | None] = {
-            "alone": None, "ngram": make_drafter(None, True), "model": model, "auto": model,
-            "hybrid": HybridDrafter(model) if model is not None else None}
+            "alone": None,
+            "ngram": make_drafter(None, True),
+            "model": model,
+            "auto": model,
+            "hybrid": HybridDrafter(model) if model is not None else None,
+        }
 
     def run_one(self, temperature: float) -> RunOne:
         """Runs at ``temperature`` with `specgen run`'s own sampling otherwise."""
@@ -74,11 +90,18 @@ class BenchSession:
         def run(prompt: int, variant: Variant, seed: int) -> Stats:
             way = "alone" if variant == 0 else variant if isinstance(variant, str) else "model"
             adaptive = isinstance(variant, str)
-            engine = SpeculativeEngine(self.pair.target, self._drafters[way],
-                                       costs=self.learned.copy() if adaptive else CostBook(),
-                                       clock=self.clock)
-            config = GenerationConfig(lookahead="auto" if adaptive else int(variant),
-                                      sampling=sampling, max_tokens=self.max_tokens, seed=seed)
+            engine = SpeculativeEngine(
+                self.pair.target,
+                self._drafters[way],
+                costs=self.learned.copy() if adaptive else CostBook(),
+                clock=self.clock,
+            )
+            config = GenerationConfig(
+                lookahead="auto" if adaptive else int(variant),
+                sampling=sampling,
+                max_tokens=self.max_tokens,
+                seed=seed,
+            )
             for event in engine.generate(self.encoded[prompt], config):
                 if isinstance(event, Finished):
                     if adaptive:
@@ -88,8 +111,9 @@ class BenchSession:
 
         return run
 
-    def measure(self, temperature: float, runs: list[Run],
-                watcher: SweepWatcher | None = None) -> None:
+    def measure(
+        self, temperature: float, runs: list[Run], watcher: SweepWatcher | None = None
+    ) -> None:
         """One sweep at one temperature, appending to ``runs`` as it goes."""
         run = self.run_one(temperature)
         adaptive = [k for k in self.variants if isinstance(k, str)]
@@ -101,14 +125,22 @@ class BenchSession:
         if watcher is not None:
             watcher.started(temperature, total)
         try:
-            sweep(run, len(self.encoded), self.variants, self.repeats, self.seed,
-                  watcher.running if watcher is not None else None, runs=runs)
+            sweep(
+                run,
+                len(self.encoded),
+                self.variants,
+                self.repeats,
+                self.seed,
+                watcher.running if watcher is not None else None,
+                runs=runs,
+            )
         finally:
             if watcher is not None:
                 watcher.ended()
 
-    def all(self, temperatures: Sequence[float], watcher: SweepWatcher | None = None
-            ) -> tuple[list[Report], bool]:
+    def all(
+        self, temperatures: Sequence[float], watcher: SweepWatcher | None = None
+    ) -> tuple[list[Report], bool]:
         """A report per temperature; stops at Ctrl-C with the partial report of the one cut
         short (True: interrupted)."""
         reports: list[Report] = []
@@ -124,8 +156,7 @@ class BenchSession:
             reports.append(report)
         return reports, False
 
-    def report(self, temperature: float, runs: list[Run], partial: bool = False
-               ) -> Report | None:
+    def report(self, temperature: float, runs: list[Run], partial: bool = False) -> Report | None:
         """What the runs at one temperature measured, with the setting (None: nothing beside
         the target alone ran)."""
         if not any(r.variant != 0 for r in runs):
@@ -135,8 +166,10 @@ class BenchSession:
         where = f", target on {','.join(setting.workers)}" if setting.workers else ""
         report.temperature, report.sampling = temperature, sampling_params(temperature)
         report.partial, report.setting = partial, setting
-        report.title = (f"{setting.name}, {self.pair.target.n_threads} threads{where}, "
-                        f"T={temperature}" + (" (partial: interrupted)" if partial else ""))
+        report.title = (
+            f"{setting.name}, {self.pair.target.n_threads} threads{where}, "
+            f"T={temperature}" + (" (partial: interrupted)" if partial else "")
+        )
         return report
 
     def setting(self) -> BenchSetting:
@@ -148,32 +181,57 @@ class BenchSession:
         target, draft = pair.target, pair.draft
         name = choice.pair.name if choice.pair else target.path.name
         return BenchSetting(
-            name=name, pair=choice.pair.name if choice.pair else None,
-            target={"spec": choice.target.label(), "file": str(target.path),
-                    "size_bytes": target.path.stat().st_size, "description": target.description,
-                    "workers": list(choice.workers), "local_head": self.local_head},
-            draft=None if draft is None or choice.draft is None else {
-                "spec": choice.draft.label(), "file": str(draft.path),
-                "size_bytes": draft.path.stat().st_size, "description": draft.description},
-            params={"lookaheads": self.variants, "draft_p_min": self.draft_p_min,
-                    "max_tokens": self.max_tokens, "prompt_kinds": self.kinds,
-                    "repeats": self.repeats, "seed": self.seed, "prompts": len(self.encoded),
-                    "prompts_file": str(self.prompts_file) if self.prompts_file else None,
-                    "chat": self.chat, "n_ctx": target.n_ctx},
-            machine={"platform": platform.platform(), "python": platform.python_version(),
-                     "cpu": cpu_name(), "logical_cpus": os.cpu_count(),
-                     "target_threads": target.n_threads,
-                     "draft_threads": draft.n_threads if draft else None,
-                     "gpu_offload": backend.supports_gpu_offload(),
-                     "llama_cpp_python": backend.library_version(),
-                     "llama_cpp_system_info": backend.system_info()},
-            workers=choice.workers, local_head=self.local_head)
+            name=name,
+            pair=choice.pair.name if choice.pair else None,
+            target={
+                "spec": choice.target.label(),
+                "file": str(target.path),
+                "size_bytes": target.path.stat().st_size,
+                "description": target.description,
+                "workers": list(choice.workers),
+                "local_head": self.local_head,
+            },
+            draft=None
+            if draft is None or choice.draft is None
+            else {
+                "spec": choice.draft.label(),
+                "file": str(draft.path),
+                "size_bytes": draft.path.stat().st_size,
+                "description": draft.description,
+            },
+            params={
+                "lookaheads": self.variants,
+                "draft_p_min": self.draft_p_min,
+                "max_tokens": self.max_tokens,
+                "prompt_kinds": self.kinds,
+                "repeats": self.repeats,
+                "seed": self.seed,
+                "prompts": len(self.encoded),
+                "prompts_file": str(self.prompts_file) if self.prompts_file else None,
+                "chat": self.chat,
+                "n_ctx": target.n_ctx,
+            },
+            machine={
+                "platform": platform.platform(),
+                "python": platform.python_version(),
+                "cpu": cpu_name(),
+                "logical_cpus": os.cpu_count(),
+                "target_threads": target.n_threads,
+                "draft_threads": draft.n_threads if draft else None,
+                "gpu_offload": backend.supports_gpu_offload(),
+                "llama_cpp_python": backend.library_version(),
+                "llama_cpp_system_info": backend.system_info(),
+            },
+            workers=choice.workers,
+            local_head=self.local_head,
+        )
 
     def remember_costs(self) -> None:
         """Leave what the adaptive rows learned for the next process on these models."""
         learned = self.learned
-        if self.pair.costs_file is not None and (learned.greedy.verify_by_n
-                                                 or learned.sampled.verify_by_n):
+        if self.pair.costs_file is not None and (
+            learned.greedy.verify_by_n or learned.sampled.verify_by_n
+        ):
             store.write_json(self.pair.costs_file, learned.snapshot())
 
 
@@ -186,5 +244,9 @@ def sampling_params(temperature: float) -> dict[str, object]:
     """The sampling a bench at ``temperature`` ran with, as its JSON ``params`` say it."""
     if SamplingParams(temperature=temperature).greedy:
         return {"temperature": temperature}
-    return {"temperature": temperature, "top_k": DEFAULT_SAMPLING.top_k,
-            "top_p": DEFAULT_SAMPLING.top_p, "min_p": DEFAULT_SAMPLING.min_p}
+    return {
+        "temperature": temperature,
+        "top_k": DEFAULT_SAMPLING.top_k,
+        "top_p": DEFAULT_SAMPLING.top_p,
+        "min_p": DEFAULT_SAMPLING.min_p,
+    }

@@ -35,12 +35,16 @@ def parse_lookaheads(text: str) -> list[Variant]:
         try:
             ks.add(int(item))
         except ValueError as err:
-            raise UserError(f"-k takes K's and {', '.join(ADAPTIVE_VARIANTS)} separated by "
-                            f"commas, like 1,2,4,8,auto (got {text!r})") from err
+            raise UserError(
+                f"-k takes K's and {', '.join(ADAPTIVE_VARIANTS)} separated by "
+                f"commas, like 1,2,4,8,auto (got {text!r})"
+            ) from err
     ks.discard(0)
     if (ks and (min(ks) < 0 or max(ks) > MAX_LOOKAHEAD)) or not (ks or named):
-        raise UserError(f"-k needs at least one K from 1 to {MAX_LOOKAHEAD} or one of "
-                        f"{', '.join(ADAPTIVE_VARIANTS)} (the target alone always runs)")
+        raise UserError(
+            f"-k needs at least one K from 1 to {MAX_LOOKAHEAD} or one of "
+            f"{', '.join(ADAPTIVE_VARIANTS)} (the target alone always runs)"
+        )
     return [*sorted(ks), *(v for v in ADAPTIVE_VARIANTS if v in named)]
 
 
@@ -67,9 +71,16 @@ class Run:
 RunOne = Callable[[int, Variant, int], Stats]  # (prompt index, K or variant, seed) -> Stats
 
 
-def sweep(run_one: RunOne, n_prompts: int, variants: Sequence[Variant], repeats: int,
-          seed: int, on_run: Callable[[int, int, Variant], None] | None = None,
-          warmup: bool = True, runs: list[Run] | None = None) -> list[Run]:
+def sweep(
+    run_one: RunOne,
+    n_prompts: int,
+    variants: Sequence[Variant],
+    repeats: int,
+    seed: int,
+    on_run: Callable[[int, int, Variant], None] | None = None,
+    warmup: bool = True,
+    runs: list[Run] | None = None,
+) -> list[Run]:
     """Every prompt at K=0 and each K or variant, interleaved, ``repeats`` times; a warm-up
     run first (the largest K, else the first variant). Runs are appended to ``runs`` as they
     finish, so a sweep cut short by Ctrl-C leaves what it measured there."""

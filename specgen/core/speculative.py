@@ -114,8 +114,9 @@ def expected_tokens_by_position(rates: Sequence[float]) -> list[float]:
     return list(accumulate(accumulate(rates, mul), initial=1.0))
 
 
-def predicted_speedup(tokens_per_cycle: float, drafted: float, cost_ratio: float,
-                      verify_ratio: float) -> float:
+def predicted_speedup(
+    tokens_per_cycle: float, drafted: float, cost_ratio: float, verify_ratio: float
+) -> float:
     """Speedup over the target alone: tokens per cycle / cycle cost in target steps.
 
     A cycle costs ``drafted * c`` (c = draft time per guess / target time per token) plus the

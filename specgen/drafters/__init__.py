@@ -27,14 +27,32 @@ from specgen.drafters.model import CATCH_UP_WINDOW, ModelDrafter
 from specgen.drafters.ngram import NGRAM_MAX, NGRAM_MIN, NGRAM_SPAN, NgramDrafter
 from specgen.stats import Clock
 
-__all__ = ["CATCH_UP_WINDOW", "HYBRID_MIN_MATCH", "NGRAM_MAX", "NGRAM_MIN", "NGRAM_SPAN",
-           "TARGET_ALONE", "Candidate", "Drafter", "HybridDrafter", "Model", "ModelDrafter",
-           "NgramDrafter", "NgramTail", "Plan", "Proposal", "common_prefix", "make_drafter",
-           "model_guesses", "reuse_prefix_cache"]
+__all__ = [
+    "CATCH_UP_WINDOW",
+    "HYBRID_MIN_MATCH",
+    "NGRAM_MAX",
+    "NGRAM_MIN",
+    "NGRAM_SPAN",
+    "TARGET_ALONE",
+    "Candidate",
+    "Drafter",
+    "HybridDrafter",
+    "Model",
+    "ModelDrafter",
+    "NgramDrafter",
+    "NgramTail",
+    "Plan",
+    "Proposal",
+    "common_prefix",
+    "make_drafter",
+    "model_guesses",
+    "reuse_prefix_cache",
+]
 
 
-def make_drafter(draft: Model | None, ngram: bool, p_min: float = 0.0,
-                 clock: Clock = time.perf_counter) -> Drafter | None:
+def make_drafter(
+    draft: Model | None, ngram: bool, p_min: float = 0.0, clock: Clock = time.perf_counter
+) -> Drafter | None:
     """The drafter for a draft model and/or prompt lookup: the model alone, prompt lookup alone,
     both (hybrid), or None (the target alone)."""
     if draft is None:

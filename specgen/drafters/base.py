@@ -110,8 +110,14 @@ class Drafter(Protocol):
     def candidates(self, context: Sequence[int]) -> list[Candidate]:
         """What this drafter can offer after ``context`` (all tokens so far), best first."""
 
-    def propose(self, context: Sequence[int], candidate: Candidate, k: int,
-                sampling: SamplingParams, rng: np.random.Generator) -> Proposal:
+    def propose(
+        self,
+        context: Sequence[int],
+        candidate: Candidate,
+        k: int,
+        sampling: SamplingParams,
+        rng: np.random.Generator,
+    ) -> Proposal:
         """Up to ``k`` guesses continuing ``context``, from one of this cycle's candidates."""
 
     def rollback_to(self, n_accepted: int) -> None:
@@ -127,8 +133,9 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
-def reuse_prefix_cache(model: Model, held: list[int], wanted: list[int], n_logits: int = 0
-                       ) -> tuple[int, np.ndarray]:
+def reuse_prefix_cache(
+    model: Model, held: list[int], wanted: list[int], n_logits: int = 0
+) -> tuple[int, np.ndarray]:
     """Make the model's cache hold ``wanted``, keeping the prefix it shares with ``held`` (what
     the cache holds now; empty: start from nothing). Returns how many tokens were reused and
     the logits of the last ``n_logits`` rows (those rows are always decoded again)."""

@@ -39,17 +39,21 @@ class HybridDrafter:
         weak = [c for c in ngram if c not in strong]
         return strong + model + weak
 
-    def propose(self, context: Sequence[int], candidate: Candidate, k: int,
-                sampling: SamplingParams, rng: np.random.Generator) -> Proposal:
+    def propose(
+        self,
+        context: Sequence[int],
+        candidate: Candidate,
+        k: int,
+        sampling: SamplingParams,
+        rng: np.random.Generator,
+    ) -> Proposal:
         if candidate.source == "ngram":
             self._last = self.ngram
             return self.ngram.propose(context, candidate, k, sampling, rng)
         self._last = self.model
-        return self.model.propose(context, candidate, k, sampling, rng,
-                                  follow=self._strong_match)
+        return self.model.propose(context, candidate, k, sampling, rng, follow=self._strong_match)
 
-    def _strong_match(self, context: Sequence[int], guesses: Sequence[int]
-                      ) -> Candidate | None:
+    def _strong_match(self, context: Sequence[int], guesses: Sequence[int]) -> Candidate | None:
         """A long n-gram match that the model's guesses so far have led into: the model's run
         ends there and the match's continuation (free) fills the rest of the cycle."""
         return next((c for c in self.ngram.candidates(context, guesses) if _is_strong(c)), None)

@@ -32,8 +32,7 @@ class ModelDrafter:
     it had not seen (the prompt, or what it missed), which is not a cost of its guesses.
     """
 
-    def __init__(self, model: Model, p_min: float = 0.0, clock: Clock = time.perf_counter
-                 ) -> None:
+    def __init__(self, model: Model, p_min: float = 0.0, clock: Clock = time.perf_counter) -> None:
         if not 0.0 <= p_min < 1.0:
             raise ValueError("draft_p_min must be in [0, 1)")
         self.model = model
@@ -63,9 +62,15 @@ class ModelDrafter:
         room = self.model.n_ctx - (len(context) - self._skipped) + 1
         return [Candidate("model", "model", room)] if room > 0 else []
 
-    def propose(self, context: Sequence[int], candidate: Candidate, k: int,
-                sampling: SamplingParams, rng: np.random.Generator,
-                follow: FollowUp | None = None) -> Proposal:
+    def propose(
+        self,
+        context: Sequence[int],
+        candidate: Candidate,
+        k: int,
+        sampling: SamplingParams,
+        rng: np.random.Generator,
+        follow: FollowUp | None = None,
+    ) -> Proposal:
         """Up to ``k`` guesses; after each, ``follow`` may finish the run with free guesses."""
         model, out = self.model, Proposal()
         if self._unread is not None:

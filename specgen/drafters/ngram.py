@@ -41,7 +41,7 @@ class NgramDrafter:
             if first >= stop:
                 continue
             ends = range(first, stop)
-            starts = [context[first + 1 - n + j: stop + 1 - n + j] for j in range(n)]
+            starts = [context[first + 1 - n + j : stop + 1 - n + j] for j in range(n)]
             self._index.update(zip(zip(*starts), ends))
         self._indexed = max(self._indexed, stop)
 
@@ -57,8 +57,7 @@ class NgramDrafter:
                 return n, end
         return 0, -1
 
-    def candidates(self, context: Sequence[int], guesses: Sequence[int] = ()
-                   ) -> list[Candidate]:
+    def candidates(self, context: Sequence[int], guesses: Sequence[int] = ()) -> list[Candidate]:
         n, end = self.lookup(context, guesses)
         if not n:
             return []
@@ -67,12 +66,21 @@ class NgramDrafter:
         # ...and on from there as the text did after it: a text that repeats itself every P
         # tokens (the match lies P back) is guessed to go on doing so.
         period = len(context) + len(guesses) - 1 - end
-        preview = tuple(follows[i % period] for i in range(NGRAM_SPAN)) \
-            if period < NGRAM_SPAN else follows
+        preview = (
+            tuple(follows[i % period] for i in range(NGRAM_SPAN))
+            if period < NGRAM_SPAN
+            else follows
+        )
         return [Candidate("ngram", f"ngram{n}", len(preview), preview, match_length=n)]
 
-    def propose(self, context: Sequence[int], candidate: Candidate, k: int,
-                sampling: SamplingParams, rng: np.random.Generator) -> Proposal:
+    def propose(
+        self,
+        context: Sequence[int],
+        candidate: Candidate,
+        k: int,
+        sampling: SamplingParams,
+        rng: np.random.Generator,
+    ) -> Proposal:
         tokens = list(candidate.preview[:k])
         q = [] if sampling.greedy else [Dist.one_hot(t) for t in tokens]
         return Proposal(tokens, q)

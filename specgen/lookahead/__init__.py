@@ -33,10 +33,23 @@ MAX_LOOKAHEAD = 64
 DEFAULT_LOOKAHEAD: Lookahead = "auto"
 LOOKAHEAD_RANGE = f"'auto' or a K from 0 to {MAX_LOOKAHEAD}"
 
-__all__ = ["AUTO_MAX_LOOKAHEAD", "DEFAULT_LOOKAHEAD", "LOOKAHEAD_RANGE", "MAX_LOOKAHEAD",
-           "AdaptiveLookahead", "CostBook", "FixedLookahead", "Lookahead", "LookaheadPolicy",
-           "PairProfile", "check_lookahead", "effective_lookahead", "is_lookahead",
-           "parse_lookahead", "policy_for"]
+__all__ = [
+    "AUTO_MAX_LOOKAHEAD",
+    "DEFAULT_LOOKAHEAD",
+    "LOOKAHEAD_RANGE",
+    "MAX_LOOKAHEAD",
+    "AdaptiveLookahead",
+    "CostBook",
+    "FixedLookahead",
+    "Lookahead",
+    "LookaheadPolicy",
+    "PairProfile",
+    "check_lookahead",
+    "effective_lookahead",
+    "is_lookahead",
+    "parse_lookahead",
+    "policy_for",
+]
 
 
 def check_lookahead(value: object, what: str = "lookahead (K)") -> Lookahead:
@@ -88,9 +101,17 @@ class FixedLookahead:
         candidate = candidates[0]
         return Plan(candidate, min(self.lookahead, candidate.limit, budget))
 
-    def observe(self, plan: Plan, drafted: int, accepted: int, draft_seconds: float,
-                verify_seconds: float, candidates: Sequence[Candidate] = (),
-                produced: Sequence[int] = (), ngram_tail: NgramTail | None = None) -> None:
+    def observe(
+        self,
+        plan: Plan,
+        drafted: int,
+        accepted: int,
+        draft_seconds: float,
+        verify_seconds: float,
+        candidates: Sequence[Candidate] = (),
+        produced: Sequence[int] = (),
+        ngram_tail: NgramTail | None = None,
+    ) -> None:
         """Fixed K learns nothing."""
 
 

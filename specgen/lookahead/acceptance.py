@@ -38,8 +38,12 @@ class Acceptance:
     moves little); else each position with little evidence leans on the key's pooled rate.
     """
 
-    def __init__(self, memory: float = ACCEPT_MEMORY, kept: list[float] | None = None,
-                 reached: list[float] | None = None) -> None:
+    def __init__(
+        self,
+        memory: float = ACCEPT_MEMORY,
+        kept: list[float] | None = None,
+        reached: list[float] | None = None,
+    ) -> None:
         self.memory = memory
         self.kept: list[float] = kept or []
         self.reached: list[float] = reached or []
@@ -66,8 +70,9 @@ class Acceptance:
         else each position shrunk toward this key's pooled rate, itself shrunk toward ``prior``
         (the source's pooled rate) by one observation."""
         if typical is not None and typical.reached:
-            logits = [logit(a) for a in typical.rates_at(max(n, len(self.reached)),
-                                                          typical.pooled_rate())]
+            logits = [
+                logit(a) for a in typical.rates_at(max(n, len(self.reached)), typical.pooled_rate())
+            ]
             shift = self._shift(logits)
             return [sigmoid(x + shift) for x in logits[:n]]
         return self.rates_at(n, self.pooled_rate(prior))
@@ -102,8 +107,10 @@ class Acceptance:
 
     def rates_at(self, n: int, fallback: float) -> list[float]:
         """Each position's own rate, shrunk toward ``fallback`` where it has little evidence."""
-        return [(self.at(i)[0] + PRIOR_WEIGHT * fallback) / (self.at(i)[1] + PRIOR_WEIGHT)
-                for i in range(n)]
+        return [
+            (self.at(i)[0] + PRIOR_WEIGHT * fallback) / (self.at(i)[1] + PRIOR_WEIGHT)
+            for i in range(n)
+        ]
 
 
 def logit(a: float) -> float:

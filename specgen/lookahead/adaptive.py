@@ -39,8 +39,9 @@ class AdaptiveLookahead:
     generation; everything else is this generation's and starts afresh in ``begin``.
     """
 
-    def __init__(self, profile: PairProfile | None = None,
-                 max_lookahead: int = AUTO_MAX_LOOKAHEAD) -> None:
+    def __init__(
+        self, profile: PairProfile | None = None, max_lookahead: int = AUTO_MAX_LOOKAHEAD
+    ) -> None:
         self.profile = profile if profile is not None else PairProfile()
         self.max_lookahead = max_lookahead
         self.begin()
@@ -90,8 +91,7 @@ class AdaptiveLookahead:
             if not exploration.due(candidate, chosen):
                 continue
             _, hope = self._best_lookahead(candidate, budget, optimistic=True)
-            verdict = exploration.judge(candidate, hope, alone_rate, best_rate, speed,
-                                        self.profile)
+            verdict = exploration.judge(candidate, hope, alone_rate, best_rate, speed, self.profile)
             if verdict == "time":
                 return self._explore(candidate, budget, TIMING_LOOKAHEAD)
             if verdict == "explore":
@@ -99,8 +99,9 @@ class AdaptiveLookahead:
         exploration.settled(best.candidate)
         return best
 
-    def _explore(self, candidate: Candidate, budget: int, lookahead: int = EXPLORE_LOOKAHEAD
-                 ) -> Plan:
+    def _explore(
+        self, candidate: Candidate, budget: int, lookahead: int = EXPLORE_LOOKAHEAD
+    ) -> Plan:
         # What was learned about this candidate before is stale: exploring starts it afresh,
         # and its own evidence speaks for it from then on (the typical acceptance is what ruled
         # it out).
@@ -110,8 +111,9 @@ class AdaptiveLookahead:
         self.exploration.tried(key)
         return Plan(candidate, min(lookahead, candidate.limit, budget), explore=True)
 
-    def _best_lookahead(self, candidate: Candidate, budget: int, optimistic: bool
-                        ) -> tuple[int, float]:
+    def _best_lookahead(
+        self, candidate: Candidate, budget: int, optimistic: bool
+    ) -> tuple[int, float]:
         """The K in 1..limit with the most expected tokens per second, and that rate.
 
         ``optimistic``: what the candidate could do at best, every guess surviving, and a verify
@@ -132,7 +134,8 @@ class AdaptiveLookahead:
         else:
             typical = None if key in self.exploration.explored else self.profile.typical.get(key)
             rates = self.acceptance.get(key, Acceptance()).rates(
-                limit, self._source_prior(candidate.source), typical)
+                limit, self._source_prior(candidate.source), typical
+            )
         expected = expected_tokens_by_position(rates)
         best_k, best_rate = 0, 0.0
         for k in range(1, limit + 1):
@@ -152,9 +155,17 @@ class AdaptiveLookahead:
                 kept, reached = kept + k, reached + r
         return (kept + FIRST_PRIOR) / (reached + 1.0)
 
-    def observe(self, plan: Plan, drafted: int, accepted: int, draft_seconds: float,
-                verify_seconds: float, candidates: Sequence[Candidate] = (),
-                produced: Sequence[int] = (), ngram_tail: NgramTail | None = None) -> None:
+    def observe(
+        self,
+        plan: Plan,
+        drafted: int,
+        accepted: int,
+        draft_seconds: float,
+        verify_seconds: float,
+        candidates: Sequence[Candidate] = (),
+        produced: Sequence[int] = (),
+        ngram_tail: NgramTail | None = None,
+    ) -> None:
         """Learn from one cycle: its costs, its acceptance, and in hindsight the acceptance of
         the free candidates not taken (the cycle's ``produced`` tokens are the target's own).
         With ``ngram_tail``, the last guesses came free from an n-gram match."""
@@ -182,5 +193,4 @@ class AdaptiveLookahead:
         self.exploration.tried(key)
         self._source_of[key] = candidate.source
         self.acceptance.setdefault(key, Acceptance()).observe(drafted, accepted)
-        self.profile.typical.setdefault(key, Acceptance(TYPICAL_MEMORY)).observe(
-            drafted, accepted)
+        self.profile.typical.setdefault(key, Acceptance(TYPICAL_MEMORY)).observe(drafted, accepted)

@@ -49,8 +49,15 @@ class Timing:
 
     @classmethod
     def remembered(cls, memory: float, mean: float, weight: float = 1.0) -> Timing:
-        return cls(memory, weight=weight, total=mean * weight, count=2, next_may_be_cold=True,
-                   only_remembered=True, remembered_mean=mean)
+        return cls(
+            memory,
+            weight=weight,
+            total=mean * weight,
+            count=2,
+            next_may_be_cold=True,
+            only_remembered=True,
+            remembered_mean=mean,
+        )
 
     def add(self, value: float) -> None:
         self.measured_here += 1
@@ -97,18 +104,21 @@ class PairProfile:
     # through them: intercept, slope), kept until the next observation: ``auto`` asks for them
     # many times a cycle.
     _fit: tuple[dict[int, float], tuple[float, float]] | None = field(
-        default=None, init=False, repr=False)
+        default=None, init=False, repr=False
+    )
     _speed: float | None = field(default=None, init=False, repr=False)
 
     def snapshot(self) -> dict[str, dict[str, Any]]:
         """What to remember (``restore``) in a later process on these models."""
         # A length decoded once here is known only by its cold first decode.
         verify = {n: t for n, t in self.verify_by_n.items() if t.weight and t.warm}
-        return {"per_guess": {s: t.mean for s, t in self.per_guess.items() if t.weight},
-                "verify_by_n": {str(n): t.mean for n, t in verify.items()},
-                "verify_weight": {str(n): round(t.weight, 3) for n, t in verify.items()},
-                "typical": {key: [a.kept, a.reached] for key, a in self.typical.items()},
-                "unchecked": dict(self.left_off_untimed)}
+        return {
+            "per_guess": {s: t.mean for s, t in self.per_guess.items() if t.weight},
+            "verify_by_n": {str(n): t.mean for n, t in verify.items()},
+            "verify_weight": {str(n): round(t.weight, 3) for n, t in verify.items()},
+            "typical": {key: [a.kept, a.reached] for key, a in self.typical.items()},
+            "unchecked": dict(self.left_off_untimed),
+        }
 
     @classmethod
     def restore(cls, snapshot: dict[str, dict[str, Any]]) -> PairProfile:
@@ -119,16 +129,24 @@ class PairProfile:
             profile.per_guess[source] = Timing.remembered(COST_MEMORY, float(mean))
         weights = snapshot.get("verify_weight", {})
         for n, mean in snapshot.get("verify_by_n", {}).items():
-            profile.verify_by_n[int(n)] = Timing.remembered(COST_MEMORY, float(mean),
-                                                            float(weights.get(n, 1.0)))
+            profile.verify_by_n[int(n)] = Timing.remembered(
+                COST_MEMORY, float(mean), float(weights.get(n, 1.0))
+            )
         for key, (kept, reached) in snapshot.get("typical", {}).items():
-            profile.typical[key] = Acceptance(TYPICAL_MEMORY, [float(x) for x in kept],
-                                              [float(x) for x in reached])
+            profile.typical[key] = Acceptance(
+                TYPICAL_MEMORY, [float(x) for x in kept], [float(x) for x in reached]
+            )
         profile.left_off_untimed = {s: int(n) for s, n in snapshot.get("unchecked", {}).items()}
         return profile
 
-    def observe(self, source: str | None, drafted: int, draft_seconds: float,
-                verify_seconds: float, model_guesses: int | None = None) -> None:
+    def observe(
+        self,
+        source: str | None,
+        drafted: int,
+        draft_seconds: float,
+        verify_seconds: float,
+        model_guesses: int | None = None,
+    ) -> None:
         """One cycle's costs: ``model_guesses`` of the ``drafted`` guesses (default all) cost
         ``draft_seconds``; the rest were free."""
         self._fit = self._speed = None
@@ -183,8 +201,11 @@ class PairProfile:
         if not timing.only_remembered:
             return timing.mean
         if self._speed is None:
-            ratios = sorted(t.mean / t.remembered_mean for t in self.verify_by_n.values()
-                            if t.remembered_mean and not t.only_remembered)
+            ratios = sorted(
+                t.mean / t.remembered_mean
+                for t in self.verify_by_n.values()
+                if t.remembered_mean and not t.only_remembered
+            )
             self._speed = ratios[len(ratios) // 2] if ratios else 1.0
         return timing.mean * self._speed
 
@@ -218,7 +239,7 @@ class PairProfile:
     def _fit_verify(self) -> tuple[dict[int, float], tuple[float, float]]:
         points = {m: self._verify_mean(timing) for m, timing in self.verify_by_n.items()}
         ns = sorted(points)
-        slopes = [(points[b] - points[a]) / (b - a) for i, a in enumerate(ns) for b in ns[i + 1:]]
+        slopes = [(points[b] - points[a]) / (b - a) for i, a in enumerate(ns) for b in ns[i + 1 :]]
         slope = max(0.0, statistics.median(slopes)) if slopes else 0.0
         intercept = statistics.median(points[m] - slope * m for m in ns)
         # Each length shrunk toward the line, weighing its samples against the line's one, then
@@ -230,7 +251,8 @@ class PairProfile:
             timing = self.verify_by_n[m]
             weight = timing.weight if timing.warm else 0.0
             shrunk = (points[m] * weight + LINE_WEIGHT * (intercept + slope * m)) / (
-                weight + LINE_WEIGHT)
+                weight + LINE_WEIGHT
+            )
             fitted[m] = cheapest = min(shrunk, cheapest)
         return fitted, (intercept, slope)
 
@@ -266,8 +288,10 @@ class CostBook:
     @classmethod
     def restore(cls, snapshot: dict[str, dict[str, dict[str, Any]]]) -> CostBook:
         """A book as ``snapshot`` left it; a mode it lacks starts afresh."""
-        return cls(PairProfile.restore(snapshot.get("greedy", {})),
-                   PairProfile.restore(snapshot.get("sampled", {})))
+        return cls(
+            PairProfile.restore(snapshot.get("greedy", {})),
+            PairProfile.restore(snapshot.get("sampled", {})),
+        )
 
     def copy(self) -> CostBook:
         """An independent book with the same figures (what a new process would restore)."""

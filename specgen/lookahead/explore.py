@@ -54,11 +54,19 @@ class Exploration:
         """Whether a candidate not chosen this cycle has waited long enough for a look."""
         key = candidate.acceptance_key
         idle = self.cycle - self.last_tried.get(key, -EXPLORE_GAP_MAX)
-        return not (key == chosen or candidate.preview
-                    or idle < self.gap.get(key, EXPLORE_GAP_FIRST))
+        return not (
+            key == chosen or candidate.preview or idle < self.gap.get(key, EXPLORE_GAP_FIRST)
+        )
 
-    def judge(self, candidate: Candidate, hope: float, alone_rate: float, best_rate: float,
-              speed: SpeedCheck, profile: PairProfile) -> Verdict:
+    def judge(
+        self,
+        candidate: Candidate,
+        hope: float,
+        alone_rate: float,
+        best_rate: float,
+        speed: SpeedCheck,
+        profile: PairProfile,
+    ) -> Verdict:
         """What to do with a candidate due for a look, whose best rate if every guess survived
         is ``hope`` (tokens per second) against the target alone's and this cycle's best.
 

@@ -40,9 +40,14 @@ MAX_BODY = 1 << 20
 DISCONNECT_CHECK_SECONDS = 0.2
 
 
-def create_app(generator: Generator, *, api_key: str | None = None, max_queue: int = 8,
-               max_body: int = MAX_BODY, default_max_tokens: int = DEFAULT_MAX_TOKENS
-               ) -> FastAPI:
+def create_app(
+    generator: Generator,
+    *,
+    api_key: str | None = None,
+    max_queue: int = 8,
+    max_body: int = MAX_BODY,
+    default_max_tokens: int = DEFAULT_MAX_TOKENS,
+) -> FastAPI:
     """The FastAPI app over a loaded pair."""
     app = FastAPI(title="specgen", docs_url=None, redoc_url=None)
     metrics = Metrics()
@@ -56,11 +61,11 @@ def create_app(generator: Generator, *, api_key: str | None = None, max_queue: i
     async def invalid(request: Request, err: RequestValidationError) -> JSONResponse:
         first = err.errors()[0] if err.errors() else {}
         if first.get("type") == "json_invalid":
-            return error_response(400, f"the body is not valid JSON: {first.get('msg', '')}",
-                                  code="invalid_json")
+            return error_response(
+                400, f"the body is not valid JSON: {first.get('msg', '')}", code="invalid_json"
+            )
         where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
-        return error_response(422, f"{where}: {first.get('msg', 'invalid')}",
-                              code="invalid_value")
+        return error_response(422, f"{where}: {first.get('msg', 'invalid')}", code="invalid_value")
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, err: ApiError) -> JSONResponse:
@@ -72,16 +77,19 @@ def create_app(generator: Generator, *, api_key: str | None = None, max_queue: i
 
     @app.get("/v1/models")
     async def models() -> dict[str, object]:
-        return {"object": "list", "data": [{"id": model_id, "object": "model",
-                                            "created": 0, "owned_by": "specgen"}]}
+        return {
+            "object": "list",
+            "data": [{"id": model_id, "object": "model", "created": 0, "owned_by": "specgen"}],
+        }
 
     @app.get("/metrics")
     async def prometheus() -> Response:
         metrics.queue.set(queue.waiting)
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    async def respond(request: Request, body: SamplingRequest, prompt: Prompt, chat: bool
-                      ) -> Response:
+    async def respond(
+        request: Request, body: SamplingRequest, prompt: Prompt, chat: bool
+    ) -> Response:
         # /v1/completions sends the prompt as it is, as OpenAI's and llama.cpp's servers do
         job = Job(prompt, body.settings(default_max_tokens), threading.Event(), chat)
         kind = "chat.completion" if chat else "text_completion"
@@ -96,8 +104,10 @@ def create_app(generator: Generator, *, api_key: str | None = None, max_queue: i
         except Exception as err:
             raise as_api_error(err) from err
         if body.stream:
-            return StreamingResponse(_sse(first, events, job, ident, model_id, chat, metrics),
-                                     media_type="text/event-stream")
+            return StreamingResponse(
+                _sse(first, events, job, ident, model_id, chat, metrics),
+                media_type="text/event-stream",
+            )
         pieces, item, checked = [], first, time.monotonic()
         while not isinstance(item, Result):
             pieces.append(item.text)
@@ -108,10 +118,17 @@ def create_app(generator: Generator, *, api_key: str | None = None, max_queue: i
             item = await anext(events)
         metrics.record(item.stats)
         choice = openai.choice(chat, "".join(pieces), openai.finish_reason(item.stats))
-        return JSONResponse({"id": ident, "object": kind, "created": int(time.time()),
-                             "model": model_id, "choices": [choice],
-                             "usage": openai.usage(item.stats),
-                             "timings": openai.timings(item.stats)})
+        return JSONResponse(
+            {
+                "id": ident,
+                "object": kind,
+                "created": int(time.time()),
+                "model": model_id,
+                "choices": [choice],
+                "usage": openai.usage(item.stats),
+                "timings": openai.timings(item.stats),
+            }
+        )
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request, body: ChatRequest) -> Response:
@@ -125,18 +142,36 @@ def create_app(generator: Generator, *, api_key: str | None = None, max_queue: i
     return app
 
 
-async def _sse(first: TextChunk | Result, events: AsyncIterator[TextChunk | Result], job: Job,
-               ident: str, model: str, chat: bool, metrics: Metrics) -> AsyncIterator[bytes]:
+async def _sse(
+    first: TextChunk | Result,
+    events: AsyncIterator[TextChunk | Result],
+    job: Job,
+    ident: str,
+    model: str,
+    chat: bool,
+    metrics: Metrics,
+) -> AsyncIterator[bytes]:
     """Server-sent events: one chunk per piece of text, a final chunk with the finish reason,
     usage and timings, then ``[DONE]``. A client that leaves cancels the generation."""
     created = int(time.time())
     chunk_kind = "chat.completion.chunk" if chat else "text_completion"
 
-    def chunk(text: str | None, finish: str | None, extra: dict[str, object] | None = None,
-              role: bool = False) -> bytes:
-        return event({"id": ident, "object": chunk_kind, "created": created, "model": model,
-                      "choices": [openai.chunk_choice(chat, text, finish, role)],
-                      **(extra or {})})
+    def chunk(
+        text: str | None,
+        finish: str | None,
+        extra: dict[str, object] | None = None,
+        role: bool = False,
+    ) -> bytes:
+        return event(
+            {
+                "id": ident,
+                "object": chunk_kind,
+                "created": created,
+                "model": model,
+                "choices": [openai.chunk_choice(chat, text, finish, role)],
+                **(extra or {}),
+            }
+        )
 
     item = first
     try:
@@ -153,6 +188,9 @@ async def _sse(first: TextChunk | Result, events: AsyncIterator[TextChunk | Resu
     finally:
         job.cancelled.set()  # the client went away (or the stream ended): stop generating
     metrics.record(item.stats)
-    yield chunk(None if chat else "", openai.finish_reason(item.stats),
-                {"usage": openai.usage(item.stats), "timings": openai.timings(item.stats)})
+    yield chunk(
+        None if chat else "",
+        openai.finish_reason(item.stats),
+        {"usage": openai.usage(item.stats), "timings": openai.timings(item.stats)},
+    )
     yield DONE

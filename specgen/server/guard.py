@@ -32,16 +32,23 @@ class Guard:
             await send(message)
 
         try:
-            if self.api_key and path.startswith("/v1/") and \
-                    headers.get("authorization") != f"Bearer {self.api_key}":
-                await error_response(401, "missing or wrong API key: send Authorization: "
-                                     "Bearer KEY", code="invalid_api_key")(
-                    scope, receive, send_and_note)
+            if (
+                self.api_key
+                and path.startswith("/v1/")
+                and headers.get("authorization") != f"Bearer {self.api_key}"
+            ):
+                await error_response(
+                    401,
+                    "missing or wrong API key: send Authorization: Bearer KEY",
+                    code="invalid_api_key",
+                )(scope, receive, send_and_note)
             elif int(headers.get("content-length") or 0) > self.max_body or (
-                    "content-length" not in headers
-                    and (receive := await self._buffered(receive)) is None):
-                await error_response(413, f"the request body is over {self.max_body} bytes",
-                                     code="request_too_large")(scope, receive, send_and_note)
+                "content-length" not in headers
+                and (receive := await self._buffered(receive)) is None
+            ):
+                await error_response(
+                    413, f"the request body is over {self.max_body} bytes", code="request_too_large"
+                )(scope, receive, send_and_note)
             else:
                 await self.app(scope, receive, send_and_note)
         finally:

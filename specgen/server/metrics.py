@@ -13,29 +13,43 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.drafts = Counter("specgen_spec_decode_num_drafts", "Cycles that verified guesses",
-                              registry=r)
-        self.draft_tokens = Counter("specgen_spec_decode_num_draft_tokens",
-                                    "Guesses drafted", registry=r)
-        self.accepted_tokens = Counter("specgen_spec_decode_num_accepted_tokens",
-                                       "Guesses the target accepted", registry=r)
-        self.accepted_per_pos = Counter("specgen_spec_decode_num_accepted_tokens_per_pos",
-                                        "Guesses accepted at each position of a cycle",
-                                        ["position"], registry=r)
+        self.drafts = Counter(
+            "specgen_spec_decode_num_drafts", "Cycles that verified guesses", registry=r
+        )
+        self.draft_tokens = Counter(
+            "specgen_spec_decode_num_draft_tokens", "Guesses drafted", registry=r
+        )
+        self.accepted_tokens = Counter(
+            "specgen_spec_decode_num_accepted_tokens", "Guesses the target accepted", registry=r
+        )
+        self.accepted_per_pos = Counter(
+            "specgen_spec_decode_num_accepted_tokens_per_pos",
+            "Guesses accepted at each position of a cycle",
+            ["position"],
+            registry=r,
+        )
         self.prompt_tokens = Counter("specgen_prompt_tokens", "Prompt tokens", registry=r)
-        self.prompt_tokens_cached = Counter("specgen_prompt_tokens_cached",
-                                            "Prompt tokens reused from the cache", registry=r)
-        self.generation_tokens = Counter("specgen_generation_tokens", "Generated tokens",
-                                         registry=r)
-        self.requests = Counter("specgen_requests", "Requests by endpoint and status",
-                                ["endpoint", "status"], registry=r)
-        self.latency = Histogram("specgen_request_latency_seconds", "Time to serve a request",
-                                 ["endpoint"], registry=r)
-        self.tokens_per_second = Gauge("specgen_predicted_tokens_seconds",
-                                       "Generation speed of the last request (tokens/s)",
-                                       registry=r)
-        self.queue = Gauge("specgen_requests_waiting", "Requests waiting for the model",
-                           registry=r)
+        self.prompt_tokens_cached = Counter(
+            "specgen_prompt_tokens_cached", "Prompt tokens reused from the cache", registry=r
+        )
+        self.generation_tokens = Counter(
+            "specgen_generation_tokens", "Generated tokens", registry=r
+        )
+        self.requests = Counter(
+            "specgen_requests",
+            "Requests by endpoint and status",
+            ["endpoint", "status"],
+            registry=r,
+        )
+        self.latency = Histogram(
+            "specgen_request_latency_seconds", "Time to serve a request", ["endpoint"], registry=r
+        )
+        self.tokens_per_second = Gauge(
+            "specgen_predicted_tokens_seconds",
+            "Generation speed of the last request (tokens/s)",
+            registry=r,
+        )
+        self.queue = Gauge("specgen_requests_waiting", "Requests waiting for the model", registry=r)
 
     def record(self, stats: Stats) -> None:
         self.drafts.inc(_drafting_cycles(stats))

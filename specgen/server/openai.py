@@ -15,11 +15,18 @@ from specgen.prompts import MAX_SEED
 from specgen.stats import Stats
 
 # How a generation's stop reason reads as an OpenAI finish_reason.
-FINISH = {"eog": "stop", "stop": "stop", "max_tokens": "length", "context_full": "length",
-          "cancelled": "stop", "interrupted": "stop"}
+FINISH = {
+    "eog": "stop",
+    "stop": "stop",
+    "max_tokens": "length",
+    "context_full": "length",
+    "cancelled": "stop",
+    "interrupted": "stop",
+}
 
 
 # -- requests -----------------------------------------------------------------------------------
+
 
 class SamplingRequest(BaseModel):
     """The fields both endpoints take; others clients send are ignored."""
@@ -47,9 +54,15 @@ class SamplingRequest(BaseModel):
 
     def settings(self, default_max: int) -> Settings:
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
-        return Settings(max_tokens=self.max_completion_tokens or self.max_tokens or default_max,
-                        temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
-                        min_p=self.min_p, seed=self.seed, stop=stop)
+        return Settings(
+            max_tokens=self.max_completion_tokens or self.max_tokens or default_max,
+            temperature=self.temperature,
+            top_k=self.top_k,
+            top_p=self.top_p,
+            min_p=self.min_p,
+            seed=self.seed,
+            stop=stop,
+        )
 
 
 class ChatMessage(BaseModel):
@@ -61,8 +74,7 @@ class ChatMessage(BaseModel):
     def text(self) -> str:
         if isinstance(self.content, str):
             return self.content
-        return "".join(part.get("text", "") for part in self.content
-                       if part.get("type") == "text")
+        return "".join(part.get("text", "") for part in self.content if part.get("type") == "text")
 
 
 class ChatRequest(SamplingRequest):
@@ -85,6 +97,7 @@ class CompletionRequest(SamplingRequest):
 
 # -- responses ----------------------------------------------------------------------------------
 
+
 def choice(chat: bool, text: str | None, finish: str | None) -> dict[str, object]:
     """The one choice of a whole response."""
     out: dict[str, object] = {"index": 0, "finish_reason": finish, "logprobs": None}
@@ -95,8 +108,9 @@ def choice(chat: bool, text: str | None, finish: str | None) -> dict[str, object
     return out
 
 
-def chunk_choice(chat: bool, text: str | None, finish: str | None, role: bool = False
-                 ) -> dict[str, object]:
+def chunk_choice(
+    chat: bool, text: str | None, finish: str | None, role: bool = False
+) -> dict[str, object]:
     """The one choice of a streamed chunk: a chat's text is a delta (``role`` on the first)."""
     if not chat:
         return {"index": 0, "text": text or "", "finish_reason": finish}
@@ -111,9 +125,12 @@ def finish_reason(stats: Stats) -> str:
 
 
 def usage(stats: Stats) -> dict[str, object]:
-    return {"prompt_tokens": stats.n_prompt, "completion_tokens": stats.n_generated,
-            "total_tokens": stats.n_prompt + stats.n_generated,
-            "prompt_tokens_details": {"cached_tokens": stats.n_prompt_cached}}
+    return {
+        "prompt_tokens": stats.n_prompt,
+        "completion_tokens": stats.n_generated,
+        "total_tokens": stats.n_prompt + stats.n_generated,
+        "prompt_tokens_details": {"cached_tokens": stats.n_prompt_cached},
+    }
 
 
 def timings(stats: Stats) -> dict[str, object]:
@@ -145,19 +162,33 @@ DONE = b"data: [DONE]\n\n"
 
 # -- errors ---------------------------------------------------------------------------------
 
+
 class ApiError(Exception):
-    def __init__(self, status: int, message: str, kind: str = "invalid_request_error",
-                 code: str | None = None, headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        kind: str = "invalid_request_error",
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status, self.message, self.kind, self.code = status, message, kind, code
         self.headers = headers or {}
 
 
-def error_response(status: int, message: str, kind: str = "invalid_request_error",
-                   code: str | None = None, headers: dict[str, str] | None = None
-                   ) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": kind, "param": None,
-                                   "code": code}}, status_code=status, headers=headers)
+def error_response(
+    status: int,
+    message: str,
+    kind: str = "invalid_request_error",
+    code: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
+    return JSONResponse(
+        {"error": {"message": message, "type": kind, "param": None, "code": code}},
+        status_code=status,
+        headers=headers,
+    )
 
 
 def as_api_error(err: Exception) -> ApiError:
@@ -165,5 +196,8 @@ def as_api_error(err: Exception) -> ApiError:
     entry = lookup(err)
     if entry is None:
         return ApiError(500, f"internal error: {type(err).__name__}: {err}", "server_error")
-    return ApiError(entry.http_status, entry.message(err),
-                    "invalid_request_error" if entry.http_status < 500 else "server_error")
+    return ApiError(
+        entry.http_status,
+        entry.message(err),
+        "invalid_request_error" if entry.http_status < 500 else "server_error",
+    )

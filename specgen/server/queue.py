@@ -25,10 +25,16 @@ class Generator(Protocol):
     @property
     def name(self) -> str: ...
 
-    def stream_events(self, prompt: Prompt, settings: Settings = ..., *,
-                      system: str | None = None, reuse_prefix: bool = False,
-                      cancelled: Callable[[], bool] | None = None,
-                      chat: bool | None = None) -> Iterator[TextChunk | Result]: ...
+    def stream_events(
+        self,
+        prompt: Prompt,
+        settings: Settings = ...,
+        *,
+        system: str | None = None,
+        reuse_prefix: bool = False,
+        cancelled: Callable[[], bool] | None = None,
+        chat: bool | None = None,
+    ) -> Iterator[TextChunk | Result]: ...
 
 
 @dataclass
@@ -55,8 +61,13 @@ class GenerationQueue:
         request cancelled while its generation still runs never lets a second one start on the
         same models."""
         if self.lock.locked() and self.waiting >= self.max_queue:
-            raise ApiError(503, f"the model is busy and {self.waiting} requests are waiting; "
-                                f"retry shortly", "server_error", "busy", {"Retry-After": "1"})
+            raise ApiError(
+                503,
+                f"the model is busy and {self.waiting} requests are waiting; retry shortly",
+                "server_error",
+                "busy",
+                {"Retry-After": "1"},
+            )
         self.waiting += 1
         try:
             await self.lock.acquire()
@@ -69,8 +80,12 @@ class GenerationQueue:
         def work() -> None:
             try:
                 for item in self.generator.stream_events(
-                        job.prompt, job.settings, reuse_prefix=True, chat=job.chat,
-                        cancelled=lambda: job.cancelled.is_set() or self.draining.is_set()):
+                    job.prompt,
+                    job.settings,
+                    reuse_prefix=True,
+                    chat=job.chat,
+                    cancelled=lambda: job.cancelled.is_set() or self.draining.is_set(),
+                ):
                     loop.call_soon_threadsafe(queue.put_nowait, item)
             except BaseException as err:  # handed to the request below
                 loop.call_soon_threadsafe(queue.put_nowait, err)
