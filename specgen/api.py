@@ -93,15 +93,7 @@ class Specgen:
             gpu_layers=gpu_layers,
             bench_temperature=Settings.temperature if from_bench else None,
         )
-        options = PairOptions(
-            n_ctx=n_ctx,
-            target_threads=threads,
-            draft_threads=threads,
-            target_gpu_layers=gpu_layers,
-            draft_gpu_layers=gpu_layers,
-            verbose=verbose,
-            local_head=rpc_local_head,
-        )
+        options = PairOptions.for_both(n_ctx, threads, gpu_layers, verbose, rpc_local_head)
         self.decision = decision
         self.choice = decision.choice
         self.note = decision.note

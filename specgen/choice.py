@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from specgen import memo
 from specgen.errors import UsageError
 from specgen.lookahead import DEFAULT_LOOKAHEAD, Lookahead, effective_lookahead
 from specgen.registry import NGRAM, ModelSpec, PairSpec, Registry
@@ -156,8 +157,6 @@ def decide(
     else the pair's own, else DEFAULT_LOOKAHEAD; and 0 where nothing drafts
     (``explain_alone``: the note says so when another K was asked for).
     """
-    from specgen import memo
-
     choice = choose(registry or Registry.load(), pair, target, draft, ngram, rpc)
     found = memo.memo_path(choice, threads, gpu_layers)
     note = ""

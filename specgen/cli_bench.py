@@ -160,15 +160,7 @@ def bench(
             )
     loaded = open_pair(
         decision,
-        PairOptions(
-            n_ctx=ctx_size,
-            target_threads=threads,
-            draft_threads=threads,
-            target_gpu_layers=gpu_layers,
-            draft_gpu_layers=gpu_layers,
-            verbose=verbose,
-            local_head=rpc_local_head,
-        ),
+        PairOptions.for_both(ctx_size, threads, gpu_layers, verbose, rpc_local_head),
     )
     session = BenchSession(
         loaded,

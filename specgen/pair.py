@@ -73,6 +73,18 @@ class PairOptions:
     workers: tuple[str, ...] = ()  # `specgen worker`s that take the target's offloaded layers
     local_head: bool = True  # with workers: keep the target's output layer here
 
+    @classmethod
+    def for_both(
+        cls,
+        n_ctx: int = 0,
+        threads: int = 0,
+        gpu_layers: int = -1,
+        verbose: bool = False,
+        local_head: bool = True,
+    ) -> PairOptions:
+        """The same threads and GPU layers for the target and the draft."""
+        return cls(n_ctx, threads, threads, gpu_layers, gpu_layers, verbose, local_head=local_head)
+
 
 @dataclass
 class Pair:

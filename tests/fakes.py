@@ -14,9 +14,17 @@ from __future__ import annotations
 
 import json
 import zlib
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+from specgen.engine import CycleDone, Finished
+
+if TYPE_CHECKING:
+    from specgen.engine import GenerationConfig, SpeculativeEngine
+    from specgen.stats import Stats
 
 PIECES = [bytes([ord("a") + i]) for i in range(12)] + [b" ", b"\n", b"\xc3", b"\xa9"]
 # A chat template in the Hugging Face style, as a GGUF carries one.
@@ -139,6 +147,18 @@ class FakeModel:
 
     def chat_template(self) -> str | None:
         return self.template
+
+
+def run_to_end(
+    engine: SpeculativeEngine, config: GenerationConfig, prompt: Sequence[int]
+) -> tuple[list[int], Stats]:
+    """Drive the engine to the end of a generation: the tokens it generated, and its stats."""
+    tokens: list[int] = []
+    for event in engine.generate(prompt, config):
+        if isinstance(event, CycleDone):
+            tokens.extend(event.tokens)
+    assert isinstance(event, Finished), "a generation always ends with Finished"
+    return tokens[: event.stats.n_generated], event.stats
 
 
 def write_fake(path: Path, **params: object) -> Path:

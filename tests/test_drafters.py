@@ -17,22 +17,13 @@ from specgen.drafters import (
     NgramDrafter,
     Proposal,
 )
-from specgen.engine import CycleDone, Finished, GenerationConfig, SpeculativeEngine
-from tests.fakes import FakeModel
+from specgen.engine import CycleDone, GenerationConfig, SpeculativeEngine
+from tests.fakes import FakeModel, run_to_end
 from tests.stats_helpers import pooled_chisquare_pvalue
 
 GREEDY = SamplingParams(temperature=0)
 SAMPLING = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
 MODEL = Candidate("model", "model", 10_000)
-
-
-def run(engine: SpeculativeEngine, config: GenerationConfig, prompt: Sequence[int]):
-    tokens: list[int] = []
-    for event in engine.generate(prompt, config):
-        if isinstance(event, CycleDone):
-            tokens.extend(event.tokens)
-    assert isinstance(event, Finished)
-    return tokens[: event.stats.n_generated], event.stats
 
 
 # -- the seam ----------------------------------------------------------------------------------
@@ -60,9 +51,11 @@ class ScriptedDrafter:
 
 def test_engine_drives_any_drafter_through_the_protocol() -> None:
     target = FakeModel()
-    alone, _ = run(SpeculativeEngine(FakeModel()), GenerationConfig(0, GREEDY, 20), [1, 2, 3])
+    alone, _ = run_to_end(
+        SpeculativeEngine(FakeModel()), GenerationConfig(0, GREEDY, 20), [1, 2, 3]
+    )
     drafter = ScriptedDrafter(alone[1:4])  # right for the first cycle, then wrong
-    tokens, stats = run(
+    tokens, stats = run_to_end(
         SpeculativeEngine(target, drafter), GenerationConfig(3, GREEDY, 20), [1, 2, 3]
     )
     assert tokens == alone
@@ -167,9 +160,11 @@ def on_its_clock(target: FakeModel, drafter=None) -> SpeculativeEngine:
 
 def test_greedy_ngram_is_the_target_alone_and_needs_few_cycles() -> None:
     prompt = [0, 1, 2, 3, 4, 5, 0, 1]
-    alone, base = run(on_its_clock(repeating_target()), GenerationConfig(0, GREEDY, 60), prompt)
+    alone, base = run_to_end(
+        on_its_clock(repeating_target()), GenerationConfig(0, GREEDY, 60), prompt
+    )
     for lookahead in (4, "auto"):
-        tokens, stats = run(
+        tokens, stats = run_to_end(
             on_its_clock(repeating_target(), NgramDrafter()),
             GenerationConfig(lookahead, GREEDY, 60),
             prompt,
@@ -204,7 +199,9 @@ def test_ngram_and_hybrid_guesses_keep_the_target_distribution(make: str, lookah
     counts = np.zeros((16, 16))
     n, drafted = 3000, {"ngram": 0, "model": 0}
     for seed in range(n):
-        tokens, stats = run(engine, GenerationConfig(lookahead, SAMPLING, 4, seed=seed), prompt)
+        tokens, stats = run_to_end(
+            engine, GenerationConfig(lookahead, SAMPLING, 4, seed=seed), prompt
+        )
         counts[tokens[1], tokens[2]] += 1
         for source, mine in stats.by_source.items():
             drafted[source] += mine.drafted
@@ -265,10 +262,10 @@ def test_a_biased_ngram_rule_is_caught() -> None:
 
 def test_hybrid_takes_ngram_guesses_where_the_text_repeats_and_the_model_elsewhere() -> None:
     prompt = [0, 1, 2, 3, 4, 5, 0, 1]
-    alone, _ = run(on_its_clock(repeating_target()), GenerationConfig(0, GREEDY, 80), prompt)
+    alone, _ = run_to_end(on_its_clock(repeating_target()), GenerationConfig(0, GREEDY, 80), prompt)
     draft = FakeModel(noise=0.8, salt=7)
     hybrid = HybridDrafter(ModelDrafter(draft))
-    tokens, stats = run(
+    tokens, stats = run_to_end(
         on_its_clock(repeating_target(), hybrid), GenerationConfig(6, GREEDY, 80), prompt
     )
     assert tokens == alone

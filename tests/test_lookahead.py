@@ -12,22 +12,13 @@ import pytest
 from specgen.core.sampling import SamplingParams
 from specgen.core.speculative import expected_tokens_by_position
 from specgen.drafters import TARGET_ALONE, Candidate, ModelDrafter, NgramTail, Plan
-from specgen.engine import CycleDone, Finished, GenerationConfig, SpeculativeEngine
+from specgen.engine import CycleDone, GenerationConfig, SpeculativeEngine
 from specgen.lookahead import AdaptiveLookahead, FixedLookahead, PairProfile
 from specgen.lookahead.adaptive import GROWTH_FIRST
 from specgen.lookahead.explore import RECHECK_AFTER, TIMING_LOOKAHEAD
-from tests.fakes import FakeClock, FakeModel
+from tests.fakes import FakeClock, FakeModel, run_to_end
 
 GREEDY = SamplingParams(temperature=0)
-
-
-def run(engine: SpeculativeEngine, config: GenerationConfig, prompt: Sequence[int]):
-    tokens: list[int] = []
-    for event in engine.generate(prompt, config):
-        if isinstance(event, CycleDone):
-            tokens.extend(event.tokens)
-    assert isinstance(event, Finished)
-    return tokens[: event.stats.n_generated], event.stats
 
 
 # -- the lookahead policy ----------------------------------------------------------------------
@@ -340,7 +331,9 @@ def test_auto_on_the_engine_is_exact_in_greedy_and_reports_its_choices() -> None
     clock = FakeClock()
     target = FakeModel(call_seconds=0.010, token_seconds=0.001, clock=clock)
     draft = FakeModel(noise=0.3, salt=7, call_seconds=0.002, clock=clock)
-    alone, _ = run(SpeculativeEngine(FakeModel()), GenerationConfig(0, GREEDY, 120), [1, 2, 3])
+    alone, _ = run_to_end(
+        SpeculativeEngine(FakeModel()), GenerationConfig(0, GREEDY, 120), [1, 2, 3]
+    )
     engine = SpeculativeEngine(target, ModelDrafter(draft, clock=clock), clock=clock)
     events = list(engine.generate([1, 2, 3], GenerationConfig("auto", GREEDY, 120)))
     cycles = [e for e in events if isinstance(e, CycleDone)][1:]  # after the prompt's own pass

@@ -10,7 +10,9 @@ import pytest
 from specgen.backend import LlamaModel, ModelOptions
 from specgen.core.sampling import SamplingParams, warp
 from specgen.drafters import HybridDrafter, ModelDrafter, NgramDrafter
-from specgen.engine import CycleDone, Finished, GenerationConfig, SpeculativeEngine
+from specgen.engine import CycleDone, GenerationConfig, SpeculativeEngine
+from specgen.stats import Stats
+from tests.fakes import run_to_end
 from tests.stats_helpers import pooled_chisquare_pvalue
 
 pytestmark = pytest.mark.slow
@@ -32,13 +34,8 @@ def smol(smollm2_target: Path, smollm2_draft: Path) -> tuple[LlamaModel, LlamaMo
 
 def generated(
     engine: SpeculativeEngine, prompt: list[int], config: GenerationConfig
-) -> tuple[list[int], Finished]:
-    tokens: list[int] = []
-    for event in engine.generate(prompt, config):
-        if isinstance(event, CycleDone):
-            tokens.extend(event.tokens)
-    assert isinstance(event, Finished)
-    return tokens[: event.stats.n_generated], event
+) -> tuple[list[int], Stats]:
+    return run_to_end(engine, config, prompt)
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)
@@ -57,7 +54,7 @@ def test_greedy_speculative_is_token_for_token_the_target(smol, prompt: str) -> 
             GenerationConfig(lookahead=lookahead, sampling=GREEDY, max_tokens=48),
         )
         assert spec == alone, f"K={lookahead} diverged from the target alone"
-        assert done.stats.n_drafted > 0
+        assert done.n_drafted > 0
 
 
 def test_greedy_exact_on_gemma_pair(gemma_target: Path, gemma_draft: Path) -> None:
@@ -75,7 +72,7 @@ def test_greedy_exact_on_gemma_pair(gemma_target: Path, gemma_draft: Path) -> No
         GenerationConfig(lookahead=4, sampling=GREEDY, max_tokens=40),
     )
     assert spec == alone
-    assert done.stats.accept_rate > 0.5  # one network at two precisions agrees mostly
+    assert done.accept_rate > 0.5  # one network at two precisions agrees mostly
 
 
 def test_first_token_follows_target_distribution(smol) -> None:
@@ -149,7 +146,7 @@ def test_full_context_stops_cleanly(smollm2_target: Path, smollm2_draft: Path) -
         engine, prompt, GenerationConfig(lookahead=4, sampling=GREEDY, max_tokens=500)
     )
     n_ctx = engine.target.n_ctx  # llama.cpp may round the asked size up
-    assert done.reason == "context_full"
+    assert done.stop_reason == "context_full"
     assert n_ctx - 4 <= len(prompt) + len(tokens) <= n_ctx + 1
 
 
@@ -249,7 +246,7 @@ def test_greedy_ngram_hybrid_and_auto_are_the_target_alone(smol, prompt: str) ->
         # float near-ties (seen: a top-2 gap of 0.0024 at one token in 48).
         assert_same_up_to_near_ties(target, tokens, alone, spec, 0.01, f"{name} at K={lookahead}")
         if prompt == REPEATING and name != "model":
-            assert done.stats.by_source["ngram"].accepted > 0, name
+            assert done.by_source["ngram"].accepted > 0, name
 
 
 @pytest.mark.parametrize("hybrid", [False, True])
@@ -279,7 +276,7 @@ def test_first_guessed_token_of_ngram_guesses_follows_target_distribution(
             continue
         n += 1
         counts[tokens[1]] = counts.get(tokens[1], 0) + 1
-        by_ngram += "ngram" in done.stats.by_source
+        by_ngram += "ngram" in done.by_source
     assert n > 200 and by_ngram == n, "the first cycle should draft by prompt lookup"
     assert set(counts) <= set(p.ids.tolist())
     observed = np.array([counts.get(int(t), 0) for t in p.ids])

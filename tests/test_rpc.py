@@ -196,7 +196,9 @@ def test_a_worker_beyond_loopback_warns_that_the_protocol_is_open(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from specgen import backend, cli_worker
+    from specgen.backend import runtime
 
+    monkeypatch.setattr(runtime, "supports_rpc", lambda: True)  # whatever this build has
     monkeypatch.setattr(cli_worker, "_check_port_free", lambda endpoint: None)
     monkeypatch.setattr(cli_worker, "_show_server_events", lambda verbose: None)
     monkeypatch.setattr(backend, "serve_worker", lambda *args: None)  # as if it could not bind

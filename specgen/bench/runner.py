@@ -19,11 +19,12 @@ from specgen import store
 from specgen.bench.report import BenchSetting, Report, summarize
 from specgen.bench.sweep import Run, RunOne, sweep
 from specgen.core.sampling import DEFAULT_SAMPLING, SamplingParams
-from specgen.drafters import Drafter, HybridDrafter, ModelDrafter, make_drafter
+from specgen.drafters import Drafter, make_drafter
 from specgen.engine import Finished, GenerationConfig, SpeculativeEngine
 from specgen.lookahead import CostBook
 from specgen.memo import Variant
 from specgen.pair import Pair
+from specgen.session import prompt_tokens, wants_chat
 from specgen.stats import Stats
 
 if TYPE_CHECKING:
@@ -62,8 +63,6 @@ class BenchSession:
         prompts_file: Path | None = None,
         local_head: bool = True,
     ) -> None:
-        from specgen.session import prompt_tokens, wants_chat
-
         self.pair, self.choice, self.kinds, self.variants = pair, choice, kinds, variants
         self.max_tokens, self.repeats, self.seed = max_tokens, repeats, seed
         self.draft_p_min, self.clock = draft_p_min, pair.clock
@@ -72,15 +71,16 @@ class BenchSession:
         self.encoded = [prompt_tokens(pair.target, p, self.chat) for p in prompts]
         self.learned: CostBook = pair.costs
         # One drafter per way of drafting, over the same loaded models; each run begins afresh.
-        model = (
-            ModelDrafter(pair.draft, draft_p_min, self.clock) if pair.draft is not None else None
-        )
+        ways = {
+            "alone": (None, False),
+            "ngram": (None, True),
+            "model": (pair.draft, False),
+            "auto": (pair.draft, False),
+            "hybrid": (pair.draft, True),
+        }
         self._drafters: dict[str, Drafter | None] = {
-            "alone": None,
-            "ngram": make_drafter(None, True),
-            "model": model,
-            "auto": model,
-            "hybrid": HybridDrafter(model) if model is not None else None,
+            way: make_drafter(draft, ngram, draft_p_min, self.clock)
+            for way, (draft, ngram) in ways.items()
         }
 
     def run_one(self, temperature: float) -> RunOne:
