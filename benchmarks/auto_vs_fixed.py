@@ -17,12 +17,11 @@ import argparse
 import statistics
 from dataclasses import replace
 
-from specgen.backend import LlamaModel, ModelOptions
 from specgen.bench.prompts import BUILTIN_KINDS, BUILTIN_PROMPTS
 from specgen.core.sampling import DEFAULT_SAMPLING
-from specgen.drafters import HybridDrafter, ModelDrafter
 from specgen.engine import CycleDone, Finished, GenerationConfig, SpeculativeEngine
 from specgen.lookahead import CostBook
+from specgen.pair import PairOptions, load_pair
 from specgen.session import prompt_tokens
 
 
@@ -49,24 +48,20 @@ def main() -> None:
         "`specgen run` does once it has run on these models here",
     )
     args = parser.parse_args()
-    target = LlamaModel(args.target, ModelOptions(n_threads=args.threads))
-    draft = LlamaModel(args.draft, ModelOptions(n_ctx=target.n_ctx, n_threads=args.threads))
-    drafter = HybridDrafter(ModelDrafter(draft)) if args.ngram else ModelDrafter(draft)
-    engines = {"alone": SpeculativeEngine(target), "model": SpeculativeEngine(target, drafter)}
+    pair = load_pair(
+        args.target, args.draft, PairOptions.for_both(threads=args.threads), ngram=args.ngram
+    )
+    drafter = pair.drafter()  # the model alone, or with prompt lookup (the hybrid)
     sampling = replace(DEFAULT_SAMPLING, temperature=args.temperature)
-    prompts = [prompt_tokens(target, p, args.chat) for p in BUILTIN_PROMPTS]
+    prompts = [prompt_tokens(pair.target, p, args.chat) for p in BUILTIN_PROMPTS]
     fixed = [int(k) for k in args.lookaheads.split(",")]
 
     remembered: dict = {}
 
     def run(k: int | str, prompt: list[int]) -> tuple[float, list[str]]:
         nonlocal remembered
-        way = engines["alone" if k == 0 else "model"]
-        engine = SpeculativeEngine(
-            way.target,
-            way.drafter,
-            costs=CostBook.restore(remembered) if args.remember and k == "auto" else CostBook(),
-        )
+        costs = CostBook.restore(remembered) if args.remember and k == "auto" else CostBook()
+        engine = SpeculativeEngine(pair.target, drafter if k != 0 else None, costs=costs)
         cycles = []
         config = GenerationConfig(
             lookahead=k, sampling=sampling, max_tokens=args.max_tokens, seed=0
@@ -90,6 +85,9 @@ def main() -> None:
         if number not in chosen:
             continue
         alone, _ = run(0, prompt)
+        if not alone:  # the target ended at once (often a base-style prompt without --chat)
+            print(f"{kind:10s} skipped: the target alone wrote nothing", flush=True)
+            continue
         speedups = {str(k): run(k, prompt)[0] / alone for k in fixed}
         auto, cycles = run("auto", prompt)
         speedups["auto"] = auto / alone
@@ -106,11 +104,14 @@ def main() -> None:
         if args.trace:
             print("    " + " ".join(cycles))
     for average in (statistics.median, statistics.mean):
+        if not ratios["auto"]:
+            break
         print(
             f"{average.__name__:6s} "
             + " ".join(f"{name}:{average(values):.3f}" for name, values in ratios.items())
         )
-    print(f"auto/best: min {min(ratios['auto/best']):.2f}")
+    if ratios["auto/best"]:
+        print(f"auto/best: min {min(ratios['auto/best']):.2f}")
 
 
 if __name__ == "__main__":

@@ -77,7 +77,7 @@ def choose(
     else:
         assert named is not None, "no --target means a pair (the default one at least)"
         target_spec = named.target
-    workers = _workers(rpc, named)
+    workers = _pair_workers(rpc, named)
     if draft == NGRAM:
         return Choice(target_spec, None, named, ngram=True, workers=workers)
     draft_spec = registry.spec(draft) if draft else (named.draft if named else None)
@@ -85,7 +85,7 @@ def choose(
     return Choice(target_spec, draft_spec, named, by_pair if ngram is None else ngram, workers)
 
 
-def _workers(rpc: str | None, pair: PairSpec | None) -> tuple[str, ...]:
+def _pair_workers(rpc: str | None, pair: PairSpec | None) -> tuple[str, ...]:
     """The workers named, checked before anything is downloaded or loaded: this build has RPC,
     and each worker answers the handshake (ggml would abort the process otherwise)."""
     if rpc is None:

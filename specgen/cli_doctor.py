@@ -94,7 +94,7 @@ def facts(hub_timeout: float = 3.0, rpc: str | None = None) -> dict[str, Any]:
         },
         "pairs": _pairs(),
         "rpc": backend.supports_rpc(),
-        "workers": _workers(rpc),
+        "workers": _worker_rows(rpc),
         "hub": _hub(hub_timeout),
     }
 
@@ -244,7 +244,7 @@ def _pairs() -> list[dict[str, Any]]:
     return rows
 
 
-def _workers(rpc: str | None) -> list[dict[str, Any]]:
+def _worker_rows(rpc: str | None) -> list[dict[str, Any]]:
     """Each worker: its protocol, the best of three handshake round trips, its devices."""
     from specgen import backend
     from specgen import rpc as rpc_protocol

@@ -8,19 +8,16 @@ and progress on stderr.
 
 from __future__ import annotations
 
-import json
-import os
-import stat
 import sys
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from specgen.cli_batch import open_output, read_batch, run_batch_shown
 from specgen.core.sampling import DEFAULT_SAMPLING
 from specgen.engine import DEFAULT_MAX_TOKENS
-from specgen.errors import EXIT_FAILED, EXIT_INTERRUPTED, Interrupted, UsageError
+from specgen.errors import EXIT_INTERRUPTED, Interrupted, UsageError
 from specgen.options import (
     OUTPUT,
     PERFORMANCE,
@@ -45,14 +42,12 @@ from specgen.options import (
     VerboseOpt,
     lookahead_of,
 )
-from specgen.output import figure, out
+from specgen.output import out
 
 if TYPE_CHECKING:
-    from specgen.batch import BatchTally
     from specgen.choice import Decision
     from specgen.engine import GenerationConfig
     from specgen.pair import Pair
-    from specgen.prompts import BatchItem
 
 BATCH = "Batch"
 
@@ -232,8 +227,8 @@ def run(
     if resume and output is None:
         raise UsageError("--resume needs --output FILE (the results to resume from)")
     if batch:
-        items = _read_batch(prompt, file, each_line, jsonl)
-        sink = _open_output(output)
+        items = read_batch(prompt, file, each_line, jsonl)
+        sink = open_output(output)
     else:
         text = _read_prompt(None if prompt is None else esc(prompt), file)
     try:
@@ -273,7 +268,7 @@ def run(
     system_text = None if system is None else esc(system)
     use_chat = wants_chat(loaded, decision.chat, chat, system_text)
     if batch:
-        code = _batch(
+        code = run_batch_shown(
             loaded,
             config,
             items,
@@ -294,14 +289,14 @@ def run(
 def _read_prompt(argument: str | None, file: Path | None) -> str:
     """The prompt from the argument, a file (``-``: stdin), or both the argument and piped
     stdin; the one newline a file or ``echo`` ends with is dropped."""
-    from specgen.prompts import combine, strip_final_newline
+    from specgen.prompts import combine, read_file, stdin_is_piped, strip_final_newline
 
     if argument is not None and file is not None:
         raise UsageError("give the prompt either as an argument or with --file, not both")
     if file is not None:
-        text: str | None = strip_final_newline(_read_file(file))
+        text: str | None = strip_final_newline(read_file(file))
     else:
-        piped = sys.stdin.read() if _stdin_is_piped() else None
+        piped = sys.stdin.read() if stdin_is_piped() else None
         text = combine(argument, None if piped is None else strip_final_newline(piped))
     if text is None:
         raise UsageError(
@@ -311,54 +306,6 @@ def _read_prompt(argument: str | None, file: Path | None) -> str:
     if not text.strip():
         raise UsageError("the prompt is empty: give some text to continue")
     return text
-
-
-def _stdin_is_piped() -> bool:
-    """Whether stdin is a pipe or a file (never a terminal, /dev/null or a closed stream)."""
-    try:
-        mode = stat.S_IFMT(os.fstat(sys.stdin.fileno()).st_mode)
-    except (OSError, ValueError, AttributeError):
-        return False
-    return mode in (stat.S_IFIFO, stat.S_IFREG, stat.S_IFSOCK)
-
-
-def _read_file(file: Path) -> str:
-    if str(file) == "-":
-        return sys.stdin.read()
-    if file.is_dir():
-        raise UsageError(f"{file} is a folder: give a text file to --file")
-    return file.read_text(encoding="utf-8")
-
-
-def _read_batch(
-    argument: str | None, file: Path | None, each_line: bool, jsonl: bool
-) -> list[BatchItem]:
-    from specgen.prompts import parse_jsonl, parse_lines
-
-    if file is None:
-        raise UsageError("a batch reads its prompts from --file FILE ('-': stdin)")
-    if argument is not None:
-        raise UsageError("a batch takes its prompts from --file, not from an argument")
-    if each_line and jsonl:
-        raise UsageError("--each-line and --jsonl are two formats: pick one")
-    text = _read_file(file)
-    return parse_lines(text) if each_line else parse_jsonl(text)
-
-
-def _open_output(output: Path | None) -> IO[str]:
-    """The batch's sink, opened before the models load so a bad -o fails at once."""
-    if output is None:
-        return sys.stdout
-    if output.is_dir():
-        raise UsageError(f"--output {output} is a folder: give a file")
-    output.parent.mkdir(parents=True, exist_ok=True)
-    sink = output.open("a", encoding="utf-8")
-    if sink.tell() > 0:
-        with output.open("rb") as existing:
-            existing.seek(-1, os.SEEK_END)
-            if existing.read(1) != b"\n":  # a line a crash cut short: keep it on its own
-                sink.write("\n")
-    return sink
 
 
 def _single(
@@ -432,81 +379,3 @@ def _run_facts(
             "n_ctx": loaded.target.n_ctx,
         },
     }
-
-
-def _batch(
-    loaded: Pair,
-    config: GenerationConfig,
-    items: list[BatchItem],
-    sink: IO[str],
-    output: Path | None,
-    resume: bool,
-    chat: bool,
-    system: str | None,
-    draft_p_min: float,
-    no_stats: bool,
-) -> int:
-    """Run every prompt; the exit code says whether all went well (1: some failed)."""
-    from specgen.batch import finished_ids, run_batch
-
-    skip = finished_ids(output) if resume and output is not None else set()
-
-    def write(record: dict[str, object]) -> None:
-        sink.write(json.dumps(record, ensure_ascii=False) + "\n")
-        sink.flush()
-
-    bar = Progress(
-        TextColumn("[bold]batch"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[rates]}"),
-        TimeRemainingColumn(),
-        console=out.err,
-        transient=True,
-        disable=no_stats or not out.err.is_terminal,
-    )
-    with bar:
-        task = bar.add_task("batch", total=len(items), rates="")
-
-        def on_progress(p: BatchTally) -> None:
-            rate = figure(None if p.accept_rate is None else p.accept_rate * 100, ".0f", "%")
-            bar.update(
-                task,
-                completed=p.done + p.failed + p.skipped,
-                rates=f"accept {rate}  {figure(p.tokens_per_second, '.1f')} tok/s",
-            )
-
-        tally = run_batch(
-            loaded,
-            items,
-            config,
-            chat=chat,
-            system=system,
-            draft_p_min=draft_p_min,
-            write=write,
-            skip=skip,
-            on_progress=on_progress,
-            total=len(items),
-        )
-    if sink is not sys.stdout:
-        sink.close()
-    if not no_stats:
-        _batch_summary(tally, output)
-    if tally.interrupted:
-        return EXIT_INTERRUPTED
-    return EXIT_FAILED if tally.failed else 0
-
-
-def _batch_summary(p: BatchTally, output: Path | None) -> None:
-    parts = [f"batch: {p.done} of {p.total} prompts done"]
-    if p.failed:
-        parts.append(f"{p.failed} failed (error lines in {output or 'the output'})")
-    if p.skipped:
-        parts.append(f"{p.skipped} skipped (already in {output})")
-    if p.interrupted:
-        parts.append("interrupted (run again with --resume to finish)")
-    if p.accept_rate is not None:
-        parts.append(f"accept {p.accept_rate:.0%}")
-    if p.tokens_per_second is not None:
-        parts.append(f"{p.tokens_per_second:.1f} tok/s")
-    out.note(", ".join(parts), style="yellow" if p.failed or p.interrupted else None)

@@ -35,7 +35,7 @@ class VocabView(Protocol):
 
 
 @dataclass(frozen=True)
-class Verdict:
+class Fit:
     ok: bool
     reason: str = ""
 
@@ -43,10 +43,10 @@ class Verdict:
         return self.ok
 
 
-def check(target: VocabView, draft: VocabView) -> Verdict:
+def check(target: VocabView, draft: VocabView) -> Fit:
     """Whether the draft fits the target, with the first reason it does not."""
     if target.vocab_type != draft.vocab_type:
-        return Verdict(
+        return Fit(
             False,
             f"vocabulary types differ (target {_type(target.vocab_type)}, "
             f"draft {_type(draft.vocab_type)})",
@@ -54,18 +54,16 @@ def check(target: VocabView, draft: VocabView) -> Verdict:
     for name in ("bos", "eos"):
         adds = f"adds_{name}"
         if getattr(target, adds) != getattr(draft, adds):
-            return Verdict(
-                False, f"one model adds {name.upper()} to prompts and the other does not"
-            )
+            return Fit(False, f"one model adds {name.upper()} to prompts and the other does not")
         if getattr(target, adds) and getattr(target, name) != getattr(draft, name):
-            return Verdict(
+            return Fit(
                 False,
                 f"{name.upper()} ids differ (target {getattr(target, name)}, "
                 f"draft {getattr(draft, name)})",
             )
     difference = abs(target.n_vocab - draft.n_vocab)
     if difference > MAX_SIZE_DIFFERENCE:
-        return Verdict(
+        return Fit(
             False,
             f"vocabulary sizes differ by {difference} (target "
             f"{target.n_vocab}, draft {draft.n_vocab}; at most "
@@ -74,10 +72,10 @@ def check(target: VocabView, draft: VocabView) -> Verdict:
     for token in range(FIRST_CHECKED_TOKEN, min(target.n_vocab, draft.n_vocab)):
         t_text, d_text = target.token_text(token), draft.token_text(token)
         if t_text != d_text:
-            return Verdict(
+            return Fit(
                 False, f"token {token} differs: target {_show(t_text)}, draft {_show(d_text)}"
             )
-    return Verdict(True)
+    return Fit(True)
 
 
 def _type(code: int) -> str:

@@ -1,20 +1,27 @@
 """Prompts as users give them: an argument, a file, piped stdin, or a batch file of many.
 
-Pure text handling, no models and no terminal: escapes as llama.cpp processes them, the one
-trailing newline a file or ``echo`` adds, and batch files (one prompt per line, or JSON lines
-with a ``prompt`` or ``messages`` and optional per-prompt settings). A bad batch line becomes a
-``BadLine`` with its number, never an exception: the rest of the batch goes on.
+Reading them (a file, ``-`` or piped stdin) and text handling, no models and no terminal:
+escapes as llama.cpp processes them, the one trailing newline a file or ``echo`` adds, and batch
+files (one prompt per line, or JSON lines with a ``prompt`` or ``messages`` and optional
+per-prompt settings). A bad batch line becomes a ``BadLine`` with its number, never an
+exception: the rest of the batch goes on.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import stat
+import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from specgen.errors import UsageError
+
 MAX_SEED = 2**32 - 1
-ROLES = ("system", "user", "assistant")
+CHAT_ROLES = ("system", "user", "assistant")
 
 _ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", '"': '"', "'": "'"}
 _ESCAPE = re.compile(r"\\(x[0-9a-fA-F]{2}|.)", re.DOTALL)
@@ -38,6 +45,24 @@ def strip_final_newline(text: str) -> str:
     if text.endswith("\r\n"):
         return text[:-2]
     return text[:-1] if text.endswith("\n") else text
+
+
+def stdin_is_piped() -> bool:
+    """Whether stdin is a pipe or a file (never a terminal, /dev/null or a closed stream)."""
+    try:
+        mode = stat.S_IFMT(os.fstat(sys.stdin.fileno()).st_mode)
+    except (OSError, ValueError, AttributeError):
+        return False
+    return mode in (stat.S_IFIFO, stat.S_IFREG, stat.S_IFSOCK)
+
+
+def read_file(file: Path) -> str:
+    """A prompt file's text (``-``: stdin)."""
+    if str(file) == "-":
+        return sys.stdin.read()
+    if file.is_dir():
+        raise UsageError(f"{file} is a folder: give a text file to --file")
+    return file.read_text(encoding="utf-8")
 
 
 def combine(argument: str | None, piped: str | None) -> str | None:
@@ -148,11 +173,11 @@ def _messages(value: Any) -> list[Message]:
     for message in value:
         if (
             not isinstance(message, dict)
-            or message.get("role") not in ROLES
+            or message.get("role") not in CHAT_ROLES
             or not isinstance(message.get("content"), str)
         ):
             raise ValueError(
-                f"each message needs a 'role' ({', '.join(ROLES)}) and a 'content' string"
+                f"each message needs a 'role' ({', '.join(CHAT_ROLES)}) and a 'content' string"
             )
         out.append({"role": message["role"], "content": message["content"]})
     return out

@@ -20,7 +20,7 @@ from typing import Any
 from specgen.errors import UsageError, UserError
 from specgen.lookahead import DEFAULT_LOOKAHEAD, Lookahead, check_lookahead
 
-ROLES = ("target", "draft")
+PAIR_ROLES = ("target", "draft")
 # Pairs draft by n-grams beside their draft model (hybrid) unless models.toml says ngram = false.
 HYBRID_BY_DEFAULT = True
 
@@ -203,7 +203,7 @@ class Registry:
         """A command-line model spec: a path, ``org/repo:file``, or a pair member ``PAIR:draft``."""
         if ":" in text:
             head, tail = text.rsplit(":", 1)
-            if tail in ROLES and head in self.pairs:
+            if tail in PAIR_ROLES and head in self.pairs:
                 return self.pairs[head].member(tail)
             if head in self.pairs:
                 raise UsageError(f"{text!r}: use {head}:target or {head}:draft")
@@ -223,7 +223,7 @@ def _pair(name: str, table: Any, source: str) -> PairSpec:
     unknown = set(table) - known
     if unknown:
         raise ValueError(f"{where} has unknown key(s) {', '.join(sorted(unknown))}")
-    for role in ROLES:
+    for role in PAIR_ROLES:
         if role not in table:
             raise ValueError(f"{where} has no {role}")
     lookahead = check_lookahead(table.get("lookahead", DEFAULT_LOOKAHEAD), f"{where}: 'lookahead'")
@@ -241,11 +241,11 @@ def _pair(name: str, table: Any, source: str) -> PairSpec:
         license=str(table.get("license", "")),
         source=source,
         ngram=by_ngram or table.get("ngram", HYBRID_BY_DEFAULT),
-        workers=_workers(table.get("rpc", ()), where),
+        workers=_parse_workers(table.get("rpc", ()), where),
     )
 
 
-def _workers(value: Any, where: str) -> tuple[str, ...]:
+def _parse_workers(value: Any, where: str) -> tuple[str, ...]:
     """A pair's ``rpc``: "host:port,host:port" or a list of "host:port"."""
     from specgen.rpc import parse_endpoints
 

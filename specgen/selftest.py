@@ -32,7 +32,7 @@ CHILD_TIMEOUT = 600
 
 
 @dataclass(frozen=True)
-class Verdict:
+class CpuVerdict:
     ok: bool
     signal: str | None = None
     detail: str = ""
@@ -73,16 +73,16 @@ def _stamp(types: list[str]) -> Path:
     )
 
 
-def cached_verdict(paths: list[Path]) -> Verdict | None:
+def cached_verdict(paths: list[Path]) -> CpuVerdict | None:
     """The cached verdict for these files' quantization types, or None if never tested."""
     found = store.read_json(_stamp(list(quant_types(paths))))
     try:
-        return Verdict(**found) if isinstance(found, dict) else None
+        return CpuVerdict(**found) if isinstance(found, dict) else None
     except TypeError:
         return None
 
 
-def run_child(command: list[str]) -> Verdict | None:
+def run_child(command: list[str]) -> CpuVerdict | None:
     """Run a test child; a verdict when it passed or died of a signal, None when it failed
     otherwise (a file llama.cpp cannot load is for the real load to report)."""
     try:
@@ -97,17 +97,17 @@ def run_child(command: list[str]) -> Verdict | None:
     except subprocess.TimeoutExpired:
         return None
     if done.returncode == 0:
-        return Verdict(True)
+        return CpuVerdict(True)
     if done.returncode < 0:
         try:
             name = signal.Signals(-done.returncode).name
         except ValueError:
             name = f"signal {-done.returncode}"
-        return Verdict(False, name, done.stderr.strip()[-500:])
+        return CpuVerdict(False, name, done.stderr.strip()[-500:])
     return None
 
 
-def ensure_cpu_works(paths: list[Path], command: list[str] | None = None) -> Verdict | None:
+def ensure_cpu_works(paths: list[Path], command: list[str] | None = None) -> CpuVerdict | None:
     """Raise ``CpuUnsupported`` when this build of llama.cpp cannot run these models here."""
     if os.environ.get("SPECGEN_SELFTEST") == "0":
         return None

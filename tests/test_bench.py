@@ -420,7 +420,7 @@ def test_an_adaptive_row_says_when_its_draft_cost_rests_on_a_few_guesses() -> No
 
     from rich.console import Console
 
-    from specgen.cli_bench import render
+    from specgen.bench_view import render
 
     def cannot_pay(prompt: int, k, seed: int) -> Stats:
         stats = adaptive_runner(prompt, k, seed)
@@ -444,7 +444,7 @@ def test_the_table_fits_80_columns_without_cutting_a_header() -> None:
 
     from rich.console import Console
 
-    from specgen.cli_bench import render
+    from specgen.bench_view import render
     from specgen.memo import variant_options
 
     runs = sweep(adaptive_runner, 2, [1, 2, 3, 4, 6, 8, "auto", "ngram", "hybrid"], 1, seed=0)

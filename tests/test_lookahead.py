@@ -82,10 +82,10 @@ def concave_verify(n: int) -> float:
 
 
 def test_a_draft_that_pays_only_in_long_cycles_is_not_ruled_out_by_the_shortest_ones() -> None:
-    """The first cycles time verify passes of 1 and 2 tokens; the line through them makes long
-    passes look dear, and a draft that pays at K=11 (not at K=1) looked hopeless: speculation
-    stayed off for good (598 of 600 cycles, 0.84 of the best rate). What every guess surviving
-    could give is bounded with a pass never dearer than the longest one measured."""
+    """The first cycles time verify passes of 1 and 2 tokens, the steepest part of a CPU's
+    curve; a draft that pays only at long K (11, not 1) must still be found to pay: what every
+    guess surviving could give is bounded with a pass never dearer than the longest measured,
+    not with the line through those first two."""
     best = max(exact_rate([0.99], k, 0.65, concave_verify) for k in range(1, 33))
     assert exact_rate([0.99], 1, 0.65, concave_verify) < 1.0 < best  # pays only at long K
     rate, chosen = simulate(AdaptiveLookahead(), [0.99], 0.65, concave_verify, cycles=600)
@@ -147,8 +147,7 @@ def test_a_new_generation_starts_from_the_typical_acceptance(accept, draft) -> N
 def test_one_early_rejection_does_not_undo_what_is_typical_but_a_hard_text_does() -> None:
     """A generation moves the pair's typical acceptance by one shift fitted to all its guesses:
     on a pair that keeps 97% of its guesses, one cycle that fails at its third guess is chance,
-    and K stays near the best (it fell from 8 to 2 when each position leaned on its own few
-    samples); a text where guesses keep failing early cuts K."""
+    and K stays near the best; a text where guesses keep failing early cuts K."""
     accept, draft = [0.97], 0.42
     best_k = max(range(1, 33), key=lambda k: exact_rate(accept, k, draft, cpu_verify))
     costs = PairProfile()

@@ -462,7 +462,7 @@ def test_bench_measures_the_verify_over_the_workers(
 
 def test_bench_s_pasteable_command_keeps_the_workers() -> None:
     from specgen.bench.report import BenchSetting, Report
-    from specgen.cli_bench import _workers_option
+    from specgen.bench_view import _workers_option
 
     def option(workers: tuple[str, ...], local_head: bool = True) -> str:
         setting = BenchSetting("p", None, {}, None, {}, {}, workers, local_head)

@@ -135,7 +135,7 @@ def serve_worker(endpoint: str, n_threads: int, cache_dir: str | None) -> None:
 
 
 # Workers attached in this process (ggml keeps one connection to each for the process's life).
-_workers: dict[str, list[int]] = {}
+_attached: dict[str, list[int]] = {}
 
 
 def _worker_devices(endpoint: str) -> list[int]:
@@ -144,7 +144,7 @@ def _worker_devices(endpoint: str) -> list[int]:
     Its registry is not registered globally, or every model loaded with default devices (the
     draft) would be offloaded to it too; only the target's parameters name these devices.
     """
-    devices = _workers.get(endpoint)
+    devices = _attached.get(endpoint)
     if devices is None:
         add_server = _rpc_function("ggml_backend_rpc_add_server", ctypes.c_void_p, ctypes.c_char_p)
         rpc.hello(rpc.parse_endpoint(endpoint))
@@ -153,7 +153,7 @@ def _worker_devices(endpoint: str) -> list[int]:
         count = int(_ggml("ggml_backend_reg_dev_count", ctypes.c_size_t, ctypes.c_void_p)(registry))
         get = _ggml("ggml_backend_reg_dev_get", ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
         devices = [get(registry, i) for i in range(count)]
-        _workers[endpoint] = devices
+        _attached[endpoint] = devices
     return devices
 
 
@@ -174,7 +174,7 @@ def _on_abort_exit() -> None:
 
     @ctypes.CFUNCTYPE(None, ctypes.c_char_p)
     def on_abort(message: bytes | None) -> None:
-        line = rpc.abort_line((message or b"").decode(errors="replace"), list(_workers))
+        line = rpc.abort_line((message or b"").decode(errors="replace"), list(_attached))
         try:
             flusher = threading.Thread(target=sys.stdout.flush, daemon=True)
             flusher.start()

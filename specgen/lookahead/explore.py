@@ -31,7 +31,7 @@ RECHECK_AFTER = 8
 
 # What to do with a candidate that was due for a look: time it with one guess, explore it with a
 # few, or nothing this cycle.
-Verdict = Literal["time", "explore"] | None
+Step = Literal["time", "explore"] | None
 
 
 @dataclass
@@ -66,7 +66,7 @@ class Exploration:
         best_rate: float,
         speed: SpeedCheck,
         profile: PairProfile,
-    ) -> Verdict:
+    ) -> Step:
         """What to do with a candidate due for a look, whose best rate if every guess survived
         is ``hope`` (tokens per second) against the target alone's and this cycle's best.
 
