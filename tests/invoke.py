@@ -76,3 +76,9 @@ def specgen_here(
         stdout.seek(0)
         stderr.seek(0)
         return Done(code, stdout.read().decode("utf-8"), stderr.read().decode("utf-8"))
+
+
+def pair_flags(target: Path, draft: Path, *extra: str) -> list[str]:
+    """``--target T --draft D --threads 2`` and ``extra``: a real pair on this machine's two
+    cores, as most tests of the real models run it."""
+    return ["--target", str(target), "--draft", str(draft), "--threads", "2", *extra]

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import FakePair
+from tests.invoke import pair_flags
 from tests.invoke import specgen_here as specgen
 
 SPECGEN = [sys.executable, "-m", "specgen"]
@@ -24,19 +25,7 @@ def models(fake_pair: FakePair) -> list[str]:
 
 @pytest.fixture(scope="module")
 def real_models(smollm2_target: Path, smollm2_draft: Path) -> list[str]:
-    return [
-        "--target",
-        str(smollm2_target),
-        "--draft",
-        str(smollm2_draft),
-        "--threads",
-        "2",
-        "--temperature",
-        "0",
-        "-n",
-        "12",
-        "--raw",
-    ]
+    return pair_flags(smollm2_target, smollm2_draft, "--temperature", "0", "-n", "12", "--raw")
 
 
 def lines(text: str) -> list[dict]:

@@ -19,7 +19,7 @@ import pytest
 
 from tests.conftest import FakePair
 from tests.fakes import write_fake
-from tests.invoke import Done, specgen_here
+from tests.invoke import Done, pair_flags, specgen_here
 
 SPECGEN = [sys.executable, "-m", "specgen"]
 GREEDY = ["--temperature", "0", "-n", "24"]
@@ -355,19 +355,7 @@ def test_help_into_a_closed_pipe_exits_0() -> None:
 
 @pytest.fixture(scope="module")
 def pair_args(smollm2_target: Path, smollm2_draft: Path) -> list[str]:
-    return [
-        "--target",
-        str(smollm2_target),
-        "--draft",
-        str(smollm2_draft),
-        "--threads",
-        "2",
-        "--temperature",
-        "0",
-        "-n",
-        "24",
-        "--raw",
-    ]
+    return pair_flags(smollm2_target, smollm2_draft, "--temperature", "0", "-n", "24", "--raw")
 
 
 @pytest.mark.slow

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import free_port
+from tests.invoke import pair_flags
 
 pytestmark = pytest.mark.slow
 openai = pytest.importorskip("openai")
@@ -31,12 +32,7 @@ def start(target: Path, draft: Path, *extra: str) -> tuple[subprocess.Popen, str
             "-m",
             "specgen",
             "serve",
-            "--target",
-            str(target),
-            "--draft",
-            str(draft),
-            "--threads",
-            "2",
+            *pair_flags(target, draft),
             "--port",
             str(port),
             *extra,
@@ -113,18 +109,7 @@ def run_cli(*args: str) -> dict:
 def test_greedy_chat_and_completions_equal_specgen_run(
     client, smollm2_target: Path, smollm2_draft: Path
 ) -> None:
-    models = [
-        "--target",
-        str(smollm2_target),
-        "--draft",
-        str(smollm2_draft),
-        "--threads",
-        "2",
-        "--temperature",
-        "0",
-        "-n",
-        "24",
-    ]
+    models = pair_flags(smollm2_target, smollm2_draft, "--temperature", "0", "-n", "24")
     chat = client.chat.completions.create(
         model="x",
         messages=[{"role": "user", "content": "What is the capital of France?"}],
