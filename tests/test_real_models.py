@@ -11,7 +11,6 @@ from specgen.backend import LlamaModel, ModelOptions
 from specgen.core.sampling import SamplingParams, warp
 from specgen.drafters import HybridDrafter, ModelDrafter, NgramDrafter
 from specgen.engine import CycleDone, GenerationConfig, SpeculativeEngine
-from specgen.stats import Stats
 from tests.fakes import run_to_end
 from tests.stats_helpers import pooled_chisquare_pvalue
 
@@ -32,26 +31,20 @@ def smol(smollm2_target: Path, smollm2_draft: Path) -> tuple[LlamaModel, LlamaMo
     return LlamaModel(smollm2_target, options), LlamaModel(smollm2_draft, options)
 
 
-def generated(
-    engine: SpeculativeEngine, prompt: list[int], config: GenerationConfig
-) -> tuple[list[int], Stats]:
-    return run_to_end(engine, config, prompt)
-
-
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_greedy_speculative_is_token_for_token_the_target(smol, prompt: str) -> None:
     target, draft = smol
     tokens = target.tokenize(prompt)
-    alone, _ = generated(
+    alone, _ = run_to_end(
         SpeculativeEngine(target),
-        tokens,
         GenerationConfig(lookahead=0, sampling=GREEDY, max_tokens=48),
+        tokens,
     )
     for lookahead in (1, 3, 5, 8):
-        spec, done = generated(
+        spec, done = run_to_end(
             SpeculativeEngine(target, ModelDrafter(draft)),
-            tokens,
             GenerationConfig(lookahead=lookahead, sampling=GREEDY, max_tokens=48),
+            tokens,
         )
         assert spec == alone, f"K={lookahead} diverged from the target alone"
         assert done.n_drafted > 0
@@ -61,15 +54,15 @@ def test_greedy_exact_on_gemma_pair(gemma_target: Path, gemma_draft: Path) -> No
     options = ModelOptions(n_ctx=256, n_threads=2)
     target, draft = LlamaModel(gemma_target, options), LlamaModel(gemma_draft, options)
     tokens = target.tokenize("Once upon a time, in a small village,")
-    alone, _ = generated(
+    alone, _ = run_to_end(
         SpeculativeEngine(target),
-        tokens,
         GenerationConfig(lookahead=0, sampling=GREEDY, max_tokens=40),
-    )
-    spec, done = generated(
-        SpeculativeEngine(target, ModelDrafter(draft)),
         tokens,
+    )
+    spec, done = run_to_end(
+        SpeculativeEngine(target, ModelDrafter(draft)),
         GenerationConfig(lookahead=4, sampling=GREEDY, max_tokens=40),
+        tokens,
     )
     assert spec == alone
     assert done.accept_rate > 0.5  # one network at two precisions agrees mostly
@@ -86,10 +79,10 @@ def test_first_token_follows_target_distribution(smol) -> None:
     n = 300
     counts: dict[int, int] = {}
     for seed in range(n):
-        tokens, _ = generated(
+        tokens, _ = run_to_end(
             engine,
-            prompt,
             GenerationConfig(lookahead=4, sampling=sampling, max_tokens=5, seed=seed),
+            prompt,
         )
         counts[tokens[0]] = counts.get(tokens[0], 0) + 1
     assert set(counts) <= set(p.ids.tolist()), "a token outside the target's p was emitted"
@@ -104,14 +97,14 @@ def test_same_seed_same_text(smol) -> None:
     config = GenerationConfig(
         lookahead=4, sampling=SamplingParams(temperature=0.8), max_tokens=40, seed=1234
     )
-    first, _ = generated(SpeculativeEngine(target, ModelDrafter(draft)), prompt, config)
-    again, _ = generated(SpeculativeEngine(target, ModelDrafter(draft)), prompt, config)
-    other, _ = generated(
+    first, _ = run_to_end(SpeculativeEngine(target, ModelDrafter(draft)), config, prompt)
+    again, _ = run_to_end(SpeculativeEngine(target, ModelDrafter(draft)), config, prompt)
+    other, _ = run_to_end(
         SpeculativeEngine(target, ModelDrafter(draft)),
-        prompt,
         GenerationConfig(
             lookahead=4, sampling=SamplingParams(temperature=0.8), max_tokens=40, seed=99
         ),
+        prompt,
     )
     assert first == again
     assert first != other
@@ -142,8 +135,8 @@ def test_full_context_stops_cleanly(smollm2_target: Path, smollm2_draft: Path) -
         LlamaModel(smollm2_target, options), ModelDrafter(LlamaModel(smollm2_draft, options))
     )
     prompt = engine.target.tokenize("Count: 1, 2, 3,")
-    tokens, done = generated(
-        engine, prompt, GenerationConfig(lookahead=4, sampling=GREEDY, max_tokens=500)
+    tokens, done = run_to_end(
+        engine, GenerationConfig(lookahead=4, sampling=GREEDY, max_tokens=500), prompt
     )
     n_ctx = engine.target.n_ctx  # llama.cpp may round the asked size up
     assert done.stop_reason == "context_full"
@@ -170,15 +163,15 @@ def test_f16_target_differs_only_at_float_near_ties(smollm2_draft: Path) -> None
     target = LlamaModel(derive(smollm2_draft, "F16"), ModelOptions(n_ctx=512, n_threads=2))
     draft = LlamaModel(smollm2_draft, ModelOptions(n_ctx=512, n_threads=2))
     prompt = target.tokenize(PROMPTS[0])
-    alone, _ = generated(
+    alone, _ = run_to_end(
         SpeculativeEngine(target),
-        prompt,
         GenerationConfig(lookahead=0, sampling=GREEDY, max_tokens=60),
-    )
-    spec, _ = generated(
-        SpeculativeEngine(target, ModelDrafter(draft)),
         prompt,
+    )
+    spec, _ = run_to_end(
+        SpeculativeEngine(target, ModelDrafter(draft)),
         GenerationConfig(lookahead=4, sampling=GREEDY, max_tokens=60),
+        prompt,
     )
     assert_same_up_to_near_ties(target, prompt, alone, spec, 0.05)
 
@@ -224,10 +217,10 @@ REPEATING = "Repeat the list exactly: red, green, blue, yellow, purple, orange. 
 def test_greedy_ngram_hybrid_and_auto_are_the_target_alone(smol, prompt: str) -> None:
     target, draft = smol
     tokens = target.tokenize(prompt)
-    alone, _ = generated(
+    alone, _ = run_to_end(
         SpeculativeEngine(target),
-        tokens,
         GenerationConfig(lookahead=0, sampling=GREEDY, max_tokens=48),
+        tokens,
     )
     drafters = [
         ("ngram", NgramDrafter(), 6),
@@ -237,10 +230,10 @@ def test_greedy_ngram_hybrid_and_auto_are_the_target_alone(smol, prompt: str) ->
         ("hybrid", HybridDrafter(ModelDrafter(draft)), "auto"),
     ]
     for name, drafter, lookahead in drafters:
-        spec, done = generated(
+        spec, done = run_to_end(
             SpeculativeEngine(target, drafter),
-            tokens,
             GenerationConfig(lookahead=lookahead, sampling=GREEDY, max_tokens=48),
+            tokens,
         )
         # F32 weights: the batched verify pass rounds like the one-token pass but for rare
         # float near-ties (seen: a top-2 gap of 0.0024 at one token in 48).
@@ -267,10 +260,10 @@ def test_first_guessed_token_of_ngram_guesses_follows_target_distribution(
     engine = SpeculativeEngine(target, drafter)
     n, counts, by_ngram = 0, {}, 0
     for seed in range(400):
-        tokens, done = generated(
+        tokens, done = run_to_end(
             engine,
-            prompt,
             GenerationConfig(lookahead=3, sampling=sampling, max_tokens=3, seed=seed),
+            prompt,
         )
         if tokens[0] != first:
             continue
