@@ -124,7 +124,9 @@ class SpeculativeEngine:
         assert len(prompt) > 0, "the prompt must hold at least one token"
         target, drafter, sampling, clock = self.target, self.drafter, config.sampling, self.clock
         drafts = drafter is not None
-        policy = policy_for(config.lookahead, drafts, self.costs.of(sampling.greedy))
+        policy = policy_for(
+            config.lookahead, drafts, self.costs.of(sampling.greedy), target.rollback_window
+        )
         lookahead = effective_lookahead(config.lookahead, drafts)
         seed = config.seed if config.seed is not None else _random_seed()
         if stats is None:
@@ -182,6 +184,7 @@ class SpeculativeEngine:
             # 3. One target pass over [last, guesses...], K+1 rows of logits.
             self._clean = False
             base = target.n_past
+            target.keep_rollback_point(len(guesses))
             rows = target.decode([tokens[-1], *guesses], len(guesses) + 1)
             verdict = self._verify(proposal, rows, sampling, rng)
             target.rollback(base + 1 + verdict.n_accepted)

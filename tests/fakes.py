@@ -116,6 +116,16 @@ class FakeModel:
             row = self._rows[key] = self.logits_after(prefix)
         return row
 
+    # An attention model's cache: cut anywhere, no checkpoint ever needed.
+    rollback_anywhere = True
+
+    @property
+    def rollback_window(self) -> int:
+        return self.n_ctx
+
+    def keep_rollback_point(self, undo: int, one_decode: bool = True) -> None:
+        """Nothing to keep: the cache is a list."""
+
     def rollback(self, n_past: int) -> None:
         del self.cache[n_past:]
 

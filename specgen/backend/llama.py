@@ -4,13 +4,26 @@ It wraps the low-level API (batches with per-row logits flags, ``llama_decode``,
 ``llama_get_logits``, ``llama_memory_seq_rm``), never the high-level ``Llama`` class, whose
 ``logits_all=True`` would compute and keep logits for every prompt token. It knows nothing of
 speculation: the engine decides what to decode and which logits rows to read.
+
+Rolling back. An attention model's cache is cut at any position. A recurrent or hybrid model
+(Qwen3.5/3.6's Gated DeltaNet, Mamba, Nemotron-H, LFM2) keeps one state per sequence, which
+cannot be cut, so it rolls back one of two ways:
+
+- *bounded*: llama.cpp keeps per-token snapshots of the state for the last decode
+  (``n_rs_seq``, the context's ``rollback_window``); a rollback of at most that many tokens of
+  the last decode just picks one. It costs memory, the state x(1 + n_rs_seq), and no time;
+- *checkpoint*: where the caller says a rollback may reach further back, or span several
+  decodes (``keep_rollback_point``), the state is copied first; a rollback restores the copy
+  and decodes again the tokens that were kept. It costs that copy and that decode, every time.
 """
 
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import llama_cpp
 import numpy as np
@@ -20,7 +33,11 @@ from specgen.backend.runtime import init_backend, library_version
 from specgen.errors import BackendError, ContextFull
 from specgen.machine import default_threads
 
+if TYPE_CHECKING:
+    from specgen.backend.mtp import MtpHead
+
 _ALL_LAYERS = 2**31 - 1
+_PARTIAL = llama_cpp.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY  # the recurrent (and SWA) state alone
 
 
 @dataclass(frozen=True)
@@ -37,6 +54,32 @@ class ModelOptions:
     n_batch: int = 512
     workers: tuple[str, ...] = ()
     local_head: bool = True
+    # A recurrent or hybrid model: how many trailing tokens of a decode a rollback may drop
+    # without a checkpoint (llama.cpp's n_rs_seq; clamped to 0 where the architecture has none).
+    rollback_window: int = 0
+    mtp: bool = False  # load the GGUF's MTP (nextn) layers, for an MtpHead to draft with
+
+
+@dataclass
+class RollbackCounts:
+    """How a recurrent model's rollbacks went: by ``bounded`` snapshot or by ``checkpoint``
+    (with the seconds its copies, restores and decodes again took); ``checkpoints`` taken."""
+
+    bounded: int = 0
+    checkpoint: int = 0
+    checkpoints: int = 0
+    checkpoint_seconds: float = 0.0
+    replayed_tokens: int = 0
+
+    def as_dict(self) -> dict[str, float]:
+        return dict(vars(self))
+
+
+@dataclass
+class _Checkpoint:
+    n_past: int
+    state: ctypes.Array[ctypes.c_uint8]
+    since: list[int] = field(default_factory=list)  # tokens decoded after it
 
 
 class Vocabulary:
@@ -51,6 +94,7 @@ class Vocabulary:
         n_gpu_layers: int = 0,
         workers: tuple[str, ...] = (),
         local_head: bool = True,
+        load_mtp: bool = False,
     ) -> None:
         init_backend(verbose)
         self.path = Path(path)
@@ -59,6 +103,7 @@ class Vocabulary:
         params = llama_cpp.llama_model_default_params()
         params.vocab_only = not _weights
         params.n_gpu_layers = _ALL_LAYERS if n_gpu_layers < 0 else n_gpu_layers
+        params.load_mtp = load_mtp
         keep = place_on_workers(params, workers, local_head) if workers else []
         model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), params)
         if not model:
@@ -159,7 +204,15 @@ class LlamaModel(Vocabulary):
             n_gpu_layers=options.n_gpu_layers,
             workers=options.workers,
             local_head=options.local_head,
+            load_mtp=options.mtp,
         )
+        model = self._model
+        # Recurrent state that cannot be cut at any position (pure recurrent, or hybrid).
+        self.recurrent = bool(
+            llama_cpp.llama_model_is_recurrent(model) or llama_cpp.llama_model_is_hybrid(model)
+        )
+        self.mtp_loaded = options.mtp
+        self.n_nextn = int(llama_cpp.llama_model_n_layer_nextn(model))
         n_train = int(llama_cpp.llama_model_n_ctx_train(self._model))
         n_ctx = options.n_ctx or min(4096, n_train or 4096)
         n_threads = options.n_threads or default_threads()
@@ -169,6 +222,7 @@ class LlamaModel(Vocabulary):
         params.n_ubatch = params.n_batch
         params.n_threads = n_threads
         params.n_threads_batch = n_threads
+        params.n_rs_seq = options.rollback_window if self.recurrent else 0
         ctx = llama_cpp.llama_init_from_model(self._model, params)
         if not ctx:
             raise BackendError(
@@ -183,6 +237,26 @@ class LlamaModel(Vocabulary):
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
         self.n_past = 0
         self.description = self._describe()
+        # Tokens a rollback may drop at once: any number for an attention model; for a
+        # recurrent one, llama.cpp's snapshots (0 where its architecture has none).
+        self.rollback_window = int(llama_cpp.llama_n_rs_seq(ctx)) if self.recurrent else n_ctx
+        self.rollbacks = RollbackCounts()
+        self._checkpoint: _Checkpoint | None = None
+        self._last_decode = 0  # where the last decode began
+        self.head: MtpHead | None = None  # the MTP head reading every decode, once attached
+
+    @property
+    def rollback_anywhere(self) -> bool:
+        """Whether the cache can be cut at any earlier position (an attention model's can; a
+        recurrent state, or an MTP head's hidden states, only go back within a cycle)."""
+        return not self.recurrent and self.head is None
+
+    def state_bytes(self) -> int:
+        """Bytes of this sequence's recurrent state (one snapshot or checkpoint); 0 for an
+        attention model. The state is allocated on the first decode: ask after it."""
+        if not self.recurrent:
+            return 0
+        return int(llama_cpp.llama_state_seq_get_size_ext(self._ctx, 0, _PARTIAL))
 
     def _describe(self) -> str:
         buf = ctypes.create_string_buffer(256)
@@ -221,18 +295,85 @@ class LlamaModel(Vocabulary):
         status = llama_cpp.llama_decode(self._ctx, batch)
         if status != 0:
             raise BackendError(f"llama_decode failed on {self.path.name} (status {status})")
+        if self._checkpoint is not None:
+            self._checkpoint.since.extend(chunk)
+        if self.head is not None:
+            self.head.read(chunk, self.n_past)
+        self._last_decode = self.n_past  # llama.cpp's snapshots cover this decode alone
         self.n_past += len(chunk)
+
+    def keep_rollback_point(self, undo: int, one_decode: bool = True) -> None:
+        """The decodes that follow may be rolled back to here, by up to ``undo`` tokens: of
+        ``one_decode`` that keeps at least its first token (a verify pass), or over several. A
+        recurrent model whose snapshots cannot cover that copies its state now (a checkpoint);
+        an attention model needs nothing."""
+        if not self.recurrent:
+            return
+        self._checkpoint = None
+        if one_decode and undo <= self.rollback_window:
+            return
+        started = time.perf_counter()
+        size = self.state_bytes()
+        state = (ctypes.c_uint8 * size)()
+        if llama_cpp.llama_state_seq_get_data_ext(self._ctx, state, size, 0, _PARTIAL) != size:
+            raise BackendError(f"llama.cpp could not copy the state of {self.path.name}")
+        self._checkpoint = _Checkpoint(self.n_past, state)
+        self.rollbacks.checkpoints += 1
+        self.rollbacks.checkpoint_seconds += time.perf_counter() - started
+
+    def _snapshots_cover(self, n_past: int) -> bool:
+        """Whether llama.cpp's snapshots can take a recurrent state back to ``n_past``: at most
+        ``rollback_window`` tokens, all of the last decode and not the whole of it (the state
+        kept must be one that decode computed), once. Asked for more, llama.cpp's ``seq_rm``
+        can return true and leave a wrong state, so specgen asks only this."""
+        return self._last_decode < n_past and self.n_past - n_past <= self.rollback_window
 
     def rollback(self, n_past: int) -> None:
         """Drop every cached position from ``n_past`` on (the rejected guesses)."""
         if n_past >= self.n_past:
             return
-        if not llama_cpp.llama_memory_seq_rm(self._mem, 0, n_past, -1):
+        cut = not self.recurrent or self._snapshots_cover(n_past)
+        if cut and llama_cpp.llama_memory_seq_rm(self._mem, 0, n_past, -1):
+            if self.recurrent:
+                self.rollbacks.bounded += 1
+                self._last_decode = self.n_past + 1  # used once: no second cut before a decode
+            if self._checkpoint is not None:
+                kept = n_past - self._checkpoint.n_past
+                self._checkpoint.since = self._checkpoint.since[:kept] if kept >= 0 else []
+                if kept < 0:
+                    self._checkpoint = None
+            self.n_past = n_past
+            if self.head is not None:
+                self.head.cut(n_past)
+            return
+        point = self._checkpoint
+        if point is None or point.n_past > n_past:
             raise BackendError(
-                f"{self.path.name} cannot roll back its cache (a recurrent or hybrid "
-                f"architecture); speculative decoding needs a model that can"
+                f"{self.path.name} cannot roll back its cache by {self.n_past - n_past} "
+                f"tokens (a recurrent or hybrid model, and no checkpoint covers it)"
             )
-        self.n_past = n_past
+        self._restore(point, n_past)
+
+    def _restore(self, point: _Checkpoint, n_past: int) -> None:
+        """Back to the checkpoint, then the kept tokens decoded again."""
+        started = time.perf_counter()
+        size = len(point.state)
+        restored = llama_cpp.llama_state_seq_set_data_ext(self._ctx, point.state, size, 0, _PARTIAL)
+        if restored != size:
+            raise BackendError(f"llama.cpp could not restore the state of {self.path.name}")
+        if not llama_cpp.llama_memory_seq_rm(self._mem, 0, point.n_past, -1):
+            raise BackendError(f"llama.cpp could not cut the cache of {self.path.name}")
+        self.n_past = point.n_past
+        if self.head is not None:
+            self.head.cut(point.n_past)
+        again = point.since[: n_past - point.n_past]
+        self._checkpoint = None
+        if again:
+            self.decode(again, 0)
+        self._checkpoint = _Checkpoint(point.n_past, point.state, list(again))
+        self.rollbacks.checkpoint += 1
+        self.rollbacks.replayed_tokens += len(again)
+        self.rollbacks.checkpoint_seconds += time.perf_counter() - started
 
     def cache_last_position(self) -> int:
         """The last position held in the KV cache (-1 when empty); for checks and tests."""
@@ -242,8 +383,25 @@ class LlamaModel(Vocabulary):
         """Empty the KV cache, as for a fresh run."""
         llama_cpp.llama_memory_clear(self._mem, True)
         self.n_past = 0
+        self._checkpoint = None
+        self._last_decode = 0
+        if self.head is not None:
+            self.head.reset()
+
+    def attach_mtp(self) -> MtpHead:
+        """The model's own MTP head, drafting from a second context on these weights; from
+        now on it reads every decode of this model (``specgen.backend.mtp``)."""
+        from specgen.backend.mtp import MtpHead
+
+        if self.head is None:
+            self.head = MtpHead(self)
+        return self.head
 
     def close(self) -> None:
+        head = getattr(self, "head", None)
+        if head is not None:
+            head.close()
+            self.head = None
         if getattr(self, "_batch", None) is not None:
             llama_cpp.llama_batch_free(self._batch)
             self._batch = None

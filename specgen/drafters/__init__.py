@@ -1,4 +1,5 @@
-"""Where guesses come from: a draft model, prompt lookup (n-grams), or both.
+"""Where guesses come from: a draft model, the target's own MTP head, prompt lookup (n-grams),
+or one of the first two beside the last.
 
 The engine does not know which: it drives any ``Drafter`` through the contract in
 ``specgen.drafters.base``. A drafter may look at the text so far (the context) when it decides
@@ -24,6 +25,7 @@ from specgen.drafters.base import (
 )
 from specgen.drafters.hybrid import HYBRID_MIN_MATCH, HybridDrafter
 from specgen.drafters.model import CATCH_UP_WINDOW, ModelDrafter
+from specgen.drafters.mtp import Head, MtpDrafter
 from specgen.drafters.ngram import NGRAM_MAX, NGRAM_MIN, NGRAM_SPAN, NgramDrafter
 from specgen.stats import Clock
 
@@ -36,9 +38,11 @@ __all__ = [
     "TARGET_ALONE",
     "Candidate",
     "Drafter",
+    "Head",
     "HybridDrafter",
     "Model",
     "ModelDrafter",
+    "MtpDrafter",
     "NgramDrafter",
     "NgramTail",
     "Plan",
@@ -51,11 +55,24 @@ __all__ = [
 
 
 def make_drafter(
-    draft: Model | None, ngram: bool, p_min: float = 0.0, clock: Clock = time.perf_counter
+    draft: Model | None,
+    ngram: bool,
+    p_min: float = 0.0,
+    clock: Clock = time.perf_counter,
+    head: Head | None = None,
+    target: Model | None = None,
 ) -> Drafter | None:
-    """The drafter for a draft model and/or prompt lookup: the model alone, prompt lookup alone,
-    both (hybrid), or None (the target alone)."""
-    if draft is None:
+    """The drafter for a draft model, or the ``target``'s MTP ``head``, and/or prompt lookup:
+    one of the first two alone, prompt lookup alone, one beside it (hybrid), or None (the target
+    alone)."""
+    guesser: ModelDrafter | MtpDrafter
+    if head is not None:
+        assert target is not None, "an MTP head drafts for its target"
+        guesser = MtpDrafter(
+            head, target.is_eog, lambda: target.n_ctx - target.n_past - 1, p_min, clock
+        )
+    elif draft is not None:
+        guesser = ModelDrafter(draft, p_min, clock)
+    else:
         return NgramDrafter() if ngram else None
-    model = ModelDrafter(draft, p_min, clock)
-    return HybridDrafter(model) if ngram else model
+    return HybridDrafter(guesser) if ngram else guesser

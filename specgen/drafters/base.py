@@ -26,8 +26,18 @@ class Model(Protocol):
     n_vocab: int
     n_ctx: int
     n_past: int
+    # Tokens a rollback may drop without a checkpoint: any number (the context) for an
+    # attention model, llama.cpp's snapshots for a recurrent or hybrid one.
+    rollback_window: int
+
+    @property
+    def rollback_anywhere(self) -> bool:
+        """Whether the cache can be cut at any earlier position (attention models' can)."""
 
     def decode(self, tokens: list[int], n_logits: int = 1) -> np.ndarray: ...
+    def keep_rollback_point(self, undo: int, one_decode: bool = True) -> None:
+        """The decodes that follow may be rolled back to here by up to ``undo`` tokens."""
+
     def rollback(self, n_past: int) -> None: ...
     def reset(self) -> None: ...
     def piece(self, token: int) -> bytes: ...
@@ -137,9 +147,12 @@ def reuse_prefix_cache(
     model: Model, held: list[int], wanted: list[int], n_logits: int = 0
 ) -> tuple[int, np.ndarray]:
     """Make the model's cache hold ``wanted``, keeping the prefix it shares with ``held`` (what
-    the cache holds now; empty: start from nothing). Returns how many tokens were reused and
+    the cache holds now; empty: start from nothing; a recurrent model always starts from
+    nothing, since its state cannot go back that far). Returns how many tokens were reused and
     the logits of the last ``n_logits`` rows (those rows are always decoded again)."""
     keep = min(common_prefix(held, wanted), len(wanted) - n_logits)
+    if not model.rollback_anywhere:
+        keep = 0
     if keep:
         model.rollback(keep)
     else:

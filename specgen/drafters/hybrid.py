@@ -1,4 +1,5 @@
-"""A draft model and prompt lookup together: each cycle takes whichever the policy prefers."""
+"""A draft model (or MTP head) and prompt lookup together: each cycle takes whichever the
+policy prefers."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import numpy as np
 from specgen.core.sampling import SamplingParams
 from specgen.drafters.base import Candidate, Proposal
 from specgen.drafters.model import ModelDrafter
+from specgen.drafters.mtp import MtpDrafter
 from specgen.drafters.ngram import NgramDrafter
 
 # With a fixed K, a hybrid trusts an n-gram match of at least this many tokens over the model.
@@ -24,10 +26,10 @@ class HybridDrafter:
     the text has come back to something it said before, and those guesses cost nothing.
     """
 
-    def __init__(self, model: ModelDrafter, ngram: NgramDrafter | None = None) -> None:
+    def __init__(self, model: ModelDrafter | MtpDrafter, ngram: NgramDrafter | None = None) -> None:
         self.model = model
         self.ngram = ngram or NgramDrafter()
-        self._last: ModelDrafter | NgramDrafter = self.model
+        self._last: ModelDrafter | MtpDrafter | NgramDrafter = self.model
 
     def begin(self, prompt: Sequence[int], reuse_prefix: bool = False) -> None:
         self.model.begin(prompt, reuse_prefix)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -95,38 +95,65 @@ class ModelDrafter:
             model.decode(feed[skip:-1], 0)
             out.catch_up_seconds = self.clock() - started
             feed = feed[-1:]
-        for i in range(k):
-            logits = model.decode(feed, 1)[0]
-            if sampling.greedy:
-                if self.p_min and _top_probability(logits) < self.p_min:
-                    break
-                guess = int(np.argmax(logits))
-            else:
-                dist = warp(logits, sampling)
-                if self.p_min and float(dist.probs.max()) < self.p_min:
-                    break
-                guess = sample(dist, rng)
-                out.q.append(dist)
-            out.tokens.append(guess)
-            # A guess past the end of generation would never be printed: stop drafting there.
-            if model.is_eog(guess) or i == k - 1:
-                break
-            # The rest from a match is a point mass that depends only on the text before it,
-            # as every guess's q may: still exact.
-            match = follow(context, out.tokens) if follow is not None else None
-            if match is not None:
-                extra = list(match.preview[: k - len(out.tokens)])
-                out.tokens += extra
-                out.q += [] if sampling.greedy else [Dist.one_hot(t) for t in extra]
-                out.ngram_tail = NgramTail(match, len(extra))
-                break
-            feed = [guess]
+        model.keep_rollback_point(k, one_decode=False)
+        first = feed
+
+        def logits_after(guess: int | None) -> np.ndarray:
+            return model.decode(first if guess is None else [guess], 1)[0]
+
+        draw_guesses(out, logits_after, k, sampling, rng, self.p_min, model.is_eog, context, follow)
         return out
 
     def rollback_to(self, n_accepted: int) -> None:
         # The context grows by the kept guesses and one drawn token, which the draft has not
         # seen: keep the kept guesses it already holds, drop the rest.
         self.model.rollback(min(self.model.n_past, self._base - self._skipped + n_accepted))
+
+
+def draw_guesses(
+    out: Proposal,
+    logits_after: Callable[[int | None], np.ndarray],
+    k: int,
+    sampling: SamplingParams,
+    rng: np.random.Generator,
+    p_min: float,
+    is_eog: Callable[[int], bool],
+    context: Sequence[int],
+    follow: FollowUp | None = None,
+) -> None:
+    """Up to ``k`` guesses into ``out``, each drawn from the q of ``logits_after(the last guess)``
+    (None: the first). The last guess is never fed back, since nothing would read its logits.
+
+    ``p_min`` stops early when the draft is unsure of its next guess; it looks at q only, before
+    drawing: a rule that looked at the drawn guess would keep guesses from a distribution other
+    than q, and bias the output. After each guess ``follow`` may finish the run with free ones.
+    """
+    guess: int | None = None
+    for i in range(k):
+        logits = logits_after(guess)
+        if sampling.greedy:
+            if p_min and _top_probability(logits) < p_min:
+                break
+            guess = int(np.argmax(logits))
+        else:
+            dist = warp(logits, sampling)
+            if p_min and float(dist.probs.max()) < p_min:
+                break
+            guess = sample(dist, rng)
+            out.q.append(dist)
+        out.tokens.append(guess)
+        # A guess past the end of generation would never be printed: stop drafting there.
+        if is_eog(guess) or i == k - 1:
+            break
+        # The rest from a match is a point mass that depends only on the text before it,
+        # as every guess's q may: still exact.
+        match = follow(context, out.tokens) if follow is not None else None
+        if match is not None:
+            extra = list(match.preview[: k - len(out.tokens)])
+            out.tokens += extra
+            out.q += [] if sampling.greedy else [Dist.one_hot(t) for t in extra]
+            out.ngram_tail = NgramTail(match, len(extra))
+            break
 
 
 def _top_probability(logits: np.ndarray) -> float:

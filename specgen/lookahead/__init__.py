@@ -118,9 +118,14 @@ class FixedLookahead:
 LookaheadPolicy = FixedLookahead | AdaptiveLookahead
 
 
-def policy_for(lookahead: Lookahead, drafts: bool, profile: PairProfile) -> LookaheadPolicy:
-    """The policy a generation runs: auto over ``profile``, a fixed K, or the target alone."""
+def policy_for(
+    lookahead: Lookahead, drafts: bool, profile: PairProfile, rollback_window: int = MAX_LOOKAHEAD
+) -> LookaheadPolicy:
+    """The policy a generation runs: auto over ``profile``, a fixed K, or the target alone.
+
+    Auto asks for no more guesses than the target can roll back without a checkpoint
+    (``rollback_window``: a recurrent target's snapshots), and at least one."""
     lookahead = effective_lookahead(lookahead, drafts)
     if lookahead == "auto":
-        return AdaptiveLookahead(profile)
+        return AdaptiveLookahead(profile, max(1, min(AUTO_MAX_LOOKAHEAD, rollback_window)))
     return FixedLookahead(lookahead)

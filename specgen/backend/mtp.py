@@ -1,0 +1,179 @@
+"""A target's own MTP (multi-token prediction, "nextn") head, drafting from a second context.
+
+Qwen3.5/3.6 and others ship one more transformer block in the target's GGUF
+(``blk.{N-1}.nextn.*``): given a token and the target's hidden state of the position before it,
+it predicts the token after. llama.cpp runs it in a context of type MTP on the same weights; its
+KV cache holds only that block. The sequence, as llama.cpp's own driver has it
+(``common/speculative.cpp``, ``draft-mtp``):
+
+- the target returns a hidden-state row for every token it decodes
+  (``llama_set_embeddings_nextn(target, true, unmasked)``), and after each target decode the head
+  reads each token paired with the hidden state of the token before it (``read``): the head's
+  cache at position p holds (x_p, h_{p-1});
+- to draft, the head decodes (last token, h of the position before it), then each guess with the
+  head's own hidden state (``start``, ``step``): one full-vocabulary logits row per guess, so the
+  engine's exact min(1, p/q) rule applies;
+- before the target verifies, the drafted positions leave the head's cache (``end``); when the
+  target rolls back, the head is cut with it (``cut``).
+
+The five functions this needs are llama.cpp's staging API (``llama-ext.h``), exported under C++
+names and bound by llama-cpp-python in ``llama_cpp_ext``, which says it is not stable: every use
+is here, and a build without them is one clear error, never a crash.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+import llama_cpp
+import numpy as np
+
+from specgen.errors import BackendError
+
+if TYPE_CHECKING:
+    from specgen.backend.llama import LlamaModel
+
+
+def staging_api() -> ModuleType:
+    """llama-cpp-python's bindings of llama.cpp's staging functions MTP drafting needs."""
+    try:
+        import llama_cpp.llama_cpp_ext as ext
+    except (ImportError, AttributeError) as err:
+        raise BackendError(
+            f"this build of llama-cpp-python ({llama_cpp.__version__}) lacks llama.cpp's MTP "
+            f"functions ({err}); install llama-cpp-python 0.3.36 or later, or pass --no-mtp"
+        ) from err
+    return ext
+
+
+class MtpHead:
+    """The MTP layers of a loaded target, as a draft that shares its weights."""
+
+    def __init__(self, target: LlamaModel) -> None:
+        if not target.mtp_loaded or target.n_nextn == 0:
+            # llama.cpp aborts the process on an MTP context of a model loaded without them.
+            raise BackendError(
+                f"{target.path.name} was loaded without MTP layers; it cannot draft with its "
+                f"MTP head (load it with them, or pass --no-mtp)"
+            )
+        if target.n_nextn != 1:
+            raise BackendError(
+                f"{target.path.name} has {target.n_nextn} chained MTP heads, which specgen "
+                f"cannot drive yet; pass --no-mtp, or give a --draft model"
+            )
+        ext = staging_api()
+        self._ext, self.target = ext, target
+        self.n_vocab = target.n_vocab
+        self.n_embd = int(llama_cpp.llama_model_n_embd_out(target._model))
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = target.n_ctx
+        params.n_batch = target.n_batch
+        params.n_ubatch = target.n_batch
+        params.n_threads = target.n_threads
+        params.n_threads_batch = target.n_threads
+        params.ctx_type = llama_cpp.LLAMA_CONTEXT_TYPE_MTP
+        params.n_rs_seq = 0
+        params.ctx_other = target._ctx
+        ctx = llama_cpp.llama_init_from_model(target._model, params)
+        if not ctx:
+            raise BackendError(f"llama.cpp could not create an MTP context for {target.path.name}")
+        self._ctx = ctx
+        self._mem = llama_cpp.llama_get_memory(ctx)
+        ext.llama_set_embeddings_nextn(target._ctx, True, False)  # h for every target token
+        ext.llama_set_embeddings_nextn(ctx, True, True)  # h for output rows only
+        self._batch = llama_cpp.llama_batch_init(target.n_batch, self.n_embd, 1)
+        self._tokens = (llama_cpp.llama_token * target.n_batch)()
+        self._batch.token = self._tokens  # a batch that carries token ids and embeddings
+        self._embd = np.ctypeslib.as_array(self._batch.embd, shape=(target.n_batch, self.n_embd))
+        # The target's hidden states of its last decode (from position _h_start on), and the
+        # one before them: what a cut back into that decode starts the next draft from.
+        self._h = np.zeros((0, self.n_embd), dtype=np.float32)
+        self._h_start = 0
+        self._before = np.zeros(self.n_embd, dtype=np.float32)
+        self._pending = self._before  # h of the position before the next one the head reads
+        self._own: np.ndarray | None = None  # the head's own h after its last draft step
+        self._draft_at = 0
+
+    # -- following the target ----------------------------------------------------------------
+    def read(self, tokens: list[int], start: int) -> None:
+        """The target just decoded ``tokens`` from position ``start``: read them with its
+        hidden states (the head's cache then holds what the target's does)."""
+        n = len(tokens)
+        ptr = self._ext.llama_get_embeddings_nextn(self.target._ctx)
+        if not ptr:
+            raise BackendError("llama.cpp returned no hidden states for the MTP head")
+        h = np.ctypeslib.as_array(ptr, shape=(n, self.n_embd))
+        rows = np.empty((n, self.n_embd), dtype=np.float32)
+        rows[0] = self._pending
+        rows[1:] = h[:-1]
+        self._decode(tokens, start, rows, output=False)
+        self._before, self._h, self._h_start = self._pending, h.copy(), start
+        self._pending = self._h[-1]
+
+    def cut(self, n_past: int) -> None:
+        """The target rolled back to ``n_past`` tokens, within its last decode."""
+        if not self._h_start <= n_past <= self._h_start + len(self._h):
+            raise BackendError("the MTP head can only roll back within the target's last decode")
+        llama_cpp.llama_memory_seq_rm(self._mem, 0, n_past, -1)
+        self._pending = (
+            self._before if n_past == self._h_start else self._h[n_past - 1 - self._h_start]
+        )
+
+    def reset(self) -> None:
+        llama_cpp.llama_memory_clear(self._mem, True)
+        self._h = np.zeros((0, self.n_embd), dtype=np.float32)
+        self._h_start = 0
+        self._before = self._pending = np.zeros(self.n_embd, dtype=np.float32)
+
+    # -- drafting ------------------------------------------------------------------------------
+    def start(self, token: int) -> np.ndarray:
+        """Logits of the guess after ``token`` (the last one, not yet in the target's cache)."""
+        self._draft_at = self.target.n_past
+        return self._step(token, self._pending)
+
+    def step(self, token: int) -> np.ndarray:
+        """Logits of the guess after ``token`` (the last guess), from the head's own state."""
+        assert self._own is not None, "step() follows start()"
+        return self._step(token, self._own)
+
+    def end(self) -> None:
+        """Drafting is over: the drafted positions leave the head's cache (the target's verify
+        pass writes them again with its own hidden states)."""
+        llama_cpp.llama_memory_seq_rm(self._mem, 0, self.target.n_past, -1)
+        self._own = None
+
+    def _step(self, token: int, h: np.ndarray) -> np.ndarray:
+        position = self._draft_at
+        self._decode([token], position, h[None, :], output=True)
+        self._draft_at += 1
+        # One row per decode: a masked MTP context returns row 0's state for a longer batch.
+        own = self._ext.llama_get_embeddings_nextn_ith(self._ctx, 0)
+        if not own:
+            raise BackendError("llama.cpp returned no hidden state from the MTP head")
+        self._own = np.ctypeslib.as_array(own, shape=(self.n_embd,)).copy()
+        logits = llama_cpp.llama_get_logits_ith(self._ctx, 0)
+        return np.ctypeslib.as_array(logits, shape=(self.n_vocab,))
+
+    def _decode(self, tokens: list[int], start: int, h: np.ndarray, output: bool) -> None:
+        batch = self._batch
+        for i, token in enumerate(tokens):
+            self._tokens[i] = token
+            batch.pos[i] = start + i
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = 0
+            batch.logits[i] = output and i == len(tokens) - 1
+        self._embd[: len(tokens)] = h
+        batch.n_tokens = len(tokens)
+        status = llama_cpp.llama_decode(self._ctx, batch)
+        if status != 0:
+            raise BackendError(f"llama_decode failed on the MTP head (status {status})")
+
+    def close(self) -> None:
+        if getattr(self, "_batch", None) is not None:
+            self._batch.token = None  # ours, not llama_batch_init's: it must not free it
+            llama_cpp.llama_batch_free(self._batch)
+            self._batch = None
+        if getattr(self, "_ctx", None):
+            llama_cpp.llama_free(self._ctx)
+            self._ctx = None

@@ -1,0 +1,82 @@
+"""The target's own MTP head as the drafter: no second model, no vocabulary to check.
+
+The head (``backend.mtp.MtpHead``) follows the target's cache by itself: it reads every token the
+target decodes and is cut back with it, so this drafter only draws guesses. Each comes from the
+head's full-vocabulary logits, warped as the target's are: that is its q, so the accept rule is
+the exact min(1, p/q) one (llama.cpp drafts MTP greedily and keeps a guess only where it matches
+the target's own draw; this keeps more guesses when sampling, and the same ones when greedy).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+import numpy as np
+
+from specgen.core.sampling import SamplingParams
+from specgen.drafters.base import Candidate, FollowUp, Proposal
+from specgen.drafters.model import draw_guesses
+from specgen.stats import Clock
+
+
+class Head(Protocol):
+    """What the MTP drafter needs of a head (``backend.mtp.MtpHead`` has it)."""
+
+    def start(self, token: int) -> np.ndarray:
+        """Logits of the guess after ``token``, the context's last (not yet in the cache)."""
+
+    def step(self, token: int) -> np.ndarray:
+        """Logits of the guess after ``token``, the last guess."""
+
+    def end(self) -> None:
+        """Drafting is over for this cycle."""
+
+
+class MtpDrafter:
+    """Guesses from the target's own MTP head."""
+
+    def __init__(
+        self,
+        head: Head,
+        is_eog: Callable[[int], bool],
+        room: Callable[[], int],
+        p_min: float = 0.0,
+        clock: Clock = time.perf_counter,
+    ) -> None:
+        if not 0.0 <= p_min < 1.0:
+            raise ValueError("draft_p_min must be in [0, 1)")
+        self.head, self.is_eog, self.room, self.p_min, self.clock = head, is_eog, room, p_min, clock
+
+    def begin(self, prompt: Sequence[int], reuse_prefix: bool = False) -> None:
+        """The head read the prompt with the target: nothing to do."""
+
+    def candidates(self, context: Sequence[int]) -> list[Candidate]:
+        room = self.room()
+        return [Candidate("mtp", "mtp", room)] if room > 0 else []
+
+    def propose(
+        self,
+        context: Sequence[int],
+        candidate: Candidate,
+        k: int,
+        sampling: SamplingParams,
+        rng: np.random.Generator,
+        follow: FollowUp | None = None,
+    ) -> Proposal:
+        out, head = Proposal(), self.head
+        try:
+
+            def logits_after(guess: int | None) -> np.ndarray:
+                return head.start(context[-1]) if guess is None else head.step(guess)
+
+            draw_guesses(
+                out, logits_after, k, sampling, rng, self.p_min, self.is_eog, context, follow
+            )
+        finally:
+            head.end()
+        return out
+
+    def rollback_to(self, n_accepted: int) -> None:
+        """The head is cut back with the target's cache: nothing to do."""

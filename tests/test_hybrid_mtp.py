@@ -1,0 +1,183 @@
+"""Hybrid (DeltaNet + attention) models and the target's own MTP head, on real llama.cpp.
+
+The models are tiny random qwen35 GGUFs the ``gguf`` package writes at test time
+(``tests.tiny_models``): no 2026 weights are downloadable here, and random weights keep greedy
+identity and the rollback arithmetic meaningful. Each loads in a fraction of a second.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from specgen.backend import LlamaModel, ModelOptions
+from specgen.core.sampling import SamplingParams, warp
+from specgen.drafters import make_drafter
+from specgen.engine import GenerationConfig, SpeculativeEngine
+from tests.fakes import run_to_end
+from tests.stats_helpers import pooled_chisquare_pvalue
+from tests.tiny_models import write_qwen35
+
+GREEDY = SamplingParams(temperature=0.0)
+PROMPT = [3, 14, 15, 92, 65, 35, 89, 79, 32, 38]
+LOOKAHEADS = [1, 2, 4, 8, "auto"]
+# The two ways a recurrent model rolls back: llama.cpp's snapshots (n_rs_seq 8, enough for
+# K <= 8), or none at all, so every rollback restores a checkpoint.
+WAYS = {"bounded": 8, "checkpoint": 0}
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("qwen35")
+    return {
+        "target": write_qwen35(folder / "target.gguf"),
+        "draft": write_qwen35(folder / "draft.gguf", seed=1),
+        "mtp": write_qwen35(folder / "target-mtp.gguf", mtp=True),
+    }
+
+
+def load(path: Path, window: int, mtp: bool = False) -> LlamaModel:
+    return LlamaModel(path, ModelOptions(n_ctx=256, n_threads=1, rollback_window=window, mtp=mtp))
+
+
+def alone(target: LlamaModel, n: int = 40) -> list[int]:
+    config = GenerationConfig(lookahead=0, sampling=GREEDY, max_tokens=n)
+    return run_to_end(SpeculativeEngine(target), config, PROMPT)[0]
+
+
+@pytest.mark.parametrize("way", WAYS)
+def test_hybrid_target_with_hybrid_draft_or_ngrams_is_the_target_alone(
+    tiny: dict[str, Path], way: str
+) -> None:
+    target, draft = load(tiny["target"], WAYS[way]), load(tiny["draft"], WAYS[way])
+    assert target.recurrent and draft.recurrent
+    assert target.rollback_window == WAYS[way]
+    expected = alone(target)
+    for ngram, with_draft in ((True, False), (False, True), (True, True)):
+        for k in LOOKAHEADS:
+            drafter = make_drafter(draft if with_draft else None, ngram)
+            config = GenerationConfig(lookahead=k, sampling=GREEDY, max_tokens=40)
+            tokens, _ = run_to_end(SpeculativeEngine(target, drafter), config, PROMPT)
+            assert tokens == expected, (way, ngram, with_draft, k)
+    # The way asked for is the way taken.
+    if way == "bounded":
+        assert target.rollbacks.bounded > 0 and target.rollbacks.checkpoint == 0
+    else:
+        assert target.rollbacks.checkpoint > 0 and target.rollbacks.bounded == 0
+    assert draft.rollbacks.checkpoint + draft.rollbacks.bounded > 0
+
+
+@pytest.mark.parametrize("way", WAYS)
+def test_mtp_head_alone_and_beside_ngrams_is_the_target_alone(
+    tiny: dict[str, Path], way: str
+) -> None:
+    target = load(tiny["mtp"], WAYS[way], mtp=True)
+    expected = alone(target)
+    head = target.attach_mtp()
+    assert alone(target) == expected, "reading with the head changes nothing"
+    for ngram in (False, True):
+        for k in LOOKAHEADS:
+            drafter = make_drafter(None, ngram, head=head, target=target)
+            config = GenerationConfig(lookahead=k, sampling=GREEDY, max_tokens=40)
+            tokens, stats = run_to_end(SpeculativeEngine(target, drafter), config, PROMPT)
+            assert tokens == expected, (way, ngram, k)
+            assert "mtp" in stats.by_source, "the head drafted"
+    counts = target.rollbacks
+    assert (counts.bounded if way == "bounded" else counts.checkpoint) > 0
+
+
+def test_a_fixed_k_past_the_snapshots_takes_a_checkpoint(tiny: dict[str, Path]) -> None:
+    """K beyond n_rs_seq: llama.cpp's snapshots cannot cover the cycle, a checkpoint does."""
+    target = load(tiny["target"], 2)
+    expected = alone(target)
+    config = GenerationConfig(lookahead=6, sampling=GREEDY, max_tokens=40)
+    tokens, _ = run_to_end(SpeculativeEngine(target, make_drafter(None, True)), config, PROMPT)
+    assert tokens == expected
+    assert target.rollbacks.checkpoints > 0
+
+
+def test_auto_asks_for_no_more_than_the_snapshots_cover(tiny: dict[str, Path]) -> None:
+    target = load(tiny["target"], 3)
+    draft = load(tiny["draft"], 3)
+    config = GenerationConfig(lookahead="auto", sampling=GREEDY, max_tokens=60)
+    _, stats = run_to_end(SpeculativeEngine(target, make_drafter(draft, True)), config, PROMPT)
+    assert stats.n_drafted > 0
+    assert max(stats.k_counts) <= 3
+    assert target.rollbacks.checkpoints == 0
+
+
+def _fresh_logits(path: Path, tokens: list[int]) -> np.ndarray:
+    fresh = load(path, 0)
+    return fresh.decode(tokens, 1)[0].copy()
+
+
+@pytest.mark.parametrize("way", WAYS)
+def test_logits_after_a_rollback_are_a_fresh_contexts(tiny: dict[str, Path], way: str) -> None:
+    """Verify-pass shape (one batch, rolled back by 3) and draft shape (one token a decode,
+    rolled back over several decodes): the next logits equal a fresh context's."""
+    model = load(tiny["target"], WAYS[way])
+    model.decode(PROMPT, 0)
+    model.keep_rollback_point(4)
+    model.decode([5, 6, 7, 8, 9], 5)
+    model.rollback(len(PROMPT) + 2)
+    after = model.decode([40], 1)[0].copy()
+    np.testing.assert_allclose(after, _fresh_logits(tiny["target"], [*PROMPT, 5, 6, 40]), atol=1e-3)
+
+    model.keep_rollback_point(3, one_decode=False)
+    for token in (11, 12, 13):
+        model.decode([token], 1)
+    model.rollback(len(PROMPT) + 4)
+    after = model.decode([41], 1)[0].copy()
+    expected = _fresh_logits(tiny["target"], [*PROMPT, 5, 6, 40, 11, 41])
+    np.testing.assert_allclose(after, expected, atol=1e-3)
+
+
+def test_a_rollback_nothing_covers_fails_clearly(tiny: dict[str, Path]) -> None:
+    from specgen.errors import BackendError
+
+    model = load(tiny["target"], 0)
+    model.decode(PROMPT, 0)
+    with pytest.raises(BackendError, match="cannot roll back its cache by 3 tokens"):
+        model.rollback(len(PROMPT) - 3)
+
+
+def test_a_recurrent_target_reads_a_reused_prefix_again(tiny: dict[str, Path]) -> None:
+    """A chat that goes on reuses an attention model's cache; a recurrent state cannot go back
+    to the shared prefix, so the prompt is read again, and the text is the same."""
+    target = load(tiny["target"], 8)
+    engine = SpeculativeEngine(target, make_drafter(None, True))
+    config = GenerationConfig(lookahead=4, sampling=GREEDY, max_tokens=20)
+    first = list(engine.generate(PROMPT, config))
+    again = list(engine.generate([*PROMPT, 1, 2], config, reuse_prefix=True))
+    assert again[-1].stats.n_prompt_cached == 0
+    assert first[-1].stats.n_generated == 20
+
+
+def test_mtp_guesses_keep_the_target_distribution(tiny: dict[str, Path]) -> None:
+    """Chi-square over fixed seeds on the first two tokens: x1 from the prompt's own pass, x2
+    drafted by the MTP head from its own full-vocabulary q and kept by min(1, p/q), else drawn
+    from the residual. Their joint law must be p(x1) p(x2 | x1). (A residual replaced by p,
+    which biases towards q, fails this: the head's q overlaps p by about 10% here.)"""
+    sampling = SamplingParams(temperature=2.0, top_k=12, top_p=1.0, min_p=0.0)
+    target = load(tiny["mtp"], 8, mtp=True)
+    p1 = warp(target.decode(PROMPT, 1)[0].copy(), sampling)
+    p2 = {}
+    for a in p1.ids.tolist():
+        target.reset()
+        p2[a] = warp(target.decode([*PROMPT, a], 1)[0].copy(), sampling).dense(target.n_vocab)
+    expected = np.array([p1.prob(a) * p2[a] for a in p1.ids.tolist()])
+    target.reset()
+    head = target.attach_mtp()
+    engine = SpeculativeEngine(target, make_drafter(None, False, head=head, target=target))
+    n, rows = 1500, {a: i for i, a in enumerate(p1.ids.tolist())}
+    counts, rejected = np.zeros_like(expected), 0
+    for seed in range(n):
+        config = GenerationConfig(lookahead=2, sampling=sampling, max_tokens=3, seed=seed)
+        tokens, stats = run_to_end(engine, config, PROMPT)
+        counts[rows[tokens[0]], tokens[1]] += 1
+        mtp = stats.by_source["mtp"]
+        rejected += mtp.accepted < min(mtp.drafted, 1)
+    assert rejected > n / 2, "the head's q differs from p: the residual is exercised"
+    assert pooled_chisquare_pvalue(counts, expected * n) > 1e-3
