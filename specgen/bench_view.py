@@ -18,7 +18,11 @@ from specgen.output import figure
 
 
 def render(
-    report: Report, pair: str | None, target: Path | None = None, draft: Path | None = None
+    report: Report,
+    pair: str | None,
+    target: Path | None = None,
+    draft: Path | None = None,
+    mtp: bool = False,
 ) -> Group:
     """The table, acceptance by position, speedup by kind of prompt, a chart, the verdict.
 
@@ -85,7 +89,7 @@ def render(
         )
         # One line however long, so a copy of it pastes as one command.
         command = (
-            f"  specgen run {variant_options(best.variant, pair, target, draft)}"
+            f"  specgen run {variant_options(best.variant, pair, target, draft, mtp)}"
             f"{_workers_option(report)}"
             f'{_temperature_option(report)} "Your prompt"'
         )

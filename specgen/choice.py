@@ -15,7 +15,7 @@ from pathlib import Path
 from specgen import memo
 from specgen.errors import UsageError
 from specgen.lookahead import DEFAULT_LOOKAHEAD, Lookahead, effective_lookahead
-from specgen.registry import NGRAM, ModelSpec, PairSpec, Registry
+from specgen.registry import MTP, NGRAM, ModelSpec, PairSpec, Registry, cached
 from specgen.rpc import parse_endpoints, probe
 
 
@@ -23,7 +23,8 @@ from specgen.rpc import parse_endpoints, probe
 class Choice:
     """Which models a command runs, from --pair/--target/--draft and models.toml.
 
-    ``ngram`` drafts by prompt lookup: alone where ``draft`` is None, else beside the draft model.
+    ``ngram`` drafts by prompt lookup: alone where ``draft`` is None and not ``mtp``, else beside
+    the draft model or the target's own MTP head (``mtp``).
     """
 
     target: ModelSpec
@@ -31,6 +32,7 @@ class Choice:
     pair: PairSpec | None
     ngram: bool = False
     workers: tuple[str, ...] = ()  # where the target's layers go (`specgen worker`s)
+    mtp: bool = False
 
     @property
     def lookahead(self) -> Lookahead:
@@ -43,7 +45,7 @@ class Choice:
 
     @property
     def drafts(self) -> bool:
-        return self.draft is not None or self.ngram
+        return self.draft is not None or self.ngram or self.mtp
 
 
 def choose(
@@ -53,6 +55,7 @@ def choose(
     draft: str | None,
     ngram: bool | None = None,
     rpc: str | None = None,
+    mtp: bool | None = None,
 ) -> Choice:
     """The models a command runs. The rule, as the README states it:
 
@@ -63,6 +66,9 @@ def choose(
 
     ``--draft ngram`` drafts by prompt lookup; ``ngram`` (``--ngram/--no-ngram``) adds or
     removes prompt lookup beside a draft model, where None keeps the pair's own setting.
+    ``--draft mtp`` (or ``mtp=True``, ``--mtp``) drafts with the target's own MTP head; with no
+    draft model, a target whose GGUF (on disk already) has MTP layers drafts with them unless
+    ``mtp=False`` (``--no-mtp``).
     ``rpc`` (``host:port,...``, or ``none``) names the workers for the target's layers, where
     None keeps the pair's own.
     """
@@ -80,9 +86,36 @@ def choose(
     workers = _pair_workers(rpc, named)
     if draft == NGRAM:
         return Choice(target_spec, None, named, ngram=True, workers=workers)
-    draft_spec = registry.spec(draft) if draft else (named.draft if named else None)
+    if draft == MTP:
+        if mtp is False:
+            raise UsageError("--draft mtp and --no-mtp say opposite things: drop one")
+        draft, mtp = None, True
+    elif draft is not None and mtp:
+        raise UsageError("--mtp drafts with the target's own head: drop --draft, or --mtp")
     by_pair = named.ngram if named else False
-    return Choice(target_spec, draft_spec, named, by_pair if ngram is None else ngram, workers)
+    with_ngram = by_pair if ngram is None else ngram
+    # A pair that drafts with its target's head, unless --target brings another target.
+    pair_mtp = named is not None and named.mtp and target is None
+    if draft is None and (mtp or (pair_mtp and mtp is None)):
+        return Choice(target_spec, None, named, with_ngram, workers, mtp=True)
+    draft_spec = registry.spec(draft) if draft else (named.draft if named else None)
+    if draft_spec is None and mtp is None and has_mtp(target_spec):
+        return Choice(target_spec, None, named, with_ngram, workers, mtp=True)
+    return Choice(target_spec, draft_spec, named, with_ngram, workers)
+
+
+def has_mtp(spec: ModelSpec) -> bool:
+    """Whether a model's GGUF, where it is on disk already, carries MTP layers (llama.cpp's
+    rule: the tensor ``blk.{N-1}.nextn.eh_proj.weight``)."""
+    from specgen import arch, gguf
+
+    path = cached(spec)
+    if path is None:
+        return False
+    try:
+        return arch.layout(gguf.read_local(str(path), tensors=True)).mtp_layers > 0
+    except (OSError, gguf.GGUFError):
+        return False
 
 
 def _pair_workers(rpc: str | None, pair: PairSpec | None) -> tuple[str, ...]:
@@ -124,6 +157,11 @@ class Decision:
         return self.choice.ngram and self.lookahead != 0
 
     @property
+    def mtp(self) -> bool:
+        """Whether the loaded target drafts with its own MTP head."""
+        return self.choice.mtp and self.lookahead != 0
+
+    @property
     def chat(self) -> bool | None:
         return self.choice.chat
 
@@ -141,6 +179,7 @@ def decide(
     draft: str | None = None,
     *,
     ngram: bool | None = None,
+    mtp: bool | None = None,
     lookahead: Lookahead | None = None,
     rpc: str | None = None,
     threads: int = 0,
@@ -157,7 +196,7 @@ def decide(
     else the pair's own, else DEFAULT_LOOKAHEAD; and 0 where nothing drafts
     (``explain_alone``: the note says so when another K was asked for).
     """
-    choice = choose(registry or Registry.load(), pair, target, draft, ngram, rpc)
+    choice = choose(registry or Registry.load(), pair, target, draft, ngram, rpc, mtp)
     found = memo.memo_path(choice, threads, gpu_layers)
     note = ""
     if bench_temperature is not None and lookahead is None and ngram is None and draft != NGRAM:

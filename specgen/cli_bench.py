@@ -33,6 +33,7 @@ from specgen.options import (
     DraftPMinOpt,
     GpuLayersOpt,
     LocalHeadOpt,
+    MtpOpt,
     PairOpt,
     RpcOpt,
     SeedOpt,
@@ -47,6 +48,7 @@ def bench(
     pair: PairOpt = None,
     target: TargetOpt = None,
     draft: DraftOpt = None,
+    mtp: MtpOpt = None,
     lookaheads: Annotated[
         str,
         typer.Option(
@@ -128,6 +130,7 @@ def bench(
     from specgen.bench.sweep import parse_lookaheads
     from specgen.choice import decide
     from specgen.errors import UsageError
+    from specgen.lookahead import snapshots_for
     from specgen.memo import remember
     from specgen.pair import PairOptions, open_pair
 
@@ -142,13 +145,14 @@ def bench(
         target,
         draft,
         ngram=False,
+        mtp=mtp,
         lookahead="auto",
         rpc=rpc,
         threads=threads,
         gpu_layers=gpu_layers,
     )
     choice = decision.choice
-    if choice.draft is None:
+    if choice.draft is None and not choice.mtp:
         if lookaheads == DEFAULT_VARIANTS:
             variants = ["ngram"]  # a target alone can still draft by prompt lookup
         elif any(k != "ngram" for k in variants):
@@ -156,9 +160,13 @@ def bench(
                 "bench needs a draft model for K's, auto and hybrid: name a pair, "
                 "or both --target and --draft (or -k ngram)"
             )
+    # A recurrent target keeps snapshots for the largest K swept, as `run -k K` would.
+    fixed = [k for k in variants if isinstance(k, int)]
+    snapshots = max([snapshots_for("auto", choice.mtp), *(snapshots_for(k) for k in fixed)])
     loaded = open_pair(
         decision,
         PairOptions.for_both(ctx_size, threads, gpu_layers, verbose, rpc_local_head),
+        snapshots=snapshots,
     )
     session = BenchSession(
         loaded,
@@ -185,6 +193,7 @@ def bench(
                 decision.name,
                 loaded.target.path,
                 loaded.draft.path if loaded.draft else None,
+                mtp=loaded.mtp,
             )
         )
     session.remember_costs()

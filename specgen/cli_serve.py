@@ -16,6 +16,7 @@ from specgen.options import (
     GpuLayersOpt,
     LocalHeadOpt,
     LookaheadOpt,
+    MtpOpt,
     NgramOpt,
     PairOpt,
     RpcOpt,
@@ -40,6 +41,7 @@ def serve(
     draft: DraftOpt = None,
     lookahead: LookaheadOpt = None,
     ngram: NgramOpt = None,
+    mtp: MtpOpt = None,
     draft_p_min: DraftPMinOpt = 0.0,
     host: Annotated[
         str,
@@ -107,6 +109,7 @@ def serve(
         draft,
         lookahead=lookahead_of(lookahead),
         ngram=ngram,
+        mtp=mtp,
         n_ctx=ctx_size,
         threads=threads,
         gpu_layers=gpu_layers,

@@ -29,8 +29,10 @@ _SCALARS = {
     12: "<d",
 }
 _STRING, _ARRAY = 8, 9
-# Arrays of these keys are kept whole; other arrays (scores, merges, ...) only counted.
+# Arrays of these keys are kept whole, as are short arrays of numbers (per-layer settings such as
+# a hybrid's head counts); other arrays (scores, merges, ...) are only counted.
 KEPT_ARRAYS = ("tokenizer.ggml.tokens",)
+SHORT_ARRAY = 4096
 # tokenizer.ggml.model -> llama.cpp's vocabulary type, and whether it adds BOS / EOS by default
 VOCAB_MODELS = {
     "no_vocab": (0, False, False),
@@ -57,13 +59,15 @@ class Header:
     n_tensors: int
     metadata: dict[str, Any]
     size: int  # bytes of header read
+    tensors: tuple[str, ...] | None = None  # the tensors' names, where they were read
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.metadata.get(key, default)
 
 
-def read_header(read: Reader) -> Header:
-    """The metadata of a GGUF, read from its first bytes."""
+def read_header(read: Reader, tensors: bool = False) -> Header:
+    """The metadata of a GGUF, read from its first bytes; with ``tensors``, the names of its
+    tensors too (they follow the metadata: a few dozen bytes a tensor)."""
     stream = _Stream(read)
     if stream.take(4) != MAGIC:
         raise GGUFError("not a GGUF file (it does not start with 'GGUF')")
@@ -78,7 +82,19 @@ def read_header(read: Reader) -> Header:
         key = stream.string()
         kind = stream.unpack("<I")
         metadata[key] = stream.value(kind, keep=key in KEPT_ARRAYS)
-    return Header(version, n_tensors, metadata, stream.offset)
+    names: tuple[str, ...] | None = None
+    if tensors:
+        if n_tensors > MAX_COUNT:
+            raise GGUFError("the GGUF header is corrupt (absurd tensor count)")
+        found = []
+        for _ in range(n_tensors):
+            found.append(stream.string())
+            n_dims = stream.unpack("<I")
+            if n_dims > 8:
+                raise GGUFError("the GGUF header is corrupt (a tensor of more than 8 dimensions)")
+            stream.take(8 * n_dims + 4 + 8)  # dimensions, type, offset
+        names = tuple(found)
+    return Header(version, n_tensors, metadata, stream.offset, names)
 
 
 class _Stream:
@@ -110,11 +126,11 @@ class _Stream:
             item, count = self.unpack("<I"), self.unpack("<Q")
             if count > MAX_COUNT or item == _ARRAY:
                 raise GGUFError("the GGUF header is corrupt (absurd array)")
-            if item in _SCALARS and not keep:
+            if item in _SCALARS and not keep and count > SHORT_ARRAY:
                 self.take(struct.calcsize(_SCALARS[item]) * count)
                 return ArrayInfo(item, count)
             values = [self.value(item) for _ in range(count)]
-            return values if keep else ArrayInfo(item, count)
+            return values if keep or item in _SCALARS else ArrayInfo(item, count)
         raise GGUFError(f"the GGUF header is corrupt (unknown value type {kind})")
 
 
@@ -249,7 +265,7 @@ FILE_TYPES = {
 }
 
 
-def read_local(path: str) -> Header:
-    """The header of a local GGUF file."""
+def read_local(path: str, tensors: bool = False) -> Header:
+    """The header of a local GGUF file (with ``tensors``, their names too)."""
     with open(path, "rb") as fh:
-        return read_header(fh.read)
+        return read_header(fh.read, tensors)

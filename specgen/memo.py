@@ -35,7 +35,8 @@ Variant = int | str
 def memo_path(choice: Choice, threads: int, gpu_layers: int) -> Path:
     """Where ``specgen bench`` keeps, and ``specgen run`` finds, what was measured for these
     models on this machine with these threads and GPU layers."""
-    models = [choice.target.label(), choice.draft.label() if choice.draft else "-"]
+    draft = choice.draft.label() if choice.draft else "mtp" if choice.mtp else "-"
+    models = [choice.target.label(), draft]
     machine: dict[str, object] = {
         "cpu": platform.processor() or platform.machine(),
         "flags": cpu_flags(),
@@ -88,7 +89,7 @@ def variant_name(variant: object) -> str:
 def variant_choice(choice: Choice, variant: object) -> tuple[Choice, Lookahead] | None:
     """The choice and K that run a bench row on these models (None: not a row bench makes)."""
     if variant == "ngram":
-        return replace(choice, draft=None, ngram=True), "auto"
+        return replace(choice, draft=None, mtp=False, ngram=True), "auto"
     if variant == "hybrid":
         return replace(choice, ngram=True), "auto"
     try:
@@ -120,15 +121,22 @@ def recall_choice(
 
 
 def variant_options(
-    variant: Variant, pair: str | None, target: Path | None, draft: Path | None
+    variant: Variant,
+    pair: str | None,
+    target: Path | None,
+    draft: Path | None,
+    mtp: bool = False,
 ) -> str:
-    """The `specgen run` options that reproduce one bench row."""
+    """The `specgen run` options that reproduce one bench row (``mtp``: the target's head
+    drafts)."""
     if pair:
         models = f"--pair {pair}"
     else:
         models = f"--target {shlex.quote(str(target))}"
         if draft is not None and variant != "ngram":
             models += f" --draft {shlex.quote(str(draft))}"
+        elif mtp and variant != "ngram":
+            models += " --draft mtp"
     if variant == "ngram":
         return f"{models} --draft ngram -k auto"
     if variant == "hybrid":

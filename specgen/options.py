@@ -89,8 +89,9 @@ DraftOpt = Annotated[
         "-md",
         metavar="SPEC",
         help="Draft model: a GGUF path, org/repo:file.gguf, "
-        "or PAIR:draft (needs --target or --pair); or 'ngram' to draft by prompt lookup with no "
-        "draft model (a file named so: ./ngram).",
+        "or PAIR:draft (needs --target or --pair); 'ngram' to draft by prompt lookup with no "
+        "draft model; 'mtp' to draft with the target's own MTP head (files named so: ./ngram, "
+        "./mtp).",
         show_default=False,
         rich_help_panel=MODELS,
     ),
@@ -117,6 +118,16 @@ NgramOpt = Annotated[
         "--ngram/--no-ngram",
         help="Also draft by prompt lookup beside the draft model (hybrid): "
         "free guesses where the text repeats its input (default: the pair's own setting).",
+        show_default=False,
+        rich_help_panel=MODELS,
+    ),
+]
+MtpOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--mtp/--no-mtp",
+        help="Draft with the target's own MTP head (layers in its GGUF; no draft model). By "
+        "default a target that has one drafts with it when no draft model is given.",
         show_default=False,
         rich_help_panel=MODELS,
     ),

@@ -16,16 +16,17 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from specgen import compat, store
-from specgen.drafters import Drafter, Model, make_drafter
+from specgen import arch, compat, gguf, store
+from specgen.drafters import Drafter, Head, Model, make_drafter
 from specgen.engine import SpeculativeEngine
 from specgen.errors import UserError
 from specgen.interrupts import interruptible
-from specgen.lookahead import CostBook
+from specgen.lookahead import AUTO_SNAPSHOTS, CostBook, snapshots_for
 from specgen.stats import Clock
 
 if TYPE_CHECKING:
     from specgen.backend import ModelOptions
+    from specgen.backend.llama import RollbackCounts
     from specgen.choice import Decision
 
 
@@ -35,7 +36,11 @@ class LoadedModel(Model, compat.VocabView, Protocol):
     path: Path
     n_threads: int
     description: str
+    recurrent: bool  # a recurrent or hybrid state (``backend.llama``'s rollback ways)
+    rollbacks: RollbackCounts
 
+    def state_bytes(self) -> int: ...
+    def attach_mtp(self) -> Head: ...
     def chat_template(self) -> str | None: ...
     def tokenize(
         self, text: str, add_special: bool = True, parse_special: bool = True
@@ -72,6 +77,10 @@ class PairOptions:
     verbose: bool = False
     workers: tuple[str, ...] = ()  # `specgen worker`s that take the target's offloaded layers
     local_head: bool = True  # with workers: keep the target's output layer here
+    mtp: bool = False  # draft with the target's own MTP head
+    # A recurrent target's snapshots (``lookahead.snapshots_for``): what K a rollback covers
+    # without a checkpoint.
+    rollback_window: int = AUTO_SNAPSHOTS
 
     @classmethod
     def for_both(
@@ -93,6 +102,7 @@ class Pair:
     ``costs`` are what ``-k auto`` measured on these models here (seconds per guess, the verify
     pass by length; greedy and sampled apart). They are kept in ``costs_file`` between
     processes, so a new run starts from them instead of spending its first cycles timing.
+    ``head`` is the target's own MTP head where it drafts with it (then ``draft`` is None).
     """
 
     target: LoadedModel
@@ -100,6 +110,7 @@ class Pair:
     ngram: bool = False
     costs_file: Path | None = None
     clock: Clock = time.perf_counter
+    head: Head | None = None
     costs: CostBook = field(init=False)  # loaded from ``costs_file``
     _engines: dict[float, SpeculativeEngine] = field(default_factory=dict, repr=False)
     _saved: int = field(init=False, repr=False)
@@ -116,7 +127,30 @@ class Pair:
         self._saved = self.costs.observations
 
     def drafter(self, draft_p_min: float = 0.0) -> Drafter | None:
-        return make_drafter(self.draft, self.ngram, draft_p_min, self.clock)
+        return make_drafter(
+            self.draft, self.ngram, draft_p_min, self.clock, head=self.head, target=self.target
+        )
+
+    @property
+    def mtp(self) -> bool:
+        return self.head is not None
+
+    def rollback_facts(self) -> dict[str, object]:
+        """How each recurrent model of the pair rolled back (``--json``, ``doctor``): its
+        snapshots, the state's size and the memory the snapshots take, and the counts."""
+        facts: dict[str, object] = {}
+        for role, model in (("target", self.target), ("draft", self.draft)):
+            if model is None or not model.recurrent:
+                continue
+            state = model.state_bytes()
+            window = model.rollback_window
+            facts[role] = {
+                "snapshots": window,
+                "state_bytes": state,
+                "snapshot_bytes": state * (1 + window),
+                **model.rollbacks.as_dict(),
+            }
+        return facts
 
     def engine(self, draft_p_min: float = 0.0) -> SpeculativeEngine:
         """The pair's engine, kept from one generation to the next, so the costs ``-k auto``
@@ -173,19 +207,24 @@ def load_costs(path: Path | None) -> CostBook:
         return CostBook()
 
 
-def open_pair(decision: Decision, options: PairOptions, progress: bool = True) -> Pair:
+def open_pair(
+    decision: Decision, options: PairOptions, progress: bool = True, snapshots: int | None = None
+) -> Pair:
     """The pair a decision runs: its files fetched (with progress on stderr where ``progress``)
-    and converted, the CPU self-test passed, both models loaded."""
+    and converted, the CPU self-test passed, both models loaded. A recurrent target keeps the
+    snapshots its K needs (``lookahead.snapshots_for``), or ``snapshots`` (bench: its largest K).
+    """
     from specgen.registry import resolve
     from specgen.selftest import ensure_cpu_works
 
     target_path = resolve(decision.choice.target, progress=progress)
     draft_path = resolve(decision.draft, progress=progress) if decision.draft else None
     ensure_cpu_works([p for p in (target_path, draft_path) if p is not None])
+    window = snapshots_for(decision.lookahead, decision.mtp) if snapshots is None else snapshots
     return load_pair(
         target_path,
         draft_path,
-        replace(options, workers=decision.choice.workers),
+        replace(options, workers=decision.choice.workers, mtp=decision.mtp, rollback_window=window),
         ngram=decision.ngram,
     )
 
@@ -205,6 +244,9 @@ def _load(target: str | Path, draft: str | Path | None, options: PairOptions, ng
 
     backend = BACKEND
     target_path = _existing(target, "target")
+    check_loadable(target_path, "target", options.mtp)
+    if draft is not None and options.mtp:
+        raise UserError("a pair drafts with a draft model or with its target's MTP head, not both")
     target_model = backend.load(
         target_path,
         ModelOptions(
@@ -213,16 +255,27 @@ def _load(target: str | Path, draft: str | Path | None, options: PairOptions, ng
             options.target_gpu_layers,
             workers=options.workers,
             local_head=options.local_head,
+            rollback_window=options.rollback_window,
+            mtp=options.mtp,
         ),
         options.verbose,
     )
     if draft is None:
+        head = target_model.attach_mtp() if options.mtp else None
         return Pair(
-            target_model, None, ngram, costs_path(target_model, None, options), backend.clock
+            target_model,
+            None,
+            ngram,
+            costs_path(target_model, None, options),
+            backend.clock,
+            head=head,
         )
     draft_path = _existing(draft, "draft")
+    check_loadable(draft_path, "draft", False)
     draft_model = backend.load(
         draft_path,
+        # A draft model drafts one token a decode: its rollbacks span decodes, which snapshots
+        # cannot cover, so a recurrent draft rolls back by checkpoint and keeps none.
         ModelOptions(target_model.n_ctx, options.draft_threads, options.draft_gpu_layers),
         options.verbose,
     )
@@ -234,6 +287,32 @@ def _load(target: str | Path, draft: str | Path | None, options: PairOptions, ng
         costs_path(target_model, draft_model, options),
         backend.clock,
     )
+
+
+def check_loadable(path: Path, role: str, mtp: bool) -> None:
+    """Refuse, from its header, a file that would make llama.cpp abort the process, and an MTP
+    head asked of a target without one. A file whose header cannot be read is left to
+    llama.cpp, which fails on it with an error, not an abort."""
+    try:
+        found = arch.layout(gguf.read_local(str(path), tensors=True))
+    except (OSError, gguf.GGUFError) as err:
+        if mtp:
+            raise UserError(f"{path.name}: cannot read its GGUF header ({err})") from err
+        return
+    if mtp and found.mtp_layers == 0:
+        raise UserError(
+            f"{path.name} has no MTP layers (no tensor blk.N.nextn.eh_proj.weight) to draft "
+            f"with; give a --draft model, or --draft ngram"
+        )
+    if role == "draft" and "assistant" in found.architecture:
+        raise UserError(
+            f"{path.name} is a {found.architecture} drafter, which shares the target's cache; "
+            f"llama-cpp-python cannot drive that yet: draft with a small model of the family "
+            f"(Gemma 4 E2B), or --draft ngram"
+        )
+    problem = arch.load_problem(found, mtp)
+    if problem:
+        raise UserError(f"{role} {path.name}: {problem}")
 
 
 def _existing(path: str | Path, role: str) -> Path:

@@ -114,12 +114,16 @@ class ModelSpec:
 # The word that names prompt-lookup drafting where a draft model would go (``--draft ngram``,
 # ``draft = "ngram"``); a file really named so is reachable as ``./ngram``.
 NGRAM = "ngram"
+# The word that names the target's own MTP head as the drafter (``--draft mtp``, ``draft =
+# "mtp"``); a file really named so is reachable as ``./mtp``.
+MTP = "mtp"
 
 
 @dataclass(frozen=True)
 class PairSpec:
-    """A known-good draft/target pair. ``draft`` is None where the pair drafts by n-grams alone;
-    ``ngram`` adds prompt lookup beside a draft model (hybrid drafting)."""
+    """A known-good draft/target pair. ``draft`` is None where the pair drafts by n-grams alone
+    or by the target's own MTP head (``mtp``); ``ngram`` adds prompt lookup beside a draft model
+    or head (hybrid drafting)."""
 
     name: str
     target: ModelSpec
@@ -131,11 +135,13 @@ class PairSpec:
     source: str = "built-in"
     ngram: bool = False
     workers: tuple[str, ...] = ()  # `specgen worker`s for the target's layers (host:port)
+    mtp: bool = False
 
     def member(self, role: str) -> ModelSpec:
         spec = self.target if role == "target" else self.draft
         if spec is None:
-            raise UserError(f"pair {self.name!r} has no draft model (it drafts by n-grams)")
+            how = "its target's MTP head" if self.mtp else "n-grams"
+            raise UserError(f"pair {self.name!r} has no draft model (it drafts by {how})")
         return spec
 
     def members(self) -> list[tuple[str, ModelSpec]]:
@@ -230,11 +236,14 @@ def _pair(name: str, table: Any, source: str) -> PairSpec:
     for key in ("chat", "ngram"):
         if key in table and not isinstance(table[key], bool):
             raise ValueError(f"{where}: '{key}' must be true or false")
-    by_ngram = table["draft"] == NGRAM
+    by_ngram, by_mtp = table["draft"] == NGRAM, table["draft"] == MTP
     return PairSpec(
         name=name,
         target=ModelSpec.from_mapping(table["target"], f"{where} target"),
-        draft=None if by_ngram else ModelSpec.from_mapping(table["draft"], f"{where} draft"),
+        draft=(
+            None if by_ngram or by_mtp else ModelSpec.from_mapping(table["draft"], f"{where} draft")
+        ),
+        mtp=by_mtp,
         lookahead=lookahead,
         chat=table.get("chat"),
         description=str(table.get("description", "")),

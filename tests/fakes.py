@@ -118,6 +118,7 @@ class FakeModel:
 
     # An attention model's cache: cut anywhere, no checkpoint ever needed.
     rollback_anywhere = True
+    recurrent = False
 
     @property
     def rollback_window(self) -> int:

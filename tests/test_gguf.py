@@ -76,11 +76,23 @@ def test_what_the_writer_writes_the_reader_reads(tmp_path: Path, metadata) -> No
         found = header.get(key)
         if kind == "float32":
             assert math.isclose(found, value, rel_tol=1e-6, abs_tol=1e-30) or found == value
+        elif kind == "int_array":
+            assert found == value, key  # short arrays of numbers are kept (per-layer settings)
         elif kind.endswith("_array"):
-            # arrays are counted, not kept (only the vocabulary's tokens are kept whole)
+            # other arrays are counted, not kept (only the vocabulary's tokens are kept whole)
             assert isinstance(found, gguf.ArrayInfo) and found.count == len(value)
         else:
             assert found == value, key
+
+
+def test_tensor_names_are_read_as_the_gguf_project_reads_them(tmp_path: Path) -> None:
+    from tests.tiny_models import write_qwen35
+
+    path = write_qwen35(tmp_path / "m.gguf", mtp=True)
+    header = gguf.read_local(str(path), tensors=True)
+    theirs = [t.name for t in gguf_writer.GGUFReader(str(path)).tensors]
+    assert header.tensors is not None and list(header.tensors) == theirs
+    assert "blk.2.nextn.eh_proj.weight" in header.tensors
 
 
 def test_a_vocabulary_is_read_from_the_header_alone(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ from specgen import store
 from specgen.bench.report import BenchSetting, Report, summarize
 from specgen.bench.sweep import Run, RunOne, sweep
 from specgen.core.sampling import DEFAULT_SAMPLING, SamplingParams
-from specgen.drafters import Drafter, make_drafter
+from specgen.drafters import Drafter, Model, make_drafter
 from specgen.engine import Finished, GenerationConfig, SpeculativeEngine
 from specgen.lookahead import CostBook
 from specgen.memo import Variant
@@ -78,9 +78,17 @@ class BenchSession:
             "auto": (pair.draft, False),
             "hybrid": (pair.draft, True),
         }
+        # With the target's own MTP head, the head is "the draft" of every row but ngram's.
+        head = pair.head
+
+        def drafter(way: str, draft: Model | None, ngram: bool) -> Drafter | None:
+            guesses = head is not None and way not in ("alone", "ngram")
+            return make_drafter(
+                draft, ngram, draft_p_min, self.clock, head if guesses else None, pair.target
+            )
+
         self._drafters: dict[str, Drafter | None] = {
-            way: make_drafter(draft, ngram, draft_p_min, self.clock)
-            for way, (draft, ngram) in ways.items()
+            way: drafter(way, draft, ngram) for way, (draft, ngram) in ways.items()
         }
 
     def run_one(self, temperature: float) -> RunOne:

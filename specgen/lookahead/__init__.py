@@ -32,9 +32,17 @@ MAX_LOOKAHEAD = 64
 # alone.
 DEFAULT_LOOKAHEAD: Lookahead = "auto"
 LOOKAHEAD_RANGE = f"'auto' or a K from 0 to {MAX_LOOKAHEAD}"
+# A recurrent or hybrid target keeps llama.cpp's per-token snapshots of its state for this many
+# tokens (n_rs_seq), so a rollback of up to that many guesses costs no checkpoint; each costs one
+# more copy of the state in memory. Auto is capped to it; a fixed K gets that many, up to
+# MAX_SNAPSHOTS (beyond, a checkpoint every cycle). An MTP head's acceptance falls fast along
+# the cycle (K 1-3 is typical), so auto with a head keeps fewer.
+AUTO_SNAPSHOTS, AUTO_SNAPSHOTS_MTP, MAX_SNAPSHOTS = 8, 4, 16
 
 __all__ = [
     "AUTO_MAX_LOOKAHEAD",
+    "AUTO_SNAPSHOTS",
+    "MAX_SNAPSHOTS",
     "DEFAULT_LOOKAHEAD",
     "LOOKAHEAD_RANGE",
     "MAX_LOOKAHEAD",
@@ -49,6 +57,7 @@ __all__ = [
     "is_lookahead",
     "parse_lookahead",
     "policy_for",
+    "snapshots_for",
 ]
 
 
@@ -82,6 +91,13 @@ def effective_lookahead(lookahead: Lookahead, drafts: bool) -> Lookahead:
     """The lookahead a generation runs at: what was asked for, or 0 (the target alone) where
     nothing drafts."""
     return lookahead if drafts else 0
+
+
+def snapshots_for(lookahead: Lookahead, mtp: bool = False) -> int:
+    """How many snapshots a recurrent target keeps for this lookahead (``AUTO_SNAPSHOTS``)."""
+    if lookahead == "auto":
+        return AUTO_SNAPSHOTS_MTP if mtp else AUTO_SNAPSHOTS
+    return min(lookahead, MAX_SNAPSHOTS)
 
 
 class FixedLookahead:
