@@ -78,13 +78,29 @@ class Layout:
             return "cut the KV cache (any length)"
         if self.snapshots and window > 0:
             return f"llama.cpp snapshots up to K={window}, a state checkpoint beyond"
-        return "a state checkpoint every cycle (no snapshots for this architecture)"
+        if self.snapshots:
+            return "a state checkpoint every cycle"
+        return "a state checkpoint every cycle (llama.cpp keeps no snapshots for this architecture)"
 
     def snapshot_bytes(self, window: int) -> int | None:
         """The recurrent state memory with ``window`` snapshots: x(1 + window)."""
         if self.state_bytes is None:
             return None
         return self.state_bytes * (1 + (window if self.snapshots else 0))
+
+    def as_dict(self, window: int) -> dict[str, object]:
+        """What ``models info`` shows of the layout, with ``window`` snapshots (``-k auto``)."""
+        return {
+            "kind": self.kind,
+            "layers": self.n_layers,
+            "recurrent_layers": self.recurrent_layers,
+            "attention_layers": self.attention_layers,
+            "mtp_heads": self.mtp_layers,
+            "experts": f"{self.experts_used} of {self.experts}" if self.experts else None,
+            "rollback": self.rollback(window),
+            "state_bytes": self.state_bytes if self.kind != "attention" else None,
+            "snapshot_bytes": self.snapshot_bytes(window) if self.kind != "attention" else None,
+        }
 
     def describe(self) -> str:
         """One line: ``hybrid: 6 recurrent + 2 attention layers, 1 MTP head``."""
@@ -133,7 +149,8 @@ def layout(header: Header) -> Layout:
 
 def load_problem(found: Layout, mtp: bool) -> str | None:
     """Why llama.cpp would abort the process on this file (not fail: abort), or None."""
-    if found.architecture in DELTANET_ARCHS[:2] and found.recurrent_layers == 0:
+    qwen35 = found.architecture in DELTANET_ARCHS[:2]
+    if qwen35 and found.n_layers > 0 and found.recurrent_layers == 0:
         return (
             f"this {found.architecture} GGUF has no recurrent (DeltaNet) layer, which makes "
             f"llama.cpp abort on its first decode; the file is broken or mislabeled"

@@ -93,6 +93,7 @@ def facts(hub_timeout: float = 3.0, rpc: str | None = None) -> dict[str, Any]:
             "Hugging Face cache": _folder(Path(_hf_cache())),
         },
         "pairs": _pairs(),
+        "mtp_api": backend.supports_mtp(),
         "rpc": backend.supports_rpc(),
         "workers": _worker_rows(rpc),
         "hub": _hub(hub_timeout),
@@ -136,6 +137,27 @@ def advice(found: dict[str, Any]) -> list[str]:
             f"cores: pass --threads {cores}"
         )
     for pair in found["pairs"]:
+        model = pair.get("target_layout") or {}
+        if model.get("few_active_experts") and pair.get("draft_model"):
+            tips.append(
+                f"{pair['name']}: its target is a mixture of experts running "
+                f"{model['experts']} experts a token, so its steps are cheap and a separate "
+                f"draft model rarely pays: try --draft ngram"
+                + (" or its MTP head (--draft mtp)" if model.get("mtp_heads") else "")
+            )
+        if model.get("mtp_heads") and not found.get("mtp_api", True):
+            tips.append(
+                f"{pair['name']}: its target has an MTP head, but this llama-cpp-python lacks "
+                f"llama.cpp's MTP functions: install 0.3.36 or later to draft with it"
+            )
+        measured = pair.get("rollback") or {}
+        if measured.get("checkpoint") and measured.get("checkpoint_ms") is not None:
+            tips.append(
+                f"{pair['name']}: its recurrent target rolled back by state checkpoint "
+                f"{measured['checkpoint']} times ({measured['checkpoint_ms']:.2f} ms each): "
+                f"a K within its snapshots (-k auto, or -k {measured['snapshots']} or less) "
+                f"avoids that"
+            )
         bench = pair.get("bench") or {}
         for mode, result in bench.items():
             if result.get("variant") == 0:
@@ -218,6 +240,7 @@ def _self_test() -> dict[str, Any]:
 def _pairs() -> list[dict[str, Any]]:
     from specgen.choice import Choice
     from specgen.memo import memo_path
+    from specgen.pair import rollback_path
     from specgen.registry import Registry, cached
 
     try:
@@ -229,19 +252,45 @@ def _pairs() -> list[dict[str, Any]]:
         files = {role: cached(spec) for role, spec in pair.members()}
         downloaded = all(files.values())
         bench: dict[str, Any] = {}
+        choice = Choice(pair.target, pair.draft, pair, pair.ngram, mtp=pair.mtp)
         if downloaded:
-            memo = memo_path(Choice(pair.target, pair.draft, pair, pair.ngram), 0, -1)
-            found = store.read_json(memo, {})
+            found = store.read_json(memo_path(choice, 0, -1), {})
             bench = found if isinstance(found, dict) else {}
+        target = files.get("target")
+        measured = store.read_json(rollback_path(target), {}) if target else {}
+        if isinstance(measured, dict) and measured.get("checkpoint"):
+            measured["checkpoint_ms"] = (
+                1000 * measured.get("checkpoint_seconds", 0.0) / measured["checkpoint"]
+            )
         rows.append(
             {
                 "name": pair.name,
                 "downloaded": downloaded,
                 "files": {r: str(p) if p else None for r, p in files.items()},
                 "bench": bench,
+                "draft_model": pair.draft is not None,
+                "target_layout": _layout(target, pair.mtp) if target else None,
+                "rollback": measured if isinstance(measured, dict) else {},
             }
         )
     return rows
+
+
+def _layout(path: Path, mtp: bool) -> dict[str, Any] | None:
+    """What a downloaded target is, from its header: attention or hybrid, MTP heads, MoE, how
+    it rolls back with -k auto and the state memory that takes."""
+    from specgen import arch, gguf
+    from specgen.lookahead import snapshots_for
+
+    try:
+        found = arch.layout(gguf.read_local(str(path), tensors=True))
+    except (OSError, gguf.GGUFError):
+        return None
+    return {
+        **found.as_dict(snapshots_for("auto", mtp)),
+        "few_active_experts": found.few_active_experts,
+        "summary": found.describe(),
+    }
 
 
 def _worker_rows(rpc: str | None) -> list[dict[str, Any]]:
@@ -323,6 +372,28 @@ def _render(found: dict[str, Any], tips: list[str]) -> None:
         )
     pairs = [p["name"] for p in found["pairs"] if p["downloaded"]]
     rows.append(("pairs downloaded", ", ".join(pairs) or "none"))
+    for pair in found["pairs"]:
+        model = pair.get("target_layout")
+        if (
+            not pair["downloaded"]
+            or not model
+            or model["kind"] == "attention"
+            and not model["mtp_heads"]
+        ):
+            continue
+        line = f"{model['summary']}; rolls back by {model['rollback']}"
+        if model.get("snapshot_bytes"):
+            line += f" ({size(model['snapshot_bytes'])} of state)"
+        measured = pair.get("rollback") or {}
+        if measured:
+            line += (
+                f"; last run: {measured.get('bounded', 0)} by snapshot, "
+                f"{measured.get('checkpoint', 0)} by checkpoint"
+            )
+            if measured.get("checkpoint_ms") is not None:
+                line += f" ({measured['checkpoint_ms']:.2f} ms each)"
+        rows.append((f"{pair['name']} target", line))
+    rows.append(("MTP heads", "supported" if found["mtp_api"] else "not in this build"))
     rows.append(("RPC (workers)", "built in" if found["rpc"] else "not in this build"))
     for worker in found["workers"]:
         if worker.get("error"):

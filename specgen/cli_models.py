@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated
 
@@ -9,6 +10,7 @@ import typer
 from rich.table import Table
 
 from specgen.errors import UserError
+from specgen.gguf import Header
 from specgen.options import DraftOpt, TargetOpt
 from specgen.output import out, size
 from specgen.registry import ModelSpec
@@ -88,51 +90,58 @@ def list_pairs(
             indent=2,
         )
         return
-    records = []
-    for pair, files in rows:
-        both = all(files.values())
-        sizes = [size_of(spec, files[r]) for r, spec in pair.members()]
-        known = [s for s in sizes if s is not None]
-        total = f" ({size(sum(known))})" if len(known) == len(sizes) else ""
-        state = (
-            " + ".join(_size(files[r]) for r, _ in pair.members())
-            if both
-            else ("partly" if any(files.values()) else "no") + total
-        )
-        name = pair.name + (" *" if pair.name == registry.default else "")
-        labels = [spec.label() if verbose else _short(spec) for _, spec in pair.members()]
-        if pair.draft is None:
-            labels.append("ngram")
-        chat = {True: "yes", False: "no", None: "auto"}[pair.chat]
-        records.append((pair, [name, str(pair.lookahead), chat, *labels, state], both))
-    # Every column stays whole; file names, the only long ones, are shortened in the middle
-    # (their ends say the most: the family and the quantization) to share what is left of
-    # the width. `models list -v` and `models info` show them in full.
-    fixed = [
-        max(len(c), *(len(r[1][i]) for r in records)) if records else len(c)
-        for i, c in ((0, "PAIR"), (1, "K"), (2, "CHAT"), (5, "DOWNLOADED"))
-    ]
-    room = max(12, (out.out.width - sum(fixed) - 2 * 5) // 2)  # five gaps of two spaces
+    # What tells pairs apart, whole at 80 columns: the models' sizes and quantizations, how the
+    # pair drafts, what it downloads and whether it is here. File names, long and alike, are
+    # for `models list -v` and `models info`.
     table = Table(box=None, pad_edge=False)
-    for column in ("PAIR", "K", "CHAT", "TARGET", "DRAFT", "DOWNLOADED"):
-        table.add_column(column, no_wrap=True, overflow="fold" if verbose else "ellipsis")
-    for pair, cells, both in records:
-        if not verbose:
-            cells[3:5] = [shorten(cell, room) for cell in cells[3:5]]
-        cells[5] = f"[green]{cells[5]}[/]" if both else cells[5]
-        table.add_row(*cells)
+    columns = ["PAIR", "TARGET", "DRAFT", "SIZE", "K", "DOWNLOADED"]
+    if verbose:
+        columns[1:3] = ["TARGET FILE", "DRAFT FILE"]
+    for column in columns:
+        table.add_column(column, no_wrap=not verbose, overflow="fold")
+    for pair, files in rows:
+        sizes = [size_of(spec, files[r]) for r, spec in pair.members()]
+        total = size(sum(s for s in sizes if s is not None)) if None not in sizes else "-"
+        have = [files[r] is not None for r, _ in pair.members()]
+        state = "[green]yes[/]" if all(have) else "partly" if any(have) else "no"
+        name = pair.name + (" *" if pair.name == registry.default else "")
         if verbose:
-            table.add_row("", "", "", f"[dim]{pair.description}[/]", f"[dim]{pair.license}[/]", "")
+            models = [spec.label() for _, spec in pair.members()]
+        else:
+            models = [model_summary(spec) for _, spec in pair.members()]
+        if pair.draft is None:
+            models.append("MTP head" if pair.mtp else "n-grams")
+        table.add_row(name, *models, total, str(pair.lookahead), state)
+        if verbose:
+            table.add_row("", f"[dim]{pair.description}[/]", f"[dim]{pair.license}[/]")
     out.out.print(table)
-    out.note(f"* default pair. Add your own pairs in {user_models_file()}")
+    out.note(
+        "* default pair. `specgen models list -v` shows the files, `specgen models info "
+        f"PAIR:target` one file's details. Add your own pairs in {user_models_file()}"
+    )
 
 
-def shorten(name: str, width: int) -> str:
-    """A name cut to ``width`` characters in the middle: ``Meta-Llama-3.1…-Q4_K_M.gguf``."""
-    if len(name) <= width:
-        return name
-    tail = (width - 1) // 2
-    return name[: width - 1 - tail] + "…" + name[len(name) - tail :]
+# A model's parameter count in its file name: 7B, 0.5b, 135M, E2B, 35B-A3B.
+_PARAMETERS = re.compile(
+    r"(?<![A-Za-z0-9.])(E?\d+(?:\.\d+)?[BbMm](?:-A\d+(?:\.\d+)?[Bb])?)(?![A-Za-z0-9])"
+)
+# Its quantization: Q4_K_M, UD-Q4_K_XL, IQ4_XS, Q8_0, F16, BF16, MXFP4.
+_QUANT = re.compile(
+    r"(?<![A-Za-z0-9])((?:UD-)?I?Q\d(?:_[A-Z0-9]+)*|BF16|F16|F32|MXFP4)(?![A-Za-z0-9])", re.I
+)
+
+
+def model_summary(spec: ModelSpec) -> str:
+    """A model in a few characters, from its file name: ``7B Q4_K_M``, ``135M Q4_1>F32``."""
+    name = _short(spec).split(" -> ")[0]
+    stem = name.removesuffix(".gguf")
+    found = _PARAMETERS.findall(stem)
+    quant = _QUANT.findall(stem)
+    parts = [found[0].upper() if found else stem[:14]]
+    if quant:
+        parts.append(quant[-1].upper())
+    text = " ".join(parts)
+    return f"{text}>{spec.quant}" if spec.quant else text
 
 
 def _short(spec: ModelSpec) -> str:
@@ -176,11 +185,15 @@ def info(
     """A GGUF's metadata: architecture, size, quantization, context, vocabulary, chat template.
 
     A Hub file that is not downloaded is described from its header alone (a ranged read)."""
+    from specgen.arch import layout
     from specgen.gguf import facts
+    from specgen.lookahead import snapshots_for
     from specgen.registry import Registry, read_header
 
     found = read_header(Registry.load().spec(spec))
     details = facts(found.header, found.name, found.size)
+    shape = layout(found.header)
+    details.update(shape.as_dict(snapshots_for("auto", shape.mtp_layers > 0)))
     if found.note:
         out.note(found.note)
     if json_out:
@@ -194,7 +207,7 @@ def info(
             value = f"{value['id']} {value['text']!r}" + (
                 "" if value["added"] else " (not added to prompts)"
             )
-        elif key == "size_bytes":
+        elif key.endswith("_bytes"):
             value = size(value) if isinstance(value, int) else None
         elif isinstance(value, bool):
             value = "yes" if value else "no"
@@ -217,12 +230,26 @@ def check(
 
     Hub files that are not downloaded are checked from their headers alone (ranged reads)."""
     from specgen import compat
+    from specgen.arch import layout
     from specgen.choice import choose
     from specgen.gguf import HeaderVocabulary
+    from specgen.pair import unfit
     from specgen.registry import Registry, read_header
 
     choice = choose(Registry.load(), pair, target, draft)
     if choice.draft is None:
+        if choice.mtp:
+            found_target = read_header(choice.target)
+            if found_target.note:
+                out.note(found_target.note)
+            head = layout(found_target.header)
+            if head.mtp_layers == 0:
+                raise UserError(f"{found_target.name} has no MTP layers to draft with")
+            out.text(
+                f"ok: {found_target.name} drafts with its own MTP head "
+                f"({_layout_line(found_target.header, mtp=True)}); no vocabulary to check\n"
+            )
+            return
         raise UserError(
             "nothing to check: name a pair with a draft model, or both --target and --draft"
         )
@@ -234,14 +261,42 @@ def check(
     verdict = compat.check(target_vocab, draft_vocab)
     name = choice.pair.name if choice.pair else "these models"
     if not verdict:
-        raise UserError(
-            f"{name}: draft {found[1].name} does not fit target {found[0].name}: {verdict.reason}"
+        archs = [str(f.header.get("general.architecture") or "") for f in found]
+        step = compat.advice(verdict, archs[0], archs[1], target_vocab, draft_vocab)
+        raise UserError(f"{name}: {unfit(verdict, found[0].name, found[1].name, step)}")
+    for role, one in zip(("target", "draft"), found):
+        out.note(f"{role} {one.name}: {_layout_line(one.header, role)}")
+    moe = layout(found[0].header)
+    if moe.few_active_experts:
+        out.warning(
+            f"{found[0].name} is a mixture of experts running {moe.experts_used} of "
+            f"{moe.experts} experts a token: its steps are already cheap, so a separate draft "
+            f"model rarely pays (measured: none to -50%); try --draft ngram"
+            + (", or its MTP head (--draft mtp)" if moe.mtp_layers else "")
         )
     out.text(
         f"ok {name}: draft {found[1].name} fits target {found[0].name} "
         f"({compat.VOCAB_TYPES.get(target_vocab.vocab_type)}, "
         f"{target_vocab.n_vocab} / {draft_vocab.n_vocab} tokens)\n"
     )
+
+
+def _layout_line(header: Header, role: str = "target", mtp: bool = False) -> str:
+    """What a model is and how it rolls back with ``-k auto``: ``hybrid: 48 recurrent + 16
+    attention layers, 1 MTP head; rolls back by llama.cpp snapshots up to K=4 ... (1.2 GB of
+    state)``. A draft keeps no snapshots: its rollbacks span decodes."""
+    from specgen.arch import layout
+    from specgen.lookahead import snapshots_for
+
+    found = layout(header)
+    window = snapshots_for("auto", mtp) if role == "target" else 0
+    text = found.describe()
+    if found.kind != "attention":
+        text += f"; rolls back by {found.rollback(window)}"
+        state = found.snapshot_bytes(window)
+        if state:
+            text += f" ({size(state)} of state with -k auto)"
+    return text
 
 
 @app.command()

@@ -38,6 +38,7 @@ VOCAB_MODELS = {
     "no_vocab": (0, False, False),
     "llama": (1, True, False),
     "gpt2": (2, False, False),
+    "gemma4": (2, True, False),  # BPE, as llama.cpp reads it (llama-vocab.cpp)
     "bert": (3, True, True),
     "t5": (4, False, True),
     "rwkv": (5, False, False),

@@ -401,7 +401,7 @@ def remote_header(
         meta = huggingface_hub.get_hf_file_metadata(url, headers=headers)
         reader = _RangedReader(meta.location or url, headers, meta.size)
         try:
-            header = gguf.read_header(reader.read)
+            header = gguf.read_header(reader.read, tensors=True)
         except gguf.GGUFError as err:
             raise UserError(f"{repo}:{name}: {err}") from err
     return header, meta.size, reader.fetched

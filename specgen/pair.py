@@ -120,11 +120,19 @@ class Pair:
         self._saved = self.costs.observations
 
     def remember_costs(self) -> None:
-        """Write the costs for the next process when anything new was measured."""
+        """Write the costs for the next process when anything new was measured, and how a
+        recurrent target rolled back (``doctor`` shows it)."""
+        self._remember_rollbacks()
         if self.costs_file is None or self.costs.observations == self._saved:
             return
         store.write_json(self.costs_file, self.costs.snapshot())
         self._saved = self.costs.observations
+
+    def _remember_rollbacks(self) -> None:
+        facts = self.rollback_facts().get("target")
+        if not isinstance(facts, dict) or not facts["bounded"] and not facts["checkpoint"]:
+            return
+        store.write_json(rollback_path(self.target.path), facts)
 
     def drafter(self, draft_p_min: float = 0.0) -> Drafter | None:
         return make_drafter(
@@ -162,18 +170,48 @@ class Pair:
         return self._engines[draft_p_min]
 
 
+def rollback_path(target: Path) -> Path:
+    """Where the last run on this target file left how its recurrent state rolled back."""
+    return store.path("rollback", store.file_key(target))
+
+
 def check_fit(target: LoadedModel, draft: LoadedModel) -> None:
-    """Refuse a draft whose vocabulary does not fit the target (result cached per file pair)."""
-    stamp = store.path("compat", store.file_key(target.path, draft.path), suffix="")
+    """Refuse a draft whose vocabulary, as llama.cpp reads it, does not fit the target (the
+    result cached per file pair)."""
+    stamp = _fit_stamp(target.path, draft.path)
     if stamp.is_file():
         return
     verdict = compat.check(target, draft)
     if not verdict:
-        raise UserError(
-            f"draft {draft.path.name} cannot serve target {target.path.name}: "
-            f"{verdict.reason}; pick a draft from the target's model family"
-        )
+        raise UserError(unfit(verdict, target.path.name, draft.path.name))
     store.write_text(stamp, f"{target.path}\n{draft.path}\n")  # read-only: check next time
+
+
+def check_headers_fit(target: Path, draft: Path) -> None:
+    """The vocabulary check on the two files' headers, before any weights load (a 27B target
+    and its draft take a while to load only to be refused), with the families' own advice."""
+    if _fit_stamp(target, draft).is_file():
+        return
+    try:
+        headers = [gguf.read_local(str(path)) for path in (target, draft)]
+        vocabs = [gguf.HeaderVocabulary(h, p.name) for h, p in zip(headers, (target, draft))]
+    except (OSError, gguf.GGUFError):
+        return  # llama.cpp reads it, or fails on it, when it loads
+    verdict = compat.check(*vocabs)
+    if not verdict:
+        t_arch, d_arch = (str(h.get("general.architecture") or "") for h in headers)
+        step = compat.advice(verdict, t_arch, d_arch, vocabs[0], vocabs[1])
+        raise UserError(unfit(verdict, target.name, draft.name, step))
+
+
+def unfit(verdict: compat.Fit, target: str, draft: str, advice: str = "") -> str:
+    """What a draft that does not fit its target says: why, and what to do."""
+    step = advice or "pick a draft from the target's model family"
+    return f"draft {draft} cannot serve target {target}: {verdict.reason}; {step}"
+
+
+def _fit_stamp(target: Path, draft: Path) -> Path:
+    return store.path("compat", store.file_key(target, draft), suffix="")
 
 
 def costs_path(target: LoadedModel, draft: LoadedModel | None, options: PairOptions) -> Path:
@@ -247,6 +285,10 @@ def _load(target: str | Path, draft: str | Path | None, options: PairOptions, ng
     check_loadable(target_path, "target", options.mtp)
     if draft is not None and options.mtp:
         raise UserError("a pair drafts with a draft model or with its target's MTP head, not both")
+    if draft is not None:
+        draft_path = _existing(draft, "draft")
+        check_loadable(draft_path, "draft", False)
+        check_headers_fit(target_path, draft_path)
     target_model = backend.load(
         target_path,
         ModelOptions(
@@ -270,8 +312,6 @@ def _load(target: str | Path, draft: str | Path | None, options: PairOptions, ng
             backend.clock,
             head=head,
         )
-    draft_path = _existing(draft, "draft")
-    check_loadable(draft_path, "draft", False)
     draft_model = backend.load(
         draft_path,
         # A draft model drafts one token a decode: its rollbacks span decodes, which snapshots

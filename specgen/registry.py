@@ -388,7 +388,7 @@ def read_header(spec: ModelSpec) -> FoundHeader:
         return FoundHeader(header, Path(spec.file or "").name, size, note)
     path = local or resolve(spec)
     try:
-        header = gguf.read_local(str(path))
+        header = gguf.read_local(str(path), tensors=True)
     except gguf.GGUFError as err:
         raise UserError(f"{path}: {err}") from err
     return FoundHeader(header, path.name, path.stat().st_size)

@@ -218,7 +218,7 @@ def test_models_check_command(smollm2_draft: Path, gemma_target: Path) -> None:
         text=True,
     )
     assert bad.returncode == 1
-    assert bad.stderr.count("\n") == 1 and "does not fit" in bad.stderr
+    assert bad.stderr.count("\n") == 1 and "cannot serve" in bad.stderr
     ran = subprocess.run(
         [
             sys.executable,

@@ -157,3 +157,31 @@ def write_qwen35(
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def write_header(
+    path: Path,
+    arch: str,
+    tokens: list[str],
+    tokenizer: str = "gpt2",
+    add_bos: bool | None = None,
+    metadata: dict[str, int] | None = None,
+) -> Path:
+    """A GGUF of metadata alone (no tensors): what the header-level checks read. ``tokens`` is
+    the vocabulary; ``metadata`` more integer keys (``qwen35moe.expert_count``, ...)."""
+    import gguf
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_tokenizer_model(tokenizer)
+    writer.add_token_list(tokens)
+    writer.add_bos_token_id(2)
+    writer.add_eos_token_id(1)
+    if add_bos is not None:
+        writer.add_add_bos_token(add_bos)
+    for key, value in (metadata or {}).items():
+        writer.add_uint32(key, value)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.close()
+    return path

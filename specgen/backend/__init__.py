@@ -21,6 +21,7 @@ from specgen.backend.ggml import (
     worker_devices,
 )
 from specgen.backend.llama import LlamaModel, ModelOptions, Vocabulary, quantize
+from specgen.backend.mtp import supports_mtp
 from specgen.backend.runtime import library_version, supports_rpc, system_info
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "serve_worker",
     "served_devices",
     "supports_gpu_offload",
+    "supports_mtp",
     "supports_rpc",
     "system_info",
     "worker_devices",

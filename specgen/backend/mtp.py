@@ -47,6 +47,15 @@ def staging_api() -> ModuleType:
     return ext
 
 
+def supports_mtp() -> bool:
+    """Whether this build has the functions MTP drafting needs."""
+    try:
+        staging_api()
+    except BackendError:
+        return False
+    return True
+
+
 class MtpHead:
     """The MTP layers of a loaded target, as a draft that shares its weights."""
 
