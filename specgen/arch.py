@@ -155,6 +155,11 @@ def load_problem(found: Layout, mtp: bool) -> str | None:
             f"this {found.architecture} GGUF has no recurrent (DeltaNet) layer, which makes "
             f"llama.cpp abort on its first decode; the file is broken or mislabeled"
         )
+    if qwen35 and found.n_layers > 0 and found.attention_layers == 0:
+        return (
+            f"this {found.architecture} GGUF has no attention layer, which makes llama.cpp "
+            f"abort on its first decode; the file is broken or mislabeled"
+        )
     if mtp and found.architecture in DELTANET_ARCHS and found.mtp_layers != 1:
         return (
             f"llama.cpp's {found.architecture} MTP graph takes exactly one MTP block and this "

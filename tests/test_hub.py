@@ -479,3 +479,24 @@ def test_info_and_check_read_only_the_header_of_a_hub_file(hub: FakeHub, home: P
         home,
     )
     one_line_error(bad, "cannot serve", "token 100 differs")
+
+
+def test_a_2026_pair_resolves_to_its_pinned_hub_file(hub: FakeHub, home: Path, tmp_path) -> None:
+    """qwen3.6-27b-mtp names unsloth's MTP repo at a revision, with a sha256: the same file
+    name has other bytes in the repo without the MTP block. Against a loopback Hub holding a
+    tiny qwen35 with an MTP block under that name: its header is read from the pinned revision
+    and shows the head; pulling it refuses bytes that are not the pinned ones."""
+    from specgen.registry import Registry
+    from tests.tiny_models import write_qwen35
+
+    spec = Registry.load().pairs["qwen3.6-27b-mtp"].target
+    tiny = write_qwen35(tmp_path / "tiny.gguf", mtp=True).read_bytes()
+    hub.add(spec.repo, {spec.file: tiny})
+    done = specgen(["models", "info", "qwen3.6-27b-mtp:target", "--json"], hub, home)
+    assert done.returncode == 0, done.stderr
+    facts = json.loads(done.stdout)
+    assert facts["architecture"] == "qwen35" and facts["mtp_heads"] == 1
+    assert any(f"/resolve/{spec.revision}/{spec.file}" in r.path for r in hub.requests)
+    check = specgen(["models", "check", "qwen3.6-27b-mtp"], hub, home)
+    assert check.returncode == 0 and "drafts with its own MTP head" in check.stdout
+    one_line_error(specgen(["models", "pull", "qwen3.6-27b-mtp"], hub, home), "sha256")

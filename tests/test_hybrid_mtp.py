@@ -7,6 +7,7 @@ identity and the rollback arithmetic meaningful. Each loads in a fraction of a s
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -39,7 +40,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def load(path: Path, window: int, mtp: bool = False) -> LlamaModel:
-    return LlamaModel(path, ModelOptions(n_ctx=256, n_threads=1, rollback_window=window, mtp=mtp))
+    return LlamaModel(path, ModelOptions(n_ctx=512, n_threads=1, rollback_window=window, mtp=mtp))
 
 
 def alone(target: LlamaModel, n: int = 40) -> list[int]:
@@ -181,3 +182,21 @@ def test_mtp_guesses_keep_the_target_distribution(tiny: dict[str, Path]) -> None
         rejected += mtp.accepted < min(mtp.drafted, 1)
     assert rejected > n / 2, "the head's q differs from p: the residual is exercised"
     assert pooled_chisquare_pvalue(counts, expected * n) > 1e-3
+
+
+def test_the_head_reads_at_most_its_window_of_a_long_prompt(tiny: dict[str, Path]) -> None:
+    """A prompt longer than READ_WINDOW: the head reads only its end, once, when first asked
+    for guesses, and the output is still the target's own."""
+    from specgen.backend.mtp import READ_WINDOW
+
+    prompt = [(7 * i + 3) % 128 for i in range(READ_WINDOW + 44)]
+    target = load(tiny["mtp"], 8, mtp=True)
+    config = GenerationConfig(lookahead=0, sampling=GREEDY, max_tokens=24)
+    expected, _ = run_to_end(SpeculativeEngine(target), config, prompt)
+    head = target.attach_mtp()
+    target.reset()
+    target.decode(prompt, 1)
+    assert head.catch_up() == READ_WINDOW and head.catch_up() == 0
+    engine = SpeculativeEngine(target, make_drafter(None, False, head=head, target=target))
+    tokens, stats = run_to_end(engine, replace(config, lookahead=3), prompt)
+    assert tokens == expected and stats.by_source["mtp"].drafted > 0

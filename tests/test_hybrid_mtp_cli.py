@@ -26,6 +26,7 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "draft": write_qwen35(folder / "hybrid-draft.gguf", seed=1),
         "mtp": write_qwen35(folder / "hybrid-mtp.gguf", mtp=True),
         "all-attention": write_qwen35(folder / "all-attention.gguf", Qwen35Shape(interval=1)),
+        "no-attention": write_qwen35(folder / "no-attention.gguf", Qwen35Shape(n_trunk=1)),
         "two-heads": write_qwen35(folder / "two-heads.gguf", Qwen35Shape(nextn_layers=2), mtp=True),
     }
 
@@ -141,14 +142,18 @@ def test_an_mtp_context_on_a_model_loaded_without_its_layers_is_refused(
         model.attach_mtp()
 
 
-def test_a_qwen35_without_recurrent_layers_ends_as_one_line_not_an_abort(
-    files: dict[str, Path], tmp_path: Path
+@pytest.mark.parametrize(
+    ("name", "said"),
+    [("all-attention", "no recurrent (DeltaNet) layer"), ("no-attention", "no attention layer")],
+)
+def test_a_qwen35_without_one_kind_of_layer_ends_as_one_line_not_an_abort(
+    files: dict[str, Path], tmp_path: Path, name: str, said: str
 ) -> None:
     """llama.cpp aborts (SIGABRT, a core file) on its first decode of such a file: a new
     process shows that specgen refuses it first, with exit 1 and nothing left behind."""
     env = {**os.environ, "SPECGEN_SELFTEST": "0"}
     done = subprocess.run(
-        [sys.executable, "-m", "specgen", "run", "--target", str(files["all-attention"]), "x"],
+        [sys.executable, "-m", "specgen", "run", "--target", str(files[name]), "x"],
         capture_output=True,
         text=True,
         cwd=tmp_path,
@@ -156,7 +161,8 @@ def test_a_qwen35_without_recurrent_layers_ends_as_one_line_not_an_abort(
         timeout=120,
     )
     assert done.returncode == 1, done.stderr
-    assert "no recurrent (DeltaNet) layer" in done.stderr and "Traceback" not in done.stderr
+    assert said in done.stderr and "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
     assert not list(tmp_path.glob("core*"))
 
 
@@ -172,3 +178,19 @@ def test_a_gemma4_assistant_draft_is_one_line(files: dict[str, Path], tmp_path: 
     writer.close()
     line = fails("--target", str(files["hybrid"]), "--draft", str(path))
     assert "shares the target's cache" in line and "--draft ngram" in line
+
+
+def test_bench_rows_draft_with_the_head(files: dict[str, Path], tmp_path: Path) -> None:
+    """bench on a target with an MTP head: K rows, auto and hybrid draft with the head, and the
+    command it recommends names it."""
+    report = tmp_path / "bench.json"
+    done = specgen_here(
+        "bench", "--target", str(files["mtp"]), "-k", "1,2,auto,hybrid", "-n", "8",
+        "--temperature", "0", "--threads", "1", "--json", str(report),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    found = json.loads(report.read_text())
+    assert found["meta"]["draft"]["spec"] == "mtp"
+    assert {row["lookahead"] for row in found["per_k"]} == {1, 2, "auto", "hybrid"}
+    drafted = [row for row in found["per_k"] if row["lookahead"] in (1, 2)]
+    assert all(row["draft_ms_per_token"] for row in drafted)  # the head made guesses

@@ -7,9 +7,14 @@ KV cache holds only that block. The sequence, as llama.cpp's own driver has it
 (``common/speculative.cpp``, ``draft-mtp``):
 
 - the target returns a hidden-state row for every token it decodes
-  (``llama_set_embeddings_nextn(target, true, unmasked)``), and after each target decode the head
-  reads each token paired with the hidden state of the token before it (``read``): the head's
-  cache at position p holds (x_p, h_{p-1});
+  (``llama_set_embeddings_nextn(target, true, unmasked)``), and the head reads each token paired
+  with the hidden state of the token before it: the head's cache at position p holds
+  (x_p, h_{p-1}). llama.cpp reads each target decode as it comes; specgen keeps the rows
+  (``read``) and the head reads them in one batch when it next drafts (``catch_up``), at most
+  the latest ``READ_WINDOW``: a target that runs alone (``-k auto`` turned speculation off) pays
+  only for copying rows, not for a layer per token, and a long prompt is read by the head only
+  at its end. What the head read is its context; its guesses stay exact whatever it read, since
+  each is judged by the q it was drawn from;
 - to draft, the head decodes (last token, h of the position before it), then each guess with the
   head's own hidden state (``start``, ``step``): one full-vocabulary logits row per guess, so the
   engine's exact min(1, p/q) rule applies;
@@ -33,6 +38,12 @@ from specgen.errors import BackendError
 
 if TYPE_CHECKING:
     from specgen.backend.llama import LlamaModel
+
+# The most positions the head reads at once, the latest (of a prompt, or of text the target
+# decoded alone): the cost of a probe after a long stretch without drafting stays bounded, and
+# so does the memory of rows kept. With real weights the effect of the window on acceptance is
+# unmeasured here (no MTP weights could be downloaded); llama.cpp reads everything.
+READ_WINDOW = 256
 
 
 def staging_api() -> ModuleType:
@@ -103,11 +114,17 @@ class MtpHead:
         self._pending = self._before  # h of the position before the next one the head reads
         self._own: np.ndarray | None = None  # the head's own h after its last draft step
         self._draft_at = 0
+        # What the head has not read yet: tokens from position _queue_start on, each with the
+        # target's h of the position before it; _gap: older ones were dropped unread.
+        self._queue_tokens: list[int] = []
+        self._queue_rows = np.zeros((0, self.n_embd), dtype=np.float32)
+        self._queue_start = 0
+        self._gap = False
 
     # -- following the target ----------------------------------------------------------------
     def read(self, tokens: list[int], start: int) -> None:
-        """The target just decoded ``tokens`` from position ``start``: read them with its
-        hidden states (the head's cache then holds what the target's does)."""
+        """The target just decoded ``tokens`` from position ``start``: keep them, each with the
+        hidden state of the position before it, for the head to read (``catch_up``)."""
         n = len(tokens)
         ptr = self._ext.llama_get_embeddings_nextn(self.target._ctx)
         if not ptr:
@@ -116,14 +133,42 @@ class MtpHead:
         rows = np.empty((n, self.n_embd), dtype=np.float32)
         rows[0] = self._pending
         rows[1:] = h[:-1]
-        self._decode(tokens, start, rows, output=False)
+        if not self._queue_tokens:
+            self._queue_start = start
+        self._queue_tokens += tokens
+        self._queue_rows = np.concatenate([self._queue_rows, rows])
+        drop = len(self._queue_tokens) - READ_WINDOW
+        if drop > 0:
+            self._queue_tokens = self._queue_tokens[drop:]
+            self._queue_rows = self._queue_rows[drop:]
+            self._queue_start += drop
+            self._gap = True
         self._before, self._h, self._h_start = self._pending, h.copy(), start
         self._pending = self._h[-1]
+
+    def catch_up(self) -> int:
+        """Read what the target decoded since the head last drafted; how many tokens."""
+        n = len(self._queue_tokens)
+        if not n:
+            return 0
+        if self._gap:  # the head's cache holds one stretch of positions, the latest
+            llama_cpp.llama_memory_clear(self._mem, True)
+            self._gap = False
+        step = self.target.n_batch
+        for at in range(0, n, step):
+            chunk = self._queue_tokens[at : at + step]
+            self._decode(chunk, self._queue_start + at, self._queue_rows[at : at + step], False)
+        self._queue_tokens = []
+        self._queue_rows = self._queue_rows[:0]
+        return n
 
     def cut(self, n_past: int) -> None:
         """The target rolled back to ``n_past`` tokens, within its last decode."""
         if not self._h_start <= n_past <= self._h_start + len(self._h):
             raise BackendError("the MTP head can only roll back within the target's last decode")
+        keep = max(0, n_past - self._queue_start)
+        self._queue_tokens = self._queue_tokens[:keep]
+        self._queue_rows = self._queue_rows[:keep]
         llama_cpp.llama_memory_seq_rm(self._mem, 0, n_past, -1)
         self._pending = (
             self._before if n_past == self._h_start else self._h[n_past - 1 - self._h_start]
@@ -134,10 +179,15 @@ class MtpHead:
         self._h = np.zeros((0, self.n_embd), dtype=np.float32)
         self._h_start = 0
         self._before = self._pending = np.zeros(self.n_embd, dtype=np.float32)
+        self._queue_tokens = []
+        self._queue_rows = self._queue_rows[:0]
+        self._gap = False
 
     # -- drafting ------------------------------------------------------------------------------
     def start(self, token: int) -> np.ndarray:
-        """Logits of the guess after ``token`` (the last one, not yet in the target's cache)."""
+        """Logits of the guess after ``token`` (the last one, not yet in the target's cache);
+        ``catch_up`` first."""
+        assert not self._queue_tokens, "the head reads what it missed before it drafts"
         self._draft_at = self.target.n_past
         return self._step(token, self._pending)
 

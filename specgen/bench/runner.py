@@ -199,7 +199,9 @@ class BenchSession:
                 "workers": list(choice.workers),
                 "local_head": self.local_head,
             },
-            draft=None
+            draft={"spec": "mtp", "description": "the target's own MTP head"}
+            if self.pair.head is not None
+            else None
             if draft is None or choice.draft is None
             else {
                 "spec": choice.draft.label(),

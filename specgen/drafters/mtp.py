@@ -24,6 +24,9 @@ from specgen.stats import Clock
 class Head(Protocol):
     """What the MTP drafter needs of a head (``backend.mtp.MtpHead`` has it)."""
 
+    def catch_up(self) -> int:
+        """Read what the target decoded since the head last drafted; how many tokens."""
+
     def start(self, token: int) -> np.ndarray:
         """Logits of the guess after ``token``, the context's last (not yet in the cache)."""
 
@@ -48,9 +51,11 @@ class MtpDrafter:
         if not 0.0 <= p_min < 1.0:
             raise ValueError("draft_p_min must be in [0, 1)")
         self.head, self.is_eog, self.room, self.p_min, self.clock = head, is_eog, room, p_min, clock
+        self._fresh = True
 
     def begin(self, prompt: Sequence[int], reuse_prefix: bool = False) -> None:
-        """The head read the prompt with the target: nothing to do."""
+        """The head reads the prompt (its end) when first asked for guesses."""
+        self._fresh = True
 
     def candidates(self, context: Sequence[int]) -> list[Candidate]:
         room = self.room()
@@ -66,6 +71,16 @@ class MtpDrafter:
         follow: FollowUp | None = None,
     ) -> Proposal:
         out, head = Proposal(), self.head
+        # What the head reads first is the prompt's end (prompt time, as a draft model's
+        # prompt pass is) or what the target decoded alone (a cost of having been off).
+        started = self.clock()
+        if head.catch_up():
+            seconds = self.clock() - started
+            if self._fresh:
+                out.prompt_seconds = seconds
+            else:
+                out.catch_up_seconds = seconds
+        self._fresh = False
         try:
 
             def logits_after(guess: int | None) -> np.ndarray:

@@ -49,7 +49,10 @@ class AdaptiveLookahead:
     def begin(self) -> None:
         """A new generation: acceptance is a fact of the text, so start it afresh."""
         self.acceptance: dict[str, Acceptance] = {}
-        self.exploration = Exploration()
+        profile = self.profile
+        self.exploration = Exploration(
+            profile.explore_cycle, profile.explore_last_tried, profile.explore_gap
+        )
         self._source_of: dict[str, str] = {}
         self._longest: dict[str, int] = {}  # key -> most guesses kept in one cycle
 
@@ -58,6 +61,7 @@ class AdaptiveLookahead:
         context)."""
         exploration = self.exploration
         exploration.cycle += 1
+        self.profile.explore_cycle = exploration.cycle
         if not candidates or budget <= 0:
             return TARGET_ALONE
         # 1. The first two cycles time the target alone (the first one runs cold).

@@ -99,6 +99,14 @@ class PairProfile:
     # timing it here (see ``explore.RECHECK_AFTER``).
     left_off_untimed: dict[str, int] = field(default_factory=dict)
     observations: int = 0  # cycles observed, to tell whether anything new was measured
+    # When each source was last looked at and how long to wait before the next look
+    # (``explore``), on a clock of cycles that runs on from one generation to the next in this
+    # process: a source that failed every look is looked at rarely, instead of again at once,
+    # then after 8 cycles, 16, ... in every new generation (on a hybrid target with an MTP head
+    # whose guesses never survive, those looks cost 7% of each 64-token generation).
+    explore_cycle: int = 0
+    explore_last_tried: dict[str, int] = field(default_factory=dict)
+    explore_gap: dict[str, int] = field(default_factory=dict)
 
     # The verify costs fitted (seconds by each n seen, never falling as n grows; and the line
     # through them: intercept, slope), kept until the next observation: ``auto`` asks for them
