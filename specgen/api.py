@@ -21,6 +21,7 @@ from typing import Any
 
 from specgen.core.sampling import DEFAULT_SAMPLING, SamplingParams
 from specgen.engine import DEFAULT_MAX_TOKENS, GenerationConfig, TextChunk
+from specgen.grammar import Grammar, from_request
 from specgen.lookahead import Lookahead
 from specgen.pair import Pair, PairOptions
 from specgen.session import Prompt, Result
@@ -37,6 +38,7 @@ class Settings:
     min_p: float = DEFAULT_SAMPLING.min_p
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    constraint: Grammar | None = None  # what the output must match (``specgen.grammar``)
 
     def config(self, lookahead: Lookahead) -> GenerationConfig:
         sampling = SamplingParams(self.temperature, self.top_k, self.top_p, self.min_p)
@@ -46,6 +48,7 @@ class Settings:
             max_tokens=self.max_tokens,
             stop=self.stop,
             seed=self.seed,
+            grammar=self.constraint,
         )
 
 
@@ -164,9 +167,17 @@ class Specgen:
         return self.last
 
 
+CONSTRAINTS = ("json_schema", "grammar", "format", "response_format")
+
+
 def _settings(given: dict[str, Any]) -> Settings:
-    """``Settings`` from keyword arguments; ``stop`` may be one text or several."""
+    """``Settings`` from keyword arguments; ``stop`` may be one text or several; the output's
+    constraint is ``json_schema`` (a dict or JSON text), ``grammar`` (GBNF), ``format="json"``
+    or ``response_format`` (OpenAI's), at most one."""
     stop = given.get("stop")
     if stop is not None:
         given = {**given, "stop": (stop,) if isinstance(stop, str) else tuple(stop)}
+    asked = {k: given.pop(k) for k in CONSTRAINTS if k in given}
+    if asked:
+        given = {**given, "constraint": from_request(asked)}
     return replace(Settings(), **given)

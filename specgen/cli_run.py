@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from specgen import grammar
 from specgen.cli_batch import open_output, read_batch, run_batch_shown
 from specgen.core.sampling import DEFAULT_SAMPLING
 from specgen.engine import DEFAULT_MAX_TOKENS
@@ -95,6 +96,37 @@ def run(
             help="Stop when this text appears (repeatable; escapes like \\n are processed).",
             show_default=False,
             rich_help_panel=SAMPLING,
+        ),
+    ] = None,
+    json_schema: Annotated[
+        str | None,
+        typer.Option(
+            "--json-schema",
+            metavar="FILE|JSON",
+            help="The answer is JSON that matches this JSON Schema (a file, or the schema).",
+            show_default=False,
+            rich_help_panel=OUTPUT,
+        ),
+    ] = None,
+    grammar_text: Annotated[
+        str | None,
+        typer.Option(
+            "--grammar",
+            metavar="FILE|GBNF",
+            help="The answer matches this grammar (llama.cpp's GBNF, or Lark; a file, or "
+            "the grammar).",
+            show_default=False,
+            rich_help_panel=OUTPUT,
+        ),
+    ] = None,
+    output_format: Annotated[
+        str | None,
+        typer.Option(
+            "--format",
+            metavar="json",
+            help="'json': the answer is a JSON object (any).",
+            show_default=False,
+            rich_help_panel=OUTPUT,
         ),
     ] = None,
     chat: Annotated[
@@ -243,6 +275,7 @@ def run(
         max_tokens=max_tokens,
         stop=tuple(esc(s) for s in stop or ()),
         seed=seed,
+        grammar=grammar.from_options(json_schema, grammar_text, output_format),
     )
     options = PairOptions(
         n_ctx=ctx_size,

@@ -21,11 +21,22 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from specgen.core.sampling import SamplingParams, sample, warp
+from specgen.core.constraint import Constraint, masked
+from specgen.core.sampling import Dist, SamplingParams, sample, warp
 from specgen.core.speculative import Verdict, verify, verify_greedy
 from specgen.core.text import StopMatcher, StreamDecoder
-from specgen.drafters import Drafter, Model, Proposal, model_guesses, reuse_prefix_cache
+from specgen.drafters import (
+    Candidate,
+    Drafter,
+    Model,
+    NgramTail,
+    Plan,
+    Proposal,
+    model_guesses,
+    reuse_prefix_cache,
+)
 from specgen.errors import PromptTooLong
+from specgen.grammar import Grammar
 from specgen.lookahead import (
     DEFAULT_LOOKAHEAD,
     CostBook,
@@ -49,6 +60,7 @@ class GenerationConfig:
     max_tokens: int = DEFAULT_MAX_TOKENS
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    grammar: Grammar | None = None  # what the output must match (``specgen.grammar``)
 
     def __post_init__(self) -> None:
         check_lookahead(self.lookahead)
@@ -136,6 +148,9 @@ class SpeculativeEngine:
         rng = np.random.default_rng(seed)
         emit = _Emitter(target, config)
         tokens = list(prompt)
+        constraint = target.constrain(config.grammar) if config.grammar is not None else None
+        if drafter is not None:
+            drafter.constrain(constraint)
 
         # 1. Prompt: one target pass over all of it gives the first token at once; a draft model
         #    reads it only once asked for guesses (time to first token is the target's).
@@ -148,7 +163,13 @@ class SpeculativeEngine:
         held = self._context[: target.n_past] if reuse_prefix and self._clean else []
         self._context, self._clean = tokens, False
         stats.n_prompt_cached, rows = reuse_prefix_cache(target, held, tokens, 1)
-        first = int(np.argmax(rows[0])) if sampling.greedy else sample(warp(rows[0], sampling), rng)
+        row = rows[0] if constraint is None else masked(rows[0], constraint.allowed())
+        if sampling.greedy:
+            first = int(np.argmax(row))
+        else:
+            first = sample(warp(row, sampling, constraint is not None), rng)
+        if constraint is not None:
+            constraint.consume(first)
         tokens.append(first)
         self._clean = True  # the cache holds every token of the context but the last
         policy.begin()
@@ -171,13 +192,32 @@ class SpeculativeEngine:
             budget = min(
                 config.max_tokens - stats.n_generated - 1, target.n_ctx - target.n_past - 1
             )
-            candidates = drafter.candidates(tokens) if drafter is not None and budget > 0 else []
-            plan = policy.plan(candidates, budget)
-            proposal = (
-                drafter.propose(tokens, plan.candidate, plan.lookahead, sampling, rng)
-                if drafter is not None and plan.candidate and plan.lookahead
-                else Proposal()
-            )
+            # (-k 0 is the target alone: no guesses at all, forced ones included.)
+            forces = constraint is not None and lookahead != 0 and budget > 0
+            forced = constraint.forced()[:budget] if forces else []  # type: ignore[union-attr]
+            if forced:
+                # The grammar allows one way on: free guesses the target keeps (p = 1 under the
+                # mask), verified all the same, so a tokenization the target would not choose
+                # is rejected rather than forced on it.
+                candidates, plan = (
+                    [],
+                    Plan(Candidate("grammar", "grammar", len(forced)), len(forced)),
+                )
+                proposal = Proposal(
+                    forced, [] if sampling.greedy else [Dist.one_hot(t) for t in forced]
+                )
+            else:
+                candidates = (
+                    drafter.candidates(tokens) if drafter is not None and budget > 0 else []
+                )
+                plan = policy.plan(candidates, budget)
+                proposal = (
+                    drafter.propose(tokens, plan.candidate, plan.lookahead, sampling, rng)
+                    if drafter is not None and plan.candidate and plan.lookahead
+                    else Proposal()
+                )
+                if constraint is not None and proposal.tokens:
+                    _cut_invalid(proposal, constraint)
             guesses = proposal.tokens
             t1 = clock()
 
@@ -186,9 +226,9 @@ class SpeculativeEngine:
             base = target.n_past
             target.keep_rollback_point(len(guesses))
             rows = target.decode([tokens[-1], *guesses], len(guesses) + 1)
-            verdict = self._verify(proposal, rows, sampling, rng)
+            verdict = self._verify(proposal, rows, sampling, rng, constraint)
             target.rollback(base + 1 + verdict.n_accepted)
-            if drafter is not None and guesses:
+            if drafter is not None and guesses and not forced:
                 drafter.rollback_to(verdict.n_accepted)
             t2 = clock()
 
@@ -202,16 +242,17 @@ class SpeculativeEngine:
             stats.target_seconds += t2 - t1
             new = [*guesses[: verdict.n_accepted], verdict.next_token]
             tail = proposal.ngram_tail
-            policy.observe(
-                plan,
-                len(guesses),
-                verdict.n_accepted,
-                drafting - proposal.catch_up_seconds,
-                t2 - t1,
-                candidates=candidates,
-                produced=new,
-                ngram_tail=tail,
-            )
+            if not forced:  # the policy chose this cycle's source and learns from it
+                policy.observe(
+                    plan,
+                    len(guesses),
+                    verdict.n_accepted,
+                    drafting - proposal.catch_up_seconds,
+                    t2 - t1,
+                    candidates=candidates,
+                    produced=new,
+                    ngram_tail=tail,
+                )
             stats.record_cycle(
                 plan.candidate.source if plan.candidate and guesses else None,
                 plan.lookahead,
@@ -233,11 +274,47 @@ class SpeculativeEngine:
 
     @staticmethod
     def _verify(
-        proposal: Proposal, rows: np.ndarray, sampling: SamplingParams, rng: np.random.Generator
+        proposal: Proposal,
+        rows: np.ndarray,
+        sampling: SamplingParams,
+        rng: np.random.Generator,
+        constraint: Constraint | None = None,
     ) -> Verdict:
+        if constraint is None:
+            if sampling.greedy:
+                return verify_greedy(proposal.tokens, lambda i: int(np.argmax(rows[i])))
+            return verify(proposal.tokens, proposal.q, lambda i: warp(rows[i], sampling), rng)
+        # Under a grammar each row is masked by the grammar's state after the guesses before
+        # it: the rule asks for rows in order (0, 1, ...), each once, so the state follows the
+        # kept guesses and ends after the token drawn.
+        guesses = proposal.tokens
+
+        def row(i: int) -> np.ndarray:
+            if i > 0:
+                constraint.consume(guesses[i - 1])
+            return masked(rows[i], constraint.allowed())
+
         if sampling.greedy:
-            return verify_greedy(proposal.tokens, lambda i: int(np.argmax(rows[i])))
-        return verify(proposal.tokens, proposal.q, lambda i: warp(rows[i], sampling), rng)
+            verdict = verify_greedy(guesses, lambda i: int(np.argmax(row(i))))
+        else:
+            verdict = verify(guesses, proposal.q, lambda i: warp(row(i), sampling, True), rng)
+        constraint.consume(verdict.next_token)
+        return verdict
+
+
+def _cut_invalid(proposal: Proposal, constraint: Constraint) -> None:
+    """Drop a draft's guesses from its first one the grammar does not allow: the target would
+    reject each of them, and the verify pass need not read them."""
+    drafted = len(proposal.tokens)
+    keep = constraint.valid_prefix(proposal.tokens)
+    if keep == drafted:
+        return
+    del proposal.tokens[keep:]
+    del proposal.q[keep:]
+    tail = proposal.ngram_tail
+    if tail is not None:  # the free guesses that finish a model run come last
+        left = keep - (drafted - tail.n)
+        proposal.ngram_tail = NgramTail(tail.candidate, left) if left > 0 else None
 
 
 def _random_seed() -> int:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from specgen import grammar
 from specgen.errors import UsageError
 
 MAX_SEED = 2**32 - 1
@@ -109,7 +110,9 @@ def parse_lines(text: str) -> list[BatchItem]:
 
 def parse_jsonl(text: str) -> list[BatchItem]:
     """JSON lines: ``prompt`` or ``messages``, and optionally ``id``, ``system``,
-    ``max_tokens``, ``temperature``, ``seed``, ``stop``; other fields are ignored."""
+    ``max_tokens``, ``temperature``, ``seed``, ``stop``, and what the output must match
+    (``response_format``, ``json_schema``, ``grammar`` or ``format``); other fields are
+    ignored."""
     items: list[BatchItem] = []
     for number, line in enumerate(text.split("\n"), start=1):
         if line.strip():
@@ -157,6 +160,12 @@ def _prompt(record: dict[str, Any], id_: int | str, number: int) -> BatchPrompt:
         if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
             raise ValueError("'temperature' must be a number >= 0")
         settings["temperature"] = float(value)
+    try:
+        constraint = grammar.from_request(record)
+    except UsageError as err:
+        raise ValueError(str(err)) from err
+    if constraint is not None:
+        settings["grammar"] = constraint
     if "stop" in record:
         stop = record["stop"]
         stops = [stop] if isinstance(stop, str) else stop

@@ -127,6 +127,9 @@ class FakeModel:
     def keep_rollback_point(self, undo: int, one_decode: bool = True) -> None:
         """Nothing to keep: the cache is a list."""
 
+    def constrain(self, grammar):
+        raise NotImplementedError("fake models have no grammar engine: test it on real ones")
+
     def rollback(self, n_past: int) -> None:
         del self.cache[n_past:]
 

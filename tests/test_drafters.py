@@ -35,6 +35,9 @@ class ScriptedDrafter:
     def __init__(self, script: list[int]) -> None:
         self.script, self.calls = script, []
 
+    def constrain(self, constraint) -> None:
+        self.calls.append(("constrain", constraint))
+
     def begin(self, prompt: Sequence[int], reuse_prefix: bool = False) -> None:
         self.calls.append(("begin", len(prompt)))
 
@@ -59,9 +62,9 @@ def test_engine_drives_any_drafter_through_the_protocol() -> None:
         SpeculativeEngine(target, drafter), GenerationConfig(3, GREEDY, 20), [1, 2, 3]
     )
     assert tokens == alone
-    # The prompt's pass gives the first token; the drafter begins after it, with it.
-    assert drafter.calls[0] == ("begin", 4)
-    assert drafter.calls[1:3] == [("propose", 4, 3), ("rollback_to", 3)]
+    # No grammar; the prompt's pass gives the first token; the drafter begins after it, with it.
+    assert drafter.calls[:2] == [("constrain", None), ("begin", 4)]
+    assert drafter.calls[2:4] == [("propose", 4, 3), ("rollback_to", 3)]
     assert stats.by_source["script"].accepted >= 3
     proposals = [c for c in drafter.calls if c[0] == "propose"]
     settles = [c for c in drafter.calls if c[0] == "rollback_to"]

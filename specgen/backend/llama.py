@@ -35,6 +35,7 @@ from specgen.machine import default_threads
 
 if TYPE_CHECKING:
     from specgen.backend.mtp import MtpHead
+    from specgen.grammar import Grammar, Matcher
 
 _ALL_LAYERS = 2**31 - 1
 _PARTIAL = llama_cpp.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY  # the recurrent (and SWA) state alone
@@ -387,6 +388,13 @@ class LlamaModel(Vocabulary):
         self._last_decode = 0
         if self.head is not None:
             self.head.reset()
+
+    def constrain(self, grammar: Grammar) -> Matcher:
+        """A fresh grammar state for one generation on this model (``specgen.grammar``)."""
+        from specgen.backend.grammar import tokenizer_for
+        from specgen.grammar import Matcher
+
+        return Matcher(tokenizer_for(self), grammar.compiled(), self.n_vocab)
 
     def attach_mtp(self) -> MtpHead:
         """The model's own MTP head, drafting from a second context on these weights; from

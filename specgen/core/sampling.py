@@ -84,8 +84,11 @@ class Dist:
         return out
 
 
-def warp(logits: np.ndarray, params: SamplingParams) -> Dist:
-    """The final sampling distribution for one row of logits (not for greedy params)."""
+def warp(logits: np.ndarray, params: SamplingParams, masked: bool = False) -> Dist:
+    """The final sampling distribution for one row of logits (not for greedy params).
+
+    ``masked``: a grammar set the logits of tokens it does not allow to -inf
+    (``core.constraint.masked``); they are dropped before top-k, top-p and min-p count."""
     if params.greedy:
         return Dist.one_hot(int(np.argmax(logits)))
     logits = np.asarray(logits)
@@ -96,6 +99,11 @@ def warp(logits: np.ndarray, params: SamplingParams) -> Dist:
     else:
         ids = None
         values = logits.astype(np.float64)
+    # A grammar's mask leaves -inf where a token is not allowed: those are not candidates.
+    if masked:
+        finite = np.isfinite(values)
+        ids = np.flatnonzero(finite) if ids is None else ids[finite]
+        values = values[finite]
     # 2. top-p on the untempered distribution over the candidates (llama.cpp's order).
     if params.top_p < 1.0:
         ids, values = _nucleus(ids, values, params.top_p)

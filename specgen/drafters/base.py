@@ -13,11 +13,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
+from specgen.core.constraint import Constraint
 from specgen.core.sampling import Dist, SamplingParams
+
+if TYPE_CHECKING:
+    from specgen.grammar import Grammar
 
 
 class Model(Protocol):
@@ -35,6 +39,9 @@ class Model(Protocol):
         """Whether the cache can be cut at any earlier position (attention models' can)."""
 
     def decode(self, tokens: list[int], n_logits: int = 1) -> np.ndarray: ...
+    def constrain(self, grammar: Grammar) -> Constraint:
+        """A fresh grammar state for one generation on this model."""
+
     def keep_rollback_point(self, undo: int, one_decode: bool = True) -> None:
         """The decodes that follow may be rolled back to here by up to ``undo`` tokens."""
 
@@ -116,6 +123,10 @@ class Drafter(Protocol):
         """A new generation; ``prompt`` is every token before the first cycle. With
         ``reuse_prefix`` a drafter may keep state for the part the last generation shared.
         Cheap: work on the prompt waits for the first ``propose`` (``Proposal.prompt_seconds``)."""
+
+    def constrain(self, constraint: Constraint | None) -> None:
+        """This generation's grammar state (None: none): a drafter that samples masks its q
+        with it, so it guesses only what the grammar allows. Called before ``begin``."""
 
     def candidates(self, context: Sequence[int]) -> list[Candidate]:
         """What this drafter can offer after ``context`` (all tokens so far), best first."""

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from specgen.core.constraint import Constraint
 from specgen.core.sampling import SamplingParams
 from specgen.drafters.base import Candidate, Proposal
 from specgen.drafters.model import ModelDrafter
@@ -30,6 +31,9 @@ class HybridDrafter:
         self.model = model
         self.ngram = ngram or NgramDrafter()
         self._last: ModelDrafter | MtpDrafter | NgramDrafter = self.model
+
+    def constrain(self, constraint: Constraint | None) -> None:
+        self.model.constrain(constraint)
 
     def begin(self, prompt: Sequence[int], reuse_prefix: bool = False) -> None:
         self.model.begin(prompt, reuse_prefix)

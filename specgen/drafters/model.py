@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from specgen.core.constraint import Constraint, masked
 from specgen.core.sampling import Dist, SamplingParams, sample, warp
 from specgen.drafters.base import (
     Candidate,
@@ -45,6 +46,7 @@ class ModelDrafter:
         self._skipped = 0
         # The prompt not yet read: (what the cache holds, what it should hold).
         self._unread: tuple[list[int], list[int]] | None = None
+        self._constraint: Constraint | None = None
 
     def begin(self, prompt: Sequence[int], reuse_prefix: bool = False) -> None:
         # The engine holds the prompt's last token back to open cycle one; so does the draft.
@@ -101,8 +103,14 @@ class ModelDrafter:
         def logits_after(guess: int | None) -> np.ndarray:
             return model.decode(first if guess is None else [guess], 1)[0]
 
-        draw_guesses(out, logits_after, k, sampling, rng, self.p_min, model.is_eog, context, follow)
+        draw_guesses(
+            out, logits_after, k, sampling, rng, self.p_min, model.is_eog, context, follow,
+            self._constraint,
+        )  # fmt: skip
         return out
+
+    def constrain(self, constraint: Constraint | None) -> None:
+        self._constraint = constraint
 
     def rollback_to(self, n_accepted: int) -> None:
         # The context grows by the kept guesses and one drawn token, which the draft has not
@@ -120,6 +128,7 @@ def draw_guesses(
     is_eog: Callable[[int], bool],
     context: Sequence[int],
     follow: FollowUp | None = None,
+    constraint: Constraint | None = None,
 ) -> None:
     """Up to ``k`` guesses into ``out``, each drawn from the q of ``logits_after(the last guess)``
     (None: the first). The last guess is never fed back, since nothing would read its logits.
@@ -127,33 +136,61 @@ def draw_guesses(
     ``p_min`` stops early when the draft is unsure of its next guess; it looks at q only, before
     drawing: a rule that looked at the drawn guess would keep guesses from a distribution other
     than q, and bias the output. After each guess ``follow`` may finish the run with free ones.
+    Under a grammar (``constraint``) q is masked by its state along the guesses, as the
+    target's p is, so the draft guesses only what the grammar allows; the state is rolled back
+    after the run.
     """
     guess: int | None = None
-    for i in range(k):
-        logits = logits_after(guess)
-        if sampling.greedy:
-            if p_min and _top_probability(logits) < p_min:
+    consumed = 0
+    try:
+        for i in range(k):
+            logits = logits_after(guess)
+            if constraint is not None:
+                if i > 0:
+                    constraint.consume(guess)  # type: ignore[arg-type]
+                    consumed += 1
+                logits = masked(logits, constraint.allowed())
+            guess = _draw(out, logits, sampling, rng, p_min, constraint is not None)
+            if guess is None:
                 break
-            guess = int(np.argmax(logits))
-        else:
-            dist = warp(logits, sampling)
-            if p_min and float(dist.probs.max()) < p_min:
+            # A guess past the end of generation would never be printed: stop drafting there.
+            if is_eog(guess) or i == k - 1:
                 break
-            guess = sample(dist, rng)
-            out.q.append(dist)
-        out.tokens.append(guess)
-        # A guess past the end of generation would never be printed: stop drafting there.
-        if is_eog(guess) or i == k - 1:
-            break
-        # The rest from a match is a point mass that depends only on the text before it,
-        # as every guess's q may: still exact.
-        match = follow(context, out.tokens) if follow is not None else None
-        if match is not None:
-            extra = list(match.preview[: k - len(out.tokens)])
-            out.tokens += extra
-            out.q += [] if sampling.greedy else [Dist.one_hot(t) for t in extra]
-            out.ngram_tail = NgramTail(match, len(extra))
-            break
+            # The rest from a match is a point mass that depends only on the text before it,
+            # as every guess's q may: still exact.
+            match = follow(context, out.tokens) if follow is not None else None
+            if match is not None:
+                extra = list(match.preview[: k - len(out.tokens)])
+                out.tokens += extra
+                out.q += [] if sampling.greedy else [Dist.one_hot(t) for t in extra]
+                out.ngram_tail = NgramTail(match, len(extra))
+                break
+    finally:
+        if constraint is not None:
+            constraint.rollback(consumed)
+
+
+def _draw(
+    out: Proposal,
+    logits: np.ndarray,
+    sampling: SamplingParams,
+    rng: np.random.Generator,
+    p_min: float,
+    masked_row: bool,
+) -> int | None:
+    """One guess from one row into ``out`` (None: ``p_min`` says stop before drawing)."""
+    if sampling.greedy:
+        if p_min and _top_probability(logits) < p_min:
+            return None
+        guess = int(np.argmax(logits))
+    else:
+        dist = warp(logits, sampling, masked_row)
+        if p_min and float(dist.probs.max()) < p_min:
+            return None
+        guess = sample(dist, rng)
+        out.q.append(dist)
+    out.tokens.append(guess)
+    return guess
 
 
 def _top_probability(logits: np.ndarray) -> float:

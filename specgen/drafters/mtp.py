@@ -15,6 +15,7 @@ from typing import Protocol
 
 import numpy as np
 
+from specgen.core.constraint import Constraint
 from specgen.core.sampling import SamplingParams
 from specgen.drafters.base import Candidate, FollowUp, Proposal
 from specgen.drafters.model import draw_guesses
@@ -52,6 +53,10 @@ class MtpDrafter:
             raise ValueError("draft_p_min must be in [0, 1)")
         self.head, self.is_eog, self.room, self.p_min, self.clock = head, is_eog, room, p_min, clock
         self._fresh = True
+        self._constraint: Constraint | None = None
+
+    def constrain(self, constraint: Constraint | None) -> None:
+        self._constraint = constraint
 
     def begin(self, prompt: Sequence[int], reuse_prefix: bool = False) -> None:
         """The head reads the prompt (its end) when first asked for guesses."""
@@ -87,8 +92,9 @@ class MtpDrafter:
                 return head.start(context[-1]) if guess is None else head.step(guess)
 
             draw_guesses(
-                out, logits_after, k, sampling, rng, self.p_min, self.is_eog, context, follow
-            )
+                out, logits_after, k, sampling, rng, self.p_min, self.is_eog, context, follow,
+                self._constraint,
+            )  # fmt: skip
         finally:
             head.end()
         return out

@@ -27,6 +27,9 @@ class NgramDrafter:
     def __init__(self) -> None:
         self.begin(())
 
+    def constrain(self, constraint: object) -> None:
+        """A match's guesses are point masses: the engine cuts those the grammar refuses."""
+
     def begin(self, prompt: Sequence[int], reuse_prefix: bool = False) -> None:
         self._index: dict[tuple[int, ...], int] = {}
         self._indexed = 0

@@ -9,8 +9,9 @@ from typing import Any, Literal
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from specgen import grammar as grammars
 from specgen.api import Settings
-from specgen.errors import lookup
+from specgen.errors import UsageError, lookup
 from specgen.prompts import MAX_SEED
 from specgen.stats import Stats
 
@@ -28,10 +29,32 @@ FINISH = {
 # -- requests -----------------------------------------------------------------------------------
 
 
-class SamplingRequest(BaseModel):
-    """The fields both endpoints take; others clients send are ignored."""
+# Request fields that would change the output and that specgen does not do yet: a request
+# that sets one (to other than its neutral value) gets a 400 that names it, never an answer
+# that quietly ignores it.
+UNSUPPORTED: dict[str, tuple[object, ...]] = {
+    "tools": (None, []),
+    "tool_choice": (None, "none", "auto"),
+    "functions": (None, []),
+    "function_call": (None, "none", "auto"),
+    "logprobs": (None, False, 0),
+    "top_logprobs": (None, 0),
+    "logit_bias": (None, {}),
+    "presence_penalty": (None, 0, 0.0),
+    "frequency_penalty": (None, 0, 0.0),
+    "repeat_penalty": (None, 1, 1.0),
+    "best_of": (None, 1),
+    "echo": (None, False),
+    "suffix": (None, ""),
+    "mirostat": (None, 0),
+}
 
-    model_config = ConfigDict(extra="ignore")
+
+class SamplingRequest(BaseModel):
+    """The fields both endpoints take. Others that would change the output are refused
+    (``UNSUPPORTED``); the rest (``user``, ``metadata``, ...) are ignored."""
+
+    model_config = ConfigDict(extra="allow")
 
     model: str | None = None
     max_tokens: int | None = Field(default=None, ge=1)
@@ -44,6 +67,12 @@ class SamplingRequest(BaseModel):
     stop: str | list[str] | None = None
     stream: bool = False
     n: int = Field(default=1, ge=1, le=1)
+    # What the output must match (``specgen.grammar.from_request``): OpenAI's, and
+    # llama-server's json_schema and grammar, and Ollama's format.
+    response_format: dict[str, Any] | None = None
+    json_schema: dict[str, Any] | None = None
+    grammar: str | None = None
+    format: str | None = None
 
     @field_validator("stop")
     @classmethod
@@ -53,8 +82,28 @@ class SamplingRequest(BaseModel):
         return value
 
     def settings(self, default_max: int) -> Settings:
+        for name, value in (self.model_extra or {}).items():
+            if name in UNSUPPORTED and value not in UNSUPPORTED[name]:
+                raise ApiError(
+                    400,
+                    f"{name}: not supported by specgen yet (it would change the output); "
+                    f"drop it from the request",
+                    code="unsupported_parameter",
+                )
+        try:
+            constraint = grammars.from_request(
+                {
+                    "response_format": self.response_format,
+                    "json_schema": self.json_schema,
+                    "grammar": self.grammar,
+                    "format": self.format,
+                }
+            )
+        except UsageError as err:
+            raise ApiError(400, str(err), code="invalid_value") from err
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
         return Settings(
+            constraint=constraint,
             max_tokens=self.max_completion_tokens or self.max_tokens or default_max,
             temperature=self.temperature,
             top_k=self.top_k,

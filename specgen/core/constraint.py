@@ -1,0 +1,51 @@
+"""What a grammar constraint offers the loop, and how a mask meets the logits.
+
+A ``Constraint`` is one generation's grammar state (``specgen.grammar.Matcher`` over llguidance
+is one): which tokens may come next, how much of a draft it allows, which tokens it forces. The
+mask is applied to the logits before top-k, top-p, min-p and temperature (llama.cpp's and
+llama-cpp-python's order), to the target's rows and the draft's alike, so the output follows
+the target's distribution restricted by the grammar, exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import numpy as np
+
+
+class Constraint(Protocol):
+    def allowed(self) -> np.ndarray:
+        """A bool per token of the vocabulary: may it come next?"""
+
+    def consume(self, token: int) -> None:
+        """The token came next (it was allowed)."""
+
+    def valid_prefix(self, tokens: list[int]) -> int:
+        """How many of ``tokens``, in order, would be allowed from here (state unchanged)."""
+
+    def forced(self) -> list[int]:
+        """The tokens the grammar forces from here (empty when there is a choice)."""
+
+    def rollback(self, n: int) -> None:
+        """Forget the last ``n`` tokens consumed."""
+
+
+def masked(logits: np.ndarray, allowed: np.ndarray) -> np.ndarray:
+    """``logits`` with every token not ``allowed`` at -inf (a new array). A draft's vocabulary
+    may be up to 128 tokens longer or shorter than the target's: ids the target has not are
+    not allowed."""
+    n = logits.shape[0]
+    if allowed.shape[0] != n:
+        fit = np.zeros(n, dtype=bool)
+        common = min(n, allowed.shape[0])
+        fit[:common] = allowed[:common]
+        allowed = fit
+    return np.where(allowed, logits, np.float32(-np.inf))
+
+
+def valid_guesses(constraint: Constraint, guesses: Sequence[int]) -> int:
+    """How many of a draft's guesses the grammar allows in order (the rest are cut before the
+    verify pass: the target would reject every one of them)."""
+    return constraint.valid_prefix(list(guesses))

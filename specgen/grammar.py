@@ -1,0 +1,239 @@
+"""Structured output: what a generation must match (a JSON Schema, a GBNF or Lark grammar, any
+JSON object), and the matcher that says which tokens may come next.
+
+The grammar engine is llguidance (the PyPI wheel; the engine llama.cpp itself can use): it
+builds its tokenizer from the model's own vocabulary (``backend.grammar``), compiles JSON Schema,
+GBNF (converted to Lark), Lark and regexes, computes a token mask in tens of microseconds on a
+262k vocabulary, checks how much of a draft is valid without changing its state, says which
+tokens the grammar forces, and never throws or aborts on a token it rejects (it enters an error
+state, which specgen never lets it reach: only validated tokens are consumed). llama.cpp's own
+GBNF sampler through ctypes aborts the process when a token it rejects is accepted, or when an
+end of generation comes early, so it is never used.
+
+Pure of llama.cpp: ``Matcher`` takes the tokenizer the backend built.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from specgen.errors import UsageError
+
+Kind = Literal["json_schema", "gbnf", "lark", "regex"]
+# Ollama's ``format: "json"``: any JSON object.
+ANY_JSON_OBJECT: dict[str, Any] = {"type": "object"}
+
+
+@dataclass(frozen=True)
+class Grammar:
+    """What a generation must match: ``kind`` and its source text."""
+
+    kind: Kind
+    text: str
+
+    def compiled(self) -> str:
+        """The grammar as llguidance takes it; UsageError (one line) where it is invalid."""
+        return _compile(self.kind, self.text)
+
+
+@functools.lru_cache(maxsize=64)
+def _compile(kind: Kind, text: str) -> str:
+    from llguidance import LLMatcher, grammar_from
+
+    what = "JSON schema" if kind == "json_schema" else "regex" if kind == "regex" else "grammar"
+    try:
+        if kind == "json_schema":
+            compiled = LLMatcher.grammar_from_json_schema(text)
+        else:
+            compiled = grammar_from(kind, text)
+    except (ValueError, TypeError) as err:
+        raise UsageError(f"invalid {what}: {_first_line(err)}") from err
+    problem = LLMatcher.validate_grammar(compiled)
+    if problem:
+        raise UsageError(f"invalid {what}: {_first_line(problem)}")
+    return compiled
+
+
+def checked(found: Grammar | None) -> Grammar | None:
+    """``found``, compiled once, so an invalid schema or grammar is said before anything runs."""
+    if found is not None:
+        found.compiled()
+    return found
+
+
+def json_schema(value: str | dict[str, Any], files: bool = True) -> Grammar:
+    """A JSON Schema given as a dict, JSON text, or (``files``) the path of a file holding it."""
+    if isinstance(value, dict):
+        return Grammar("json_schema", json.dumps(value))
+    text = _text_or_file(value, "JSON schema") if files else value
+    try:
+        schema = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise UsageError(
+            f"invalid JSON schema: not JSON ({err.msg} at line {err.lineno} column {err.colno})"
+        ) from err
+    if not isinstance(schema, dict):
+        raise UsageError("invalid JSON schema: a schema is a JSON object ({...})")
+    return Grammar("json_schema", json.dumps(schema))
+
+
+def gbnf(value: str, files: bool = True) -> Grammar:
+    """A grammar in llama.cpp's GBNF (or Lark, which llguidance also reads), as text or file."""
+    return Grammar("gbnf", _text_or_file(value, "grammar") if files else value)
+
+
+def any_json_object() -> Grammar:
+    return Grammar("json_schema", json.dumps(ANY_JSON_OBJECT))
+
+
+def from_options(
+    schema: str | dict[str, Any] | None = None,
+    grammar: str | None = None,
+    format: str | None = None,
+    files: bool = True,
+) -> Grammar | None:
+    """The one constraint the options ask for (at most one of them), compiled once to say an
+    invalid one before anything runs, or None. ``files``: a value may name a file (the CLI)."""
+    given = [
+        n for n, v in (("a JSON schema", schema), ("a grammar", grammar), ("a format", format)) if v
+    ]
+    if len(given) > 1:
+        raise UsageError(
+            f"give one of a JSON schema, a grammar and a format, not {' and '.join(given)}"
+        )
+    if schema:
+        return checked(json_schema(schema, files))
+    if grammar:
+        return checked(gbnf(grammar, files))
+    if format:
+        if format != "json":
+            raise UsageError(
+                f"unknown format {format!r}: the one format is 'json' (any JSON object)"
+            )
+        return checked(any_json_object())
+    return None
+
+
+def from_response_format(value: Any) -> Grammar | None:
+    """OpenAI's ``response_format``: ``text`` (none), ``json_object`` (any JSON object, or
+    llama.cpp's extension ``schema``), ``json_schema`` (its ``json_schema.schema``; ``strict``
+    or not, the schema is enforced)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not isinstance(value.get("type"), str):
+        raise UsageError("'response_format' must be an object with a 'type'")
+    kind = value["type"]
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        schema = value.get("schema")
+        return checked(json_schema(schema, False) if schema else any_json_object())
+    if kind == "json_schema":
+        spec = value.get("json_schema")
+        if not isinstance(spec, dict):
+            raise UsageError("'response_format' of type json_schema needs a 'json_schema' object")
+        schema = spec.get("schema", value.get("schema"))
+        if schema is not None and not isinstance(schema, dict):
+            raise UsageError("'response_format.json_schema.schema' must be a JSON object")
+        return checked(json_schema(schema) if schema else any_json_object())
+    raise UsageError(
+        f"response_format type {kind!r} is not supported (text, json_object, json_schema)"
+    )
+
+
+def from_request(fields: dict[str, Any]) -> Grammar | None:
+    """The constraint of a request or a batch line: ``response_format``, llama-server's
+    ``json_schema`` and ``grammar``, or Ollama's ``format: "json"`` (at most one)."""
+    given = [k for k in ("response_format", "json_schema", "grammar", "format") if fields.get(k)]
+    if len(given) > 1:
+        raise UsageError(f"give one of {' and '.join(repr(g) for g in given)}, not several")
+    if given == ["response_format"]:
+        return from_response_format(fields["response_format"])
+    schema, text, fmt = fields.get("json_schema"), fields.get("grammar"), fields.get("format")
+    if schema is not None and not isinstance(schema, dict | str):
+        raise UsageError("'json_schema' must be a JSON schema (an object)")
+    if text is not None and not isinstance(text, str):
+        raise UsageError("'grammar' must be a GBNF grammar (a string)")
+    if fmt is not None and not isinstance(fmt, str):
+        raise UsageError("'format' must be \"json\"")
+    return from_options(schema, text, fmt, files=False)
+
+
+def _text_or_file(value: str, what: str) -> str:
+    """``value`` itself, or the text of the file it names."""
+    if "\n" not in value and len(value) < 4096:
+        path = Path(value).expanduser()
+        if path.is_file():
+            try:
+                return path.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as err:
+                raise UsageError(f"cannot read the {what} file {path}: {err}") from err
+        if value.endswith((".json", ".gbnf", ".lark")) and not path.exists():
+            raise UsageError(f"{what} file not found: {path}")
+    return value
+
+
+def _first_line(err: object) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else "rejected by llguidance"
+
+
+class Matcher:
+    """One generation's grammar state (``core.constraint.Constraint``) over llguidance.
+
+    Tokens are consumed only once validated (the engine cuts a draft at its first invalid
+    guess and masks every row it samples from), so the matcher never enters its error state; if
+    it did, that is a bug, said as one.
+    """
+
+    def __init__(self, tokenizer: Any, compiled: str, n_vocab: int) -> None:
+        from llguidance import LLMatcher
+        from llguidance.numpy import allocate_token_bitmask
+
+        self._matcher = LLMatcher(tokenizer, compiled, log_level=0)
+        if self._matcher.is_error():
+            raise UsageError(f"invalid grammar: {_first_line(self._matcher.get_error())}")
+        self._bits = allocate_token_bitmask(1, tokenizer.vocab_size)
+        self.n_vocab = n_vocab
+
+    def allowed(self) -> np.ndarray:
+        """Which tokens may come next (a bool per token of the vocabulary)."""
+        from llguidance.numpy import fill_next_token_bitmask
+
+        fill_next_token_bitmask(self._matcher, self._bits, 0)
+        bits = np.unpackbits(self._bits.view(np.uint8), bitorder="little")
+        return bits[: self.n_vocab].astype(bool)
+
+    def consume(self, token: int) -> None:
+        if not self._matcher.consume_token(token):
+            raise RuntimeError(
+                f"grammar matcher refused token {token}: {self._matcher.get_error()}"
+            )
+
+    def valid_prefix(self, tokens: list[int]) -> int:
+        """How many of ``tokens``, in order, the grammar allows from here (state unchanged)."""
+        return int(self._matcher.validate_tokens(tokens)) if tokens else 0
+
+    def forced(self) -> list[int]:
+        """The tokens the grammar forces from here (one legal way on), as llguidance's
+        canonical tokenization has them; empty when there is a choice."""
+        return list(self._matcher.compute_ff_tokens())
+
+    def rollback(self, n: int) -> None:
+        if n and not self._matcher.rollback(n):
+            raise RuntimeError(f"grammar matcher could not roll back {n} tokens")
+
+    @property
+    def done(self) -> bool:
+        """The grammar is complete: only the end of generation may follow."""
+        return bool(self._matcher.is_stopped())
+
+    @property
+    def accepting(self) -> bool:
+        return bool(self._matcher.is_accepting())
