@@ -188,6 +188,15 @@ def smollm2_target(smollm2_draft: Path) -> Path:
     return _in_models_cache(lambda: derive(smollm2_draft, "F32"))
 
 
+@pytest.fixture(scope="module")
+def smol(smollm2_target: Path, smollm2_draft: Path):
+    """The SmolLM2 demo pair loaded (512 tokens of context, 2 threads), once per module."""
+    from specgen.backend import LlamaModel, ModelOptions
+
+    options = ModelOptions(n_ctx=512, n_threads=2)
+    return LlamaModel(smollm2_target, options), LlamaModel(smollm2_draft, options)
+
+
 @pytest.fixture(scope="session")
 def gemma_draft() -> Path:
     return _fetch(GEMMA)

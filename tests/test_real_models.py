@@ -25,12 +25,6 @@ PROMPTS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def smol(smollm2_target: Path, smollm2_draft: Path) -> tuple[LlamaModel, LlamaModel]:
-    options = ModelOptions(n_ctx=512, n_threads=2)
-    return LlamaModel(smollm2_target, options), LlamaModel(smollm2_draft, options)
-
-
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_greedy_speculative_is_token_for_token_the_target(smol, prompt: str) -> None:
     target, draft = smol

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from specgen import grammar
-from specgen.backend import LlamaModel, ModelOptions
+from specgen.backend import LlamaModel
 from specgen.core.constraint import masked
 from specgen.core.sampling import SamplingParams, warp
 from specgen.drafters import HybridDrafter, ModelDrafter, NgramDrafter
@@ -39,12 +39,6 @@ PASSAGES = [
     "Alan Turing is 41 and lives in Wilmslow.",
     "Grace Hopper, aged 85, lives in Arlington.",
 ]
-
-
-@pytest.fixture(scope="module")
-def smol(smollm2_target: Path, smollm2_draft: Path) -> tuple[LlamaModel, LlamaModel]:
-    options = ModelOptions(n_ctx=512, n_threads=2)
-    return LlamaModel(smollm2_target, options), LlamaModel(smollm2_draft, options)
 
 
 def drafters(draft: LlamaModel) -> dict[str, tuple[object, object]]:
