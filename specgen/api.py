@@ -21,7 +21,8 @@ from typing import Any
 
 from specgen.core.sampling import DEFAULT_SAMPLING, SamplingParams
 from specgen.engine import DEFAULT_MAX_TOKENS, GenerationConfig, TextChunk
-from specgen.grammar import Grammar, from_request
+from specgen.errors import UsageError
+from specgen.grammar import Grammar, LogitBias, from_request
 from specgen.lookahead import Lookahead
 from specgen.pair import Pair, PairOptions
 from specgen.session import Prompt, Result
@@ -39,6 +40,7 @@ class Settings:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     constraint: Grammar | None = None  # what the output must match (``specgen.grammar``)
+    logit_bias: LogitBias | None = None  # added to the target's logits and the draft's
 
     def config(self, lookahead: Lookahead) -> GenerationConfig:
         sampling = SamplingParams(self.temperature, self.top_k, self.top_p, self.min_p)
@@ -49,6 +51,7 @@ class Settings:
             stop=self.stop,
             seed=self.seed,
             grammar=self.constraint,
+            logit_bias=self.logit_bias,
         )
 
 
@@ -180,4 +183,10 @@ def _settings(given: dict[str, Any]) -> Settings:
     asked = {k: given.pop(k) for k in CONSTRAINTS if k in given}
     if asked:
         given = {**given, "constraint": from_request(asked)}
+    bias = given.get("logit_bias")
+    if isinstance(bias, dict):
+        try:
+            given = {**given, "logit_bias": LogitBias.from_mapping(bias)}
+        except ValueError as err:
+            raise UsageError(str(err)) from err
     return replace(Settings(), **given)

@@ -19,6 +19,7 @@ from specgen.cli_batch import open_output, read_batch, run_batch_shown
 from specgen.core.sampling import DEFAULT_SAMPLING
 from specgen.engine import DEFAULT_MAX_TOKENS
 from specgen.errors import EXIT_INTERRUPTED, Interrupted, UsageError
+from specgen.grammar import LogitBias
 from specgen.options import (
     OUTPUT,
     PERFORMANCE,
@@ -117,6 +118,17 @@ def run(
             "the grammar).",
             show_default=False,
             rich_help_panel=OUTPUT,
+        ),
+    ] = None,
+    logit_bias: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--logit-bias",
+            metavar="ID=BIAS",
+            help="Add BIAS (-100 to 100) to token ID's logit, for the target and the draft "
+            "alike (repeatable; -100 bans the token).",
+            show_default=False,
+            rich_help_panel=SAMPLING,
         ),
     ] = None,
     output_format: Annotated[
@@ -276,6 +288,7 @@ def run(
         stop=tuple(esc(s) for s in stop or ()),
         seed=seed,
         grammar=grammar.from_options(json_schema, grammar_text, output_format),
+        logit_bias=_logit_bias(logit_bias or []),
     )
     options = PairOptions(
         n_ctx=ctx_size,
@@ -417,3 +430,22 @@ def _run_facts(
             "n_ctx": loaded.target.n_ctx,
         },
     }
+
+
+def _logit_bias(given: list[str]) -> LogitBias | None:
+    """``--logit-bias ID=BIAS`` options as a LogitBias (None: none given)."""
+    if not given:
+        return None
+    pairs: dict[str, float] = {}
+    for item in given:
+        token, sep, value = item.partition("=")
+        try:
+            if not sep:
+                raise ValueError
+            pairs[token.strip()] = float(value)
+        except ValueError:
+            raise UsageError(f"--logit-bias {item!r}: give ID=BIAS, as 15043=-100") from None
+    try:
+        return LogitBias.from_mapping(pairs)
+    except ValueError as err:
+        raise UsageError(f"--{str(err).replace('_', '-')}") from err

@@ -36,7 +36,7 @@ from specgen.drafters import (
     reuse_prefix_cache,
 )
 from specgen.errors import PromptTooLong
-from specgen.grammar import Grammar
+from specgen.grammar import Grammar, LogitBias
 from specgen.lookahead import (
     DEFAULT_LOOKAHEAD,
     CostBook,
@@ -61,6 +61,7 @@ class GenerationConfig:
     stop: tuple[str, ...] = ()
     seed: int | None = None
     grammar: Grammar | None = None  # what the output must match (``specgen.grammar``)
+    logit_bias: LogitBias | None = None  # added to the target's logits and the draft's
 
     def __post_init__(self) -> None:
         check_lookahead(self.lookahead)
@@ -149,8 +150,11 @@ class SpeculativeEngine:
         emit = _Emitter(target, config)
         tokens = list(prompt)
         constraint = target.constrain(config.grammar) if config.grammar is not None else None
+        bias = (
+            config.logit_bias if config.logit_bias is not None and config.logit_bias.ids else None
+        )
         if drafter is not None:
-            drafter.constrain(constraint)
+            drafter.constrain(constraint, bias)
 
         # 1. Prompt: one target pass over all of it gives the first token at once; a draft model
         #    reads it only once asked for guesses (time to first token is the target's).
@@ -163,7 +167,8 @@ class SpeculativeEngine:
         held = self._context[: target.n_past] if reuse_prefix and self._clean else []
         self._context, self._clean = tokens, False
         stats.n_prompt_cached, rows = reuse_prefix_cache(target, held, tokens, 1)
-        row = rows[0] if constraint is None else masked(rows[0], constraint.allowed())
+        row = rows[0] if bias is None else bias.apply(rows[0])
+        row = row if constraint is None else masked(row, constraint.allowed())
         if sampling.greedy:
             first = int(np.argmax(row))
         else:
@@ -226,7 +231,7 @@ class SpeculativeEngine:
             base = target.n_past
             target.keep_rollback_point(len(guesses))
             rows = target.decode([tokens[-1], *guesses], len(guesses) + 1)
-            verdict = self._verify(proposal, rows, sampling, rng, constraint)
+            verdict = self._verify(proposal, rows, sampling, rng, constraint, bias)
             target.rollback(base + 1 + verdict.n_accepted)
             if drafter is not None and guesses and not forced:
                 drafter.rollback_to(verdict.n_accepted)
@@ -279,26 +284,32 @@ class SpeculativeEngine:
         sampling: SamplingParams,
         rng: np.random.Generator,
         constraint: Constraint | None = None,
+        bias: LogitBias | None = None,
     ) -> Verdict:
-        if constraint is None:
+        if constraint is None and bias is None:
             if sampling.greedy:
                 return verify_greedy(proposal.tokens, lambda i: int(np.argmax(rows[i])))
             return verify(proposal.tokens, proposal.q, lambda i: warp(rows[i], sampling), rng)
-        # Under a grammar each row is masked by the grammar's state after the guesses before
-        # it: the rule asks for rows in order (0, 1, ...), each once, so the state follows the
-        # kept guesses and ends after the token drawn.
+        # The bias first, then the grammar's mask, whose state for each row is the one after
+        # the guesses before it: the rule asks for rows in order (0, 1, ...), each once, so the
+        # state follows the kept guesses and ends after the token drawn.
         guesses = proposal.tokens
 
         def row(i: int) -> np.ndarray:
+            shaped = rows[i] if bias is None else bias.apply(rows[i])
+            if constraint is None:
+                return shaped
             if i > 0:
                 constraint.consume(guesses[i - 1])
-            return masked(rows[i], constraint.allowed())
+            return masked(shaped, constraint.allowed())
 
+        grammar = constraint is not None
         if sampling.greedy:
             verdict = verify_greedy(guesses, lambda i: int(np.argmax(row(i))))
         else:
-            verdict = verify(guesses, proposal.q, lambda i: warp(row(i), sampling, True), rng)
-        constraint.consume(verdict.next_token)
+            verdict = verify(guesses, proposal.q, lambda i: warp(row(i), sampling, grammar), rng)
+        if constraint is not None:
+            constraint.consume(verdict.next_token)
         return verdict
 
 

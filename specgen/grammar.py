@@ -1,5 +1,5 @@
 """Structured output: what a generation must match (a JSON Schema, a GBNF or Lark grammar, any
-JSON object), and the matcher that says which tokens may come next.
+JSON object), the matcher that says which tokens may come next, and a logit bias.
 
 The grammar engine is llguidance (the PyPI wheel; the engine llama.cpp itself can use): it
 builds its tokenizer from the model's own vocabulary (``backend.grammar``), compiles JSON Schema,
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -237,3 +238,44 @@ class Matcher:
     @property
     def accepting(self) -> bool:
         return bool(self._matcher.is_accepting())
+
+
+# OpenAI's bounds for a logit bias: -100 bans a token, +100 all but forces it.
+BIAS_RANGE = 100.0
+
+
+@dataclass(frozen=True)
+class LogitBias:
+    """Numbers added to some tokens' logits before anything else (OpenAI's ``logit_bias``), to
+    the target's rows and the draft's alike, so the output follows the biased target exactly."""
+
+    ids: tuple[int, ...]
+    values: tuple[float, ...]
+
+    @classmethod
+    def from_mapping(cls, mapping: Mapping[Any, Any]) -> LogitBias:
+        """From ``{token id: bias}`` (ids as numbers or strings, as JSON has them); ValueError
+        on an id that is not a whole number >= 0 or a bias outside [-100, 100]."""
+        ids, values = [], []
+        for key, value in mapping.items():
+            try:
+                token = int(str(key))
+            except ValueError:
+                raise ValueError(f"logit_bias: {key!r} is not a token id") from None
+            if token < 0:
+                raise ValueError(f"logit_bias: {key!r} is not a token id")
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ValueError(f"logit_bias: the bias of token {token} is not a number")
+            if not -BIAS_RANGE <= float(value) <= BIAS_RANGE:
+                raise ValueError(f"logit_bias: the bias of token {token} is outside [-100, 100]")
+            ids.append(token)
+            values.append(float(value))
+        return cls(tuple(ids), tuple(values))
+
+    def apply(self, logits: np.ndarray) -> np.ndarray:
+        """``logits`` with the biases added (a new array; ids past the vocabulary are left)."""
+        out = np.array(logits, dtype=np.float32, copy=True)
+        ids = np.asarray(self.ids, dtype=np.int64)
+        keep = ids < out.shape[0]
+        np.add.at(out, ids[keep], np.asarray(self.values, dtype=np.float32)[keep])
+        return out

@@ -20,6 +20,7 @@ from typing import Any
 
 from specgen import grammar
 from specgen.errors import UsageError
+from specgen.grammar import LogitBias
 
 MAX_SEED = 2**32 - 1
 CHAT_ROLES = ("system", "user", "assistant")
@@ -166,6 +167,11 @@ def _prompt(record: dict[str, Any], id_: int | str, number: int) -> BatchPrompt:
         raise ValueError(str(err)) from err
     if constraint is not None:
         settings["grammar"] = constraint
+    if "logit_bias" in record:
+        bias = record["logit_bias"]
+        if not isinstance(bias, dict):
+            raise ValueError("'logit_bias' must be an object of token id: bias")
+        settings["logit_bias"] = LogitBias.from_mapping(bias)
     if "stop" in record:
         stop = record["stop"]
         stops = [stop] if isinstance(stop, str) else stop

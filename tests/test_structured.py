@@ -254,7 +254,6 @@ def test_the_server_refuses_what_it_would_otherwise_ignore(fake_pair) -> None:
         ("tools", tools),
         ("logprobs", True),
         ("top_logprobs", 3),
-        ("logit_bias", {"5": 10}),
         ("presence_penalty", 0.5),
     ]:
         reply = asyncio.run(post(**{field: value}))
@@ -267,3 +266,8 @@ def test_the_server_refuses_what_it_would_otherwise_ignore(fake_pair) -> None:
     assert odd.status_code == 400 and "'xml'" in odd.json()["error"]["message"]
     neutral = asyncio.run(post(logprobs=False, presence_penalty=0, user="me", tools=[]))
     assert neutral.status_code == 200
+    assert asyncio.run(post(logit_bias={"5": 10})).status_code == 200
+    out_of_range = asyncio.run(post(logit_bias={"5": 1000}))
+    assert (
+        out_of_range.status_code == 400 and "logit_bias" in out_of_range.json()["error"]["message"]
+    )

@@ -19,6 +19,7 @@ import numpy as np
 
 from specgen.core.constraint import Constraint
 from specgen.core.sampling import Dist, SamplingParams
+from specgen.grammar import LogitBias
 
 if TYPE_CHECKING:
     from specgen.grammar import Grammar
@@ -124,9 +125,10 @@ class Drafter(Protocol):
         ``reuse_prefix`` a drafter may keep state for the part the last generation shared.
         Cheap: work on the prompt waits for the first ``propose`` (``Proposal.prompt_seconds``)."""
 
-    def constrain(self, constraint: Constraint | None) -> None:
-        """This generation's grammar state (None: none): a drafter that samples masks its q
-        with it, so it guesses only what the grammar allows. Called before ``begin``."""
+    def constrain(self, constraint: Constraint | None, bias: LogitBias | None = None) -> None:
+        """This generation's grammar state and logit bias (None: none): a drafter that samples
+        biases and masks its q as the target's p is, so it guesses only what the grammar
+        allows. Called before ``begin``."""
 
     def candidates(self, context: Sequence[int]) -> list[Candidate]:
         """What this drafter can offer after ``context`` (all tokens so far), best first."""

@@ -13,6 +13,7 @@ from specgen.drafters.base import Candidate, Proposal
 from specgen.drafters.model import ModelDrafter
 from specgen.drafters.mtp import MtpDrafter
 from specgen.drafters.ngram import NgramDrafter
+from specgen.grammar import LogitBias
 
 # With a fixed K, a hybrid trusts an n-gram match of at least this many tokens over the model.
 HYBRID_MIN_MATCH = 3
@@ -32,8 +33,8 @@ class HybridDrafter:
         self.ngram = ngram or NgramDrafter()
         self._last: ModelDrafter | MtpDrafter | NgramDrafter = self.model
 
-    def constrain(self, constraint: Constraint | None) -> None:
-        self.model.constrain(constraint)
+    def constrain(self, constraint: Constraint | None, bias: LogitBias | None = None) -> None:
+        self.model.constrain(constraint, bias)
 
     def begin(self, prompt: Sequence[int], reuse_prefix: bool = False) -> None:
         self.model.begin(prompt, reuse_prefix)

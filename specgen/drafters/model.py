@@ -17,6 +17,7 @@ from specgen.drafters.base import (
     Proposal,
     reuse_prefix_cache,
 )
+from specgen.grammar import LogitBias
 from specgen.stats import Clock
 
 # A draft model that fell behind (speculation off, or n-grams drafting) reads at most this many
@@ -47,6 +48,7 @@ class ModelDrafter:
         # The prompt not yet read: (what the cache holds, what it should hold).
         self._unread: tuple[list[int], list[int]] | None = None
         self._constraint: Constraint | None = None
+        self._bias: LogitBias | None = None
 
     def begin(self, prompt: Sequence[int], reuse_prefix: bool = False) -> None:
         # The engine holds the prompt's last token back to open cycle one; so does the draft.
@@ -105,12 +107,12 @@ class ModelDrafter:
 
         draw_guesses(
             out, logits_after, k, sampling, rng, self.p_min, model.is_eog, context, follow,
-            self._constraint,
+            self._constraint, self._bias,
         )  # fmt: skip
         return out
 
-    def constrain(self, constraint: Constraint | None) -> None:
-        self._constraint = constraint
+    def constrain(self, constraint: Constraint | None, bias: LogitBias | None = None) -> None:
+        self._constraint, self._bias = constraint, bias
 
     def rollback_to(self, n_accepted: int) -> None:
         # The context grows by the kept guesses and one drawn token, which the draft has not
@@ -129,6 +131,7 @@ def draw_guesses(
     context: Sequence[int],
     follow: FollowUp | None = None,
     constraint: Constraint | None = None,
+    bias: LogitBias | None = None,
 ) -> None:
     """Up to ``k`` guesses into ``out``, each drawn from the q of ``logits_after(the last guess)``
     (None: the first). The last guess is never fed back, since nothing would read its logits.
@@ -145,6 +148,8 @@ def draw_guesses(
     try:
         for i in range(k):
             logits = logits_after(guess)
+            if bias is not None:
+                logits = bias.apply(logits)
             if constraint is not None:
                 if i > 0:
                     constraint.consume(guess)  # type: ignore[arg-type]

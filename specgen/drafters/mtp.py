@@ -19,6 +19,7 @@ from specgen.core.constraint import Constraint
 from specgen.core.sampling import SamplingParams
 from specgen.drafters.base import Candidate, FollowUp, Proposal
 from specgen.drafters.model import draw_guesses
+from specgen.grammar import LogitBias
 from specgen.stats import Clock
 
 
@@ -54,9 +55,10 @@ class MtpDrafter:
         self.head, self.is_eog, self.room, self.p_min, self.clock = head, is_eog, room, p_min, clock
         self._fresh = True
         self._constraint: Constraint | None = None
+        self._bias: LogitBias | None = None
 
-    def constrain(self, constraint: Constraint | None) -> None:
-        self._constraint = constraint
+    def constrain(self, constraint: Constraint | None, bias: LogitBias | None = None) -> None:
+        self._constraint, self._bias = constraint, bias
 
     def begin(self, prompt: Sequence[int], reuse_prefix: bool = False) -> None:
         """The head reads the prompt (its end) when first asked for guesses."""
@@ -93,7 +95,7 @@ class MtpDrafter:
 
             draw_guesses(
                 out, logits_after, k, sampling, rng, self.p_min, self.is_eog, context, follow,
-                self._constraint,
+                self._constraint, self._bias,
             )  # fmt: skip
         finally:
             head.end()

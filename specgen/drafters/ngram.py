@@ -27,7 +27,7 @@ class NgramDrafter:
     def __init__(self) -> None:
         self.begin(())
 
-    def constrain(self, constraint: object) -> None:
+    def constrain(self, constraint: object, bias: object = None) -> None:
         """A match's guesses are point masses: the engine cuts those the grammar refuses."""
 
     def begin(self, prompt: Sequence[int], reuse_prefix: bool = False) -> None:

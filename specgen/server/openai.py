@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from specgen import grammar as grammars
 from specgen.api import Settings
 from specgen.errors import UsageError, lookup
+from specgen.grammar import LogitBias
 from specgen.prompts import MAX_SEED
 from specgen.stats import Stats
 
@@ -39,7 +40,6 @@ UNSUPPORTED: dict[str, tuple[object, ...]] = {
     "function_call": (None, "none", "auto"),
     "logprobs": (None, False, 0),
     "top_logprobs": (None, 0),
-    "logit_bias": (None, {}),
     "presence_penalty": (None, 0, 0.0),
     "frequency_penalty": (None, 0, 0.0),
     "repeat_penalty": (None, 1, 1.0),
@@ -73,6 +73,7 @@ class SamplingRequest(BaseModel):
     json_schema: dict[str, Any] | None = None
     grammar: str | None = None
     format: str | None = None
+    logit_bias: dict[str, float] | None = None  # token id -> bias, -100..100
 
     @field_validator("stop")
     @classmethod
@@ -101,9 +102,14 @@ class SamplingRequest(BaseModel):
             )
         except UsageError as err:
             raise ApiError(400, str(err), code="invalid_value") from err
+        try:
+            bias = LogitBias.from_mapping(self.logit_bias) if self.logit_bias else None
+        except ValueError as err:
+            raise ApiError(400, str(err), code="invalid_value") from err
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
         return Settings(
             constraint=constraint,
+            logit_bias=bias,
             max_tokens=self.max_completion_tokens or self.max_tokens or default_max,
             temperature=self.temperature,
             top_k=self.top_k,
