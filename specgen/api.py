@@ -41,6 +41,7 @@ class Settings:
     stop: tuple[str, ...] = ()
     constraint: Grammar | None = None  # what the output must match (``specgen.grammar``)
     logit_bias: LogitBias | None = None  # added to the target's logits and the draft's
+    logprobs: int | None = None  # each token's log-probability, with this many alternatives
 
     def config(self, lookahead: Lookahead) -> GenerationConfig:
         sampling = SamplingParams(self.temperature, self.top_k, self.top_p, self.min_p)
@@ -52,6 +53,7 @@ class Settings:
             seed=self.seed,
             grammar=self.constraint,
             logit_bias=self.logit_bias,
+            logprobs=self.logprobs,
         )
 
 

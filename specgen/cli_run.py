@@ -131,6 +131,19 @@ def run(
             rich_help_panel=SAMPLING,
         ),
     ] = None,
+    logprobs: Annotated[
+        int | None,
+        typer.Option(
+            "--logprobs",
+            metavar="N",
+            min=0,
+            max=20,
+            help="With --json: each token's log-probability under the target, with the N "
+            "likeliest tokens there.",
+            show_default=False,
+            rich_help_panel=OUTPUT,
+        ),
+    ] = None,
     output_format: Annotated[
         str | None,
         typer.Option(
@@ -289,6 +302,7 @@ def run(
         seed=seed,
         grammar=grammar.from_options(json_schema, grammar_text, output_format),
         logit_bias=_logit_bias(logit_bias or []),
+        logprobs=logprobs,
     )
     options = PairOptions(
         n_ctx=ctx_size,

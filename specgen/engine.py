@@ -16,7 +16,7 @@ the drafter is told how many survived and rolls its own state back.
 from __future__ import annotations
 
 import time
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -62,16 +62,65 @@ class GenerationConfig:
     seed: int | None = None
     grammar: Grammar | None = None  # what the output must match (``specgen.grammar``)
     logit_bias: LogitBias | None = None  # added to the target's logits and the draft's
+    # Log-probabilities of each generated token (and of the ``logprobs`` likeliest there):
+    # None for none; from the target's own rows, which the verify pass has computed anyway.
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         check_lookahead(self.lookahead)
         if self.max_tokens < 1:
             raise ValueError("max_tokens must be >= 1")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"logprobs must be from 0 to {MAX_TOP_LOGPROBS}")
+
+
+# The most alternatives a token's log-probability comes with (OpenAI's top_logprobs bound).
+MAX_TOP_LOGPROBS = 20
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A generated token's log-probability under the target (its logits after the logit bias
+    and the grammar's mask, at temperature 1: the model's own distribution, as OpenAI and
+    llama-server report it), with the likeliest tokens there and theirs."""
+
+    token: int
+    logprob: float
+    piece: bytes = b""  # what the token prints
+    top: tuple[tuple[int, float, bytes], ...] = ()  # (token, logprob, piece), likeliest first
+
+    def as_dict(self) -> dict[str, object]:
+        """As data: id, text (its bytes decoded, replacing what a token cuts mid-character),
+        bytes and logprob, and ``top``, the likeliest tokens there, each the same."""
+
+        def one(token: int, logprob: float, piece: bytes) -> dict[str, object]:
+            text = piece.decode("utf-8", "replace")
+            return {"id": token, "token": text, "bytes": list(piece), "logprob": logprob}
+
+        return {**one(self.token, self.logprob, self.piece), "top": [one(*t) for t in self.top]}
+
+
+def token_logprob(
+    row: np.ndarray, token: int, top: int, piece: Callable[[int], bytes]
+) -> TokenLogprob:
+    """``token``'s log-probability in the softmax of ``row``, and the ``top`` likeliest."""
+    values = np.asarray(row, dtype=np.float64)
+    peak = float(values.max())
+    normalizer = peak + float(np.log(np.exp(values - peak).sum()))
+    best: tuple[tuple[int, float, bytes], ...] = ()
+    if top:
+        ids = np.argpartition(values, -top)[-top:]
+        ids = ids[np.argsort(-values[ids], kind="stable")]
+        best = tuple((int(i), float(values[i] - normalizer), piece(int(i))) for i in ids)
+    return TokenLogprob(token, float(values[token] - normalizer), piece(token), best)
 
 
 @dataclass(frozen=True)
 class TextChunk:
     text: str
+    # The log-probabilities of the tokens this text came from, where asked for (the session
+    # fills them in: the engine reports them with each cycle).
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -82,6 +131,7 @@ class CycleDone:
     drafted: int
     accepted: int
     tokens: tuple[int, ...]
+    logprobs: tuple[TokenLogprob, ...] = ()  # one per token, where asked for
 
 
 @dataclass(frozen=True)
@@ -175,13 +225,18 @@ class SpeculativeEngine:
             first = sample(warp(row, sampling, constraint is not None), rng)
         if constraint is not None:
             constraint.consume(first)
+        first_logprob = (
+            ()
+            if config.logprobs is None
+            else (token_logprob(row, first, config.logprobs, target.piece),)
+        )
         tokens.append(first)
         self._clean = True  # the cache holds every token of the context but the last
         policy.begin()
         stats.n_prompt = len(prompt)
         stats.prompt_seconds = clock() - started
         stats.gen_started = clock()
-        yield CycleDone(0, 0, (first,))
+        yield CycleDone(0, 0, (first,), first_logprob)
         text = emit.tokens([first], stats)
         if text:
             yield TextChunk(text)
@@ -231,7 +286,15 @@ class SpeculativeEngine:
             base = target.n_past
             target.keep_rollback_point(len(guesses))
             rows = target.decode([tokens[-1], *guesses], len(guesses) + 1)
-            verdict = self._verify(proposal, rows, sampling, rng, constraint, bias)
+            top = config.logprobs
+            shaped: list[np.ndarray] | None = [] if top is not None else None
+            verdict = self._verify(proposal, rows, sampling, rng, constraint, bias, shaped)
+            logprobs: tuple[TokenLogprob, ...] = ()
+            if shaped is not None and top is not None:  # before the rollback, which may decode
+                kept = [*guesses[: verdict.n_accepted], verdict.next_token]
+                logprobs = tuple(
+                    token_logprob(shaped[i], t, top, target.piece) for i, t in enumerate(kept)
+                )
             target.rollback(base + 1 + verdict.n_accepted)
             if drafter is not None and guesses and not forced:
                 drafter.rollback_to(verdict.n_accepted)
@@ -269,7 +332,7 @@ class SpeculativeEngine:
             )
             tokens.extend(new)
             self._clean = True  # the cache holds every token of the context but the last
-            yield CycleDone(len(guesses), verdict.n_accepted, tuple(new))
+            yield CycleDone(len(guesses), verdict.n_accepted, tuple(new), logprobs)
             text = emit.tokens(new, stats)
             if text:
                 yield TextChunk(text)
@@ -285,8 +348,13 @@ class SpeculativeEngine:
         rng: np.random.Generator,
         constraint: Constraint | None = None,
         bias: LogitBias | None = None,
+        shaped: list[np.ndarray] | None = None,
     ) -> Verdict:
+        """The verdict on a proposal; into ``shaped`` (where given) the rows the rule read, as
+        it read them (biased and masked), one per position it reached."""
         if constraint is None and bias is None:
+            if shaped is not None:
+                shaped.extend(rows[: len(proposal.tokens) + 1])
             if sampling.greedy:
                 return verify_greedy(proposal.tokens, lambda i: int(np.argmax(rows[i])))
             return verify(proposal.tokens, proposal.q, lambda i: warp(rows[i], sampling), rng)
@@ -296,12 +364,14 @@ class SpeculativeEngine:
         guesses = proposal.tokens
 
         def row(i: int) -> np.ndarray:
-            shaped = rows[i] if bias is None else bias.apply(rows[i])
-            if constraint is None:
-                return shaped
-            if i > 0:
-                constraint.consume(guesses[i - 1])
-            return masked(shaped, constraint.allowed())
+            out = rows[i] if bias is None else bias.apply(rows[i])
+            if constraint is not None:
+                if i > 0:
+                    constraint.consume(guesses[i - 1])
+                out = masked(out, constraint.allowed())
+            if shaped is not None:
+                shaped.append(out)
+            return out
 
         grammar = constraint is not None
         if sampling.greedy:

@@ -167,6 +167,8 @@ def _prompt(record: dict[str, Any], id_: int | str, number: int) -> BatchPrompt:
         raise ValueError(str(err)) from err
     if constraint is not None:
         settings["grammar"] = constraint
+    if "logprobs" in record:
+        settings["logprobs"] = _whole(record["logprobs"], "logprobs", 0, 20)
     if "logit_bias" in record:
         bias = record["logit_bias"]
         if not isinstance(bias, dict):

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from specgen.chat import conversation, render_chat
-from specgen.engine import Finished, GenerationConfig, TextChunk
+from specgen.engine import CycleDone, Finished, GenerationConfig, TextChunk, TokenLogprob
 from specgen.errors import UsageError
 from specgen.lookahead import effective_lookahead
 from specgen.pair import LoadedModel, Pair
@@ -67,9 +67,14 @@ class Result:
     text: str
     stats: Stats
     interrupted: bool = False
+    # Each generated token's log-probability (None: not asked for).
+    logprobs: list[TokenLogprob] | None = None
 
     def as_dict(self) -> dict[str, object]:
-        return {"text": self.text, "stats": self.stats.as_dict()}
+        out: dict[str, object] = {"text": self.text, "stats": self.stats.as_dict()}
+        if self.logprobs is not None:
+            out["logprobs"] = [found.as_dict() for found in self.logprobs]
+        return out
 
 
 def stream(
@@ -92,21 +97,31 @@ def stream(
     if stats is None:
         stats = new_stats(pair, config, draft_p_min)
     pieces: list[str] = []
+    found: list[TokenLogprob] = []  # every token's, in order
+    pending: list[TokenLogprob] = []  # those of the tokens since the last text
     events = engine.generate(tokens, config, stats, reuse_prefix=reuse_prefix)
     try:
         for event in events:
             if isinstance(event, TextChunk):
                 pieces.append(event.text)
-                yield event
+                yield TextChunk(event.text, tuple(pending)) if pending else event
+                pending.clear()
             elif isinstance(event, Finished):
                 break
-            elif cancelled is not None and cancelled():
-                stats.finish("cancelled")
-                break
+            else:
+                if isinstance(event, CycleDone) and event.logprobs:
+                    found.extend(event.logprobs)
+                    pending.extend(event.logprobs)
+                if cancelled is not None and cancelled():
+                    stats.finish("cancelled")
+                    break
     finally:
         events.close()
         pair.remember_costs()
-    yield Result("".join(pieces), stats)
+    logprobs = None
+    if config.logprobs is not None:  # the tokens the text holds (not an end of generation)
+        logprobs = found[: stats.n_generated]
+    yield Result("".join(pieces), stats, logprobs=logprobs)
 
 
 def generate(

@@ -252,9 +252,9 @@ def test_the_server_refuses_what_it_would_otherwise_ignore(fake_pair) -> None:
     tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
     for field, value in [
         ("tools", tools),
-        ("logprobs", True),
-        ("top_logprobs", 3),
+        ("tool_choice", "required"),
         ("presence_penalty", 0.5),
+        ("best_of", 2),
     ]:
         reply = asyncio.run(post(**{field: value}))
         assert reply.status_code == 400, field

@@ -117,7 +117,12 @@ def create_app(
                     job.cancelled.set()
             item = await anext(events)
         metrics.record(item.stats)
-        choice = openai.choice(chat, "".join(pieces), openai.finish_reason(item.stats))
+        choice = openai.choice(
+            chat,
+            "".join(pieces),
+            openai.finish_reason(item.stats),
+            openai.logprobs_of(chat, item.logprobs),
+        )
         return JSONResponse(
             {
                 "id": ident,
@@ -161,6 +166,7 @@ async def _sse(
         finish: str | None,
         extra: dict[str, object] | None = None,
         role: bool = False,
+        logprobs: object = None,
     ) -> bytes:
         return event(
             {
@@ -168,7 +174,7 @@ async def _sse(
                 "object": chunk_kind,
                 "created": created,
                 "model": model,
-                "choices": [openai.chunk_choice(chat, text, finish, role)],
+                "choices": [openai.chunk_choice(chat, text, finish, role, logprobs)],
                 **(extra or {}),
             }
         )
@@ -178,7 +184,8 @@ async def _sse(
         if chat:
             yield chunk(None, None, role=True)
         while not isinstance(item, Result):
-            yield chunk(item.text, None)
+            found = openai.logprobs_of(chat, item.logprobs) if item.logprobs else None
+            yield chunk(item.text, None, logprobs=found)
             item = await anext(events)
     except Exception as err:  # an error after the stream started: say so in the stream
         error = as_api_error(err)

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from specgen import grammar as grammars
 from specgen.api import Settings
+from specgen.engine import MAX_TOP_LOGPROBS, TokenLogprob
 from specgen.errors import UsageError, lookup
 from specgen.grammar import LogitBias
 from specgen.prompts import MAX_SEED
@@ -38,8 +39,6 @@ UNSUPPORTED: dict[str, tuple[object, ...]] = {
     "tool_choice": (None, "none", "auto"),
     "functions": (None, []),
     "function_call": (None, "none", "auto"),
-    "logprobs": (None, False, 0),
-    "top_logprobs": (None, 0),
     "presence_penalty": (None, 0, 0.0),
     "frequency_penalty": (None, 0, 0.0),
     "repeat_penalty": (None, 1, 1.0),
@@ -74,6 +73,23 @@ class SamplingRequest(BaseModel):
     grammar: str | None = None
     format: str | None = None
     logit_bias: dict[str, float] | None = None  # token id -> bias, -100..100
+    # Chat: a bool, with top_logprobs alternatives; completions: the number of alternatives.
+    logprobs: bool | int | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+
+    def wanted_logprobs(self) -> int | None:
+        """How many alternatives each token's log-probability comes with (None: none)."""
+        if self.logprobs is None or self.logprobs is False:
+            if self.top_logprobs:
+                raise ApiError(400, "top_logprobs needs logprobs: true", code="invalid_value")
+            return None
+        if self.logprobs is True:
+            return self.top_logprobs or 0
+        if not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
+            raise ApiError(
+                400, f"logprobs must be from 0 to {MAX_TOP_LOGPROBS}", code="invalid_value"
+            )
+        return int(self.logprobs)
 
     @field_validator("stop")
     @classmethod
@@ -110,6 +126,7 @@ class SamplingRequest(BaseModel):
         return Settings(
             constraint=constraint,
             logit_bias=bias,
+            logprobs=self.wanted_logprobs(),
             max_tokens=self.max_completion_tokens or self.max_tokens or default_max,
             temperature=self.temperature,
             top_k=self.top_k,
@@ -153,9 +170,44 @@ class CompletionRequest(SamplingRequest):
 # -- responses ----------------------------------------------------------------------------------
 
 
-def choice(chat: bool, text: str | None, finish: str | None) -> dict[str, object]:
+def logprobs_of(chat: bool, found: list[TokenLogprob] | tuple[TokenLogprob, ...] | None) -> object:
+    """OpenAI's ``logprobs`` of a choice: a chat's ``content`` list, or a completion's
+    ``tokens`` / ``token_logprobs`` / ``top_logprobs`` / ``text_offset``."""
+    if found is None:
+        return None
+    if chat:
+
+        def entry(text: bytes, logprob: float) -> dict[str, object]:
+            return {
+                "token": text.decode("utf-8", "replace"),
+                "logprob": logprob,
+                "bytes": list(text),
+            }
+
+        return {
+            "content": [
+                {**entry(f.piece, f.logprob), "top_logprobs": [entry(p, lp) for _, lp, p in f.top]}
+                for f in found
+            ],
+            "refusal": None,
+        }
+    offsets, at = [], 0
+    for f in found:
+        offsets.append(at)
+        at += len(f.piece.decode("utf-8", "replace"))
+    return {
+        "tokens": [f.piece.decode("utf-8", "replace") for f in found],
+        "token_logprobs": [f.logprob for f in found],
+        "top_logprobs": [{p.decode("utf-8", "replace"): lp for _, lp, p in f.top} for f in found],
+        "text_offset": offsets,
+    }
+
+
+def choice(
+    chat: bool, text: str | None, finish: str | None, logprobs: object = None
+) -> dict[str, object]:
     """The one choice of a whole response."""
-    out: dict[str, object] = {"index": 0, "finish_reason": finish, "logprobs": None}
+    out: dict[str, object] = {"index": 0, "finish_reason": finish, "logprobs": logprobs}
     if chat:
         out["message"] = {"role": "assistant", "content": text}
     else:
@@ -164,15 +216,16 @@ def choice(chat: bool, text: str | None, finish: str | None) -> dict[str, object
 
 
 def chunk_choice(
-    chat: bool, text: str | None, finish: str | None, role: bool = False
+    chat: bool, text: str | None, finish: str | None, role: bool = False, logprobs: object = None
 ) -> dict[str, object]:
-    """The one choice of a streamed chunk: a chat's text is a delta (``role`` on the first)."""
+    """The one choice of a streamed chunk: a chat's text is a delta (``role`` on the first);
+    ``logprobs`` those of the tokens the text came from."""
     if not chat:
-        return {"index": 0, "text": text or "", "finish_reason": finish}
+        return {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": logprobs}
     delta: dict[str, object] = {"role": "assistant"} if role else {}
     if text is not None:
         delta["content"] = text
-    return {"index": 0, "delta": delta, "finish_reason": finish}
+    return {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}
 
 
 def finish_reason(stats: Stats) -> str:
