@@ -57,6 +57,8 @@ def prompt_tokens(
     # Templates often write the BOS text themselves; tokenizing then adds a second one.
     if len(tokens) >= 2 and tokens[0] == tokens[1] == model.bos and model.adds_bos:
         tokens = tokens[1:]
+    if not tokens:
+        raise UsageError("the prompt is empty (and the model adds no BOS token): give some text")
     return tokens
 
 

@@ -128,7 +128,11 @@ class FakeModel:
         """Nothing to keep: the cache is a list."""
 
     def constrain(self, grammar):
-        raise NotImplementedError("fake models have no grammar engine: test it on real ones")
+        """A fake's 16 pieces cannot spell JSON: structured output is tested on real models;
+        here it is a user's error, as a model without the tokens would be."""
+        from specgen.errors import UserError
+
+        raise UserError("fake models have no grammar engine")
 
     def rollback(self, n_past: int) -> None:
         del self.cache[n_past:]
