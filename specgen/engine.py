@@ -266,6 +266,7 @@ class SpeculativeEngine:
                 proposal = Proposal(
                     forced, [] if sampling.greedy else [Dist.one_hot(t) for t in forced]
                 )
+                asked = False
             else:
                 candidates = (
                     drafter.candidates(tokens) if drafter is not None and budget > 0 else []
@@ -276,6 +277,9 @@ class SpeculativeEngine:
                     if drafter is not None and plan.candidate and plan.lookahead
                     else Proposal()
                 )
+                # The drafter made guesses (and may hold them in its cache) even where the
+                # grammar then cuts every one: it is told how many survived all the same.
+                asked = bool(proposal.tokens)
                 if constraint is not None and proposal.tokens:
                     _cut_invalid(proposal, constraint)
             guesses = proposal.tokens
@@ -296,7 +300,7 @@ class SpeculativeEngine:
                     token_logprob(shaped[i], t, top, target.piece) for i, t in enumerate(kept)
                 )
             target.rollback(base + 1 + verdict.n_accepted)
-            if drafter is not None and guesses and not forced:
+            if drafter is not None and asked:
                 drafter.rollback_to(verdict.n_accepted)
             t2 = clock()
 
