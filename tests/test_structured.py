@@ -271,3 +271,16 @@ def test_the_server_refuses_what_it_would_otherwise_ignore(fake_pair) -> None:
     assert (
         out_of_range.status_code == 400 and "logit_bias" in out_of_range.json()["error"]["message"]
     )
+
+
+def test_a_vocabulary_without_an_end_token_refuses_a_grammar_in_one_line(tmp_path: Path) -> None:
+    """The tiny qwen35 models have no end-of-generation token: a grammar cannot end on them, and
+    llguidance cannot build a tokenizer from their numbered pieces. Either way, one line."""
+    from tests.tiny_models import write_qwen35
+
+    target = write_qwen35(tmp_path / "tiny.gguf")
+    done = specgen_here(
+        "run", "--target", str(target), "--threads", "1", "-n", "4", "--format", "json", "x"
+    )
+    assert done.returncode == 1 and "structured output cannot run on it" in done.stderr
+    assert "Traceback" not in done.stderr
