@@ -66,7 +66,7 @@ def test_json_validates_and_greedy_is_the_constrained_target_alone(smol) -> None
             config = GenerationConfig(0, sampling, 96, seed=1, grammar=schema)
             alone, _ = run_to_end(SpeculativeEngine(target), config, prompt)
             for name, (drafter, k) in drafters(draft).items():
-                for seed in (1, 2):
+                for seed in (1,):
                     config = GenerationConfig(k, sampling, 96, seed=seed, grammar=schema)
                     engine = SpeculativeEngine(target, drafter)
                     tokens, stats = run_to_end(engine, config, prompt)
@@ -75,7 +75,7 @@ def test_json_validates_and_greedy_is_the_constrained_target_alone(smol) -> None
                     if stats.stop_reason == "eog":
                         finished += 1
                         jsonschema.validate(json.loads(text_of(target, tokens)), PERSON)
-    assert finished >= 40  # of 48: the schema bounds the strings, so most end well in 96
+    assert finished >= 20  # of 24: the schema bounds the strings, so most end well in 96
 
 
 @pytest.mark.slow
@@ -130,7 +130,7 @@ def test_sampled_output_follows_the_masked_target(smol) -> None:
         for b, pb in zip(p2.ids.tolist(), p2.probs):
             joint[(a, b)] = p1.prob(a) * pb
     engine = SpeculativeEngine(target, ModelDrafter(draft))
-    n, counts, drafted = 500, {}, 0
+    n, counts, drafted = 350, {}, 0
     for seed in range(n):
         config = GenerationConfig(2, sampling, 3, seed=seed, grammar=rule)
         tokens, stats = run_to_end(engine, config, prompt)
