@@ -230,15 +230,6 @@ class Matcher:
         if n and not self._matcher.rollback(n):
             raise RuntimeError(f"grammar matcher could not roll back {n} tokens")
 
-    @property
-    def done(self) -> bool:
-        """The grammar is complete: only the end of generation may follow."""
-        return bool(self._matcher.is_stopped())
-
-    @property
-    def accepting(self) -> bool:
-        return bool(self._matcher.is_accepting())
-
 
 # OpenAI's bounds for a logit bias: -100 bans a token, +100 all but forces it.
 BIAS_RANGE = 100.0

@@ -9,7 +9,6 @@ the target's distribution restricted by the grammar, exactly.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Protocol
 
 import numpy as np
@@ -43,9 +42,3 @@ def masked(logits: np.ndarray, allowed: np.ndarray) -> np.ndarray:
         fit[:common] = allowed[:common]
         allowed = fit
     return np.where(allowed, logits, np.float32(-np.inf))
-
-
-def valid_guesses(constraint: Constraint, guesses: Sequence[int]) -> int:
-    """How many of a draft's guesses the grammar allows in order (the rest are cut before the
-    verify pass: the target would reject every one of them)."""
-    return constraint.valid_prefix(list(guesses))
