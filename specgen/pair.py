@@ -187,19 +187,29 @@ def check_fit(target: LoadedModel, draft: LoadedModel) -> None:
     store.write_text(stamp, f"{target.path}\n{draft.path}\n")  # read-only: check next time
 
 
-def check_headers_fit(target: Path, draft: Path) -> None:
-    """The vocabulary check on the two files' headers, before any weights load (a 27B target
-    and its draft take a while to load only to be refused), with the families' own advice."""
+def check_headers_fit(
+    target: Path, draft: Path, headers: tuple[gguf.Header | None, gguf.Header | None]
+) -> None:
+    """The vocabulary check on the two files' headers (``read_header``), before any weights
+    load (a 27B target and its draft take a while to load only to be refused), with the
+    families' own advice."""
     if _fit_stamp(target, draft).is_file():
         return
-    try:
-        headers = [gguf.read_local(str(path)) for path in (target, draft)]
-        vocabs = [gguf.HeaderVocabulary(h, p.name) for h, p in zip(headers, (target, draft))]
-    except (OSError, gguf.GGUFError):
+    target_header, draft_header = headers
+    if target_header is None or draft_header is None:
         return  # llama.cpp reads it, or fails on it, when it loads
+    try:
+        vocabs = (
+            gguf.HeaderVocabulary(target_header, target.name),
+            gguf.HeaderVocabulary(draft_header, draft.name),
+        )
+    except gguf.GGUFError:
+        return
     verdict = compat.check(*vocabs)
     if not verdict:
-        t_arch, d_arch = (str(h.get("general.architecture") or "") for h in headers)
+        t_arch, d_arch = (
+            str(h.get("general.architecture") or "") for h in (target_header, draft_header)
+        )
         step = compat.advice(verdict, t_arch, d_arch, vocabs[0], vocabs[1])
         raise UserError(unfit(verdict, target.name, draft.name, step))
 
@@ -282,13 +292,15 @@ def _load(target: str | Path, draft: str | Path | None, options: PairOptions, ng
 
     backend = BACKEND
     target_path = _existing(target, "target")
-    check_loadable(target_path, "target", options.mtp)
+    target_header = read_header(target_path)
+    check_loadable(target_path, target_header, "target", options.mtp)
     if draft is not None and options.mtp:
         raise UserError("a pair drafts with a draft model or with its target's MTP head, not both")
     if draft is not None:
         draft_path = _existing(draft, "draft")
-        check_loadable(draft_path, "draft", False)
-        check_headers_fit(target_path, draft_path)
+        draft_header = read_header(draft_path)
+        check_loadable(draft_path, draft_header, "draft", False)
+        check_headers_fit(target_path, draft_path, (target_header, draft_header))
     target_model = backend.load(
         target_path,
         ModelOptions(
@@ -329,16 +341,24 @@ def _load(target: str | Path, draft: str | Path | None, options: PairOptions, ng
     )
 
 
-def check_loadable(path: Path, role: str, mtp: bool) -> None:
+def read_header(path: Path) -> gguf.Header | None:
+    """A file's GGUF header with its tensor names, read once for every check before loading;
+    None where it cannot be read (llama.cpp then fails on the file with an error)."""
+    try:
+        return gguf.read_local(str(path), tensors=True)
+    except (OSError, gguf.GGUFError):
+        return None
+
+
+def check_loadable(path: Path, header: gguf.Header | None, role: str, mtp: bool) -> None:
     """Refuse, from its header, a file that would make llama.cpp abort the process, and an MTP
     head asked of a target without one. A file whose header cannot be read is left to
     llama.cpp, which fails on it with an error, not an abort."""
-    try:
-        found = arch.layout(gguf.read_local(str(path), tensors=True))
-    except (OSError, gguf.GGUFError) as err:
+    if header is None:
         if mtp:
-            raise UserError(f"{path.name}: cannot read its GGUF header ({err})") from err
+            raise UserError(f"{path.name}: cannot read its GGUF header to find its MTP layers")
         return
+    found = arch.layout(header)
     if mtp and found.mtp_layers == 0:
         raise UserError(
             f"{path.name} has no MTP layers (no tensor blk.N.nextn.eh_proj.weight) to draft "
