@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from specgen.core.constraint import Constraint, masked
+from specgen.core.constraint import Constraint, shaped
 from specgen.core.sampling import Dist, SamplingParams, sample, warp
 from specgen.core.speculative import Verdict, verify, verify_greedy
 from specgen.core.text import StopMatcher, StreamDecoder
@@ -217,8 +217,7 @@ class SpeculativeEngine:
         held = self._context[: target.n_past] if reuse_prefix and self._clean else []
         self._context, self._clean = tokens, False
         stats.n_prompt_cached, rows = reuse_prefix_cache(target, held, tokens, 1)
-        row = rows[0] if bias is None else bias.apply(rows[0])
-        row = row if constraint is None else masked(row, constraint.allowed())
+        row = shaped(rows[0], bias, constraint)
         if sampling.greedy:
             first = int(np.argmax(row))
         else:
@@ -253,8 +252,8 @@ class SpeculativeEngine:
                 config.max_tokens - stats.n_generated - 1, target.n_ctx - target.n_past - 1
             )
             # (-k 0 is the target alone: no guesses at all, forced ones included.)
-            forces = constraint is not None and lookahead != 0 and budget > 0
-            forced = constraint.forced()[:budget] if forces else []  # type: ignore[union-attr]
+            forces = lookahead != 0 and budget > 0
+            forced = constraint.forced()[:budget] if constraint is not None and forces else []
             if forced:
                 # The grammar allows one way on: free guesses the target keeps (p = 1 under the
                 # mask), verified all the same, so a tokenization the target would not choose
@@ -291,13 +290,13 @@ class SpeculativeEngine:
             target.keep_rollback_point(len(guesses))
             rows = target.decode([tokens[-1], *guesses], len(guesses) + 1)
             top = config.logprobs
-            shaped: list[np.ndarray] | None = [] if top is not None else None
-            verdict = self._verify(proposal, rows, sampling, rng, constraint, bias, shaped)
+            read: list[np.ndarray] | None = [] if top is not None else None
+            verdict = self._verify(proposal, rows, sampling, rng, constraint, bias, read)
             logprobs: tuple[TokenLogprob, ...] = ()
-            if shaped is not None and top is not None:  # before the rollback, which may decode
+            if read is not None and top is not None:  # before the rollback, which may decode
                 kept = [*guesses[: verdict.n_accepted], verdict.next_token]
                 logprobs = tuple(
-                    token_logprob(shaped[i], t, top, target.piece) for i, t in enumerate(kept)
+                    token_logprob(read[i], t, top, target.piece) for i, t in enumerate(kept)
                 )
             target.rollback(base + 1 + verdict.n_accepted)
             if drafter is not None and asked:
@@ -352,13 +351,13 @@ class SpeculativeEngine:
         rng: np.random.Generator,
         constraint: Constraint | None = None,
         bias: LogitBias | None = None,
-        shaped: list[np.ndarray] | None = None,
+        read: list[np.ndarray] | None = None,
     ) -> Verdict:
-        """The verdict on a proposal; into ``shaped`` (where given) the rows the rule read, as
+        """The verdict on a proposal; into ``read`` (where given) the rows the rule read, as
         it read them (biased and masked), one per position it reached."""
         if constraint is None and bias is None:
-            if shaped is not None:
-                shaped.extend(rows[: len(proposal.tokens) + 1])
+            if read is not None:
+                read.extend(rows[: len(proposal.tokens) + 1])
             if sampling.greedy:
                 return verify_greedy(proposal.tokens, lambda i: int(np.argmax(rows[i])))
             return verify(proposal.tokens, proposal.q, lambda i: warp(rows[i], sampling), rng)
@@ -368,13 +367,11 @@ class SpeculativeEngine:
         guesses = proposal.tokens
 
         def row(i: int) -> np.ndarray:
-            out = rows[i] if bias is None else bias.apply(rows[i])
-            if constraint is not None:
-                if i > 0:
-                    constraint.consume(guesses[i - 1])
-                out = masked(out, constraint.allowed())
-            if shaped is not None:
-                shaped.append(out)
+            if constraint is not None and i > 0:
+                constraint.consume(guesses[i - 1])
+            out = shaped(rows[i], bias, constraint)
+            if read is not None:
+                read.append(out)
             return out
 
         grammar = constraint is not None

@@ -31,6 +31,23 @@ class Constraint(Protocol):
         """Forget the last ``n`` tokens consumed."""
 
 
+class Bias(Protocol):
+    """Numbers added to some logits (``specgen.grammar.LogitBias``)."""
+
+    def apply(self, logits: np.ndarray) -> np.ndarray:
+        """``logits`` with the biases added (a new array)."""
+
+
+def shaped(logits: np.ndarray, bias: Bias | None, constraint: Constraint | None) -> np.ndarray:
+    """A row of logits as the warp reads it, for the target and the draft alike: the logit
+    bias first, then the grammar's mask in its current state (the row itself where neither)."""
+    if bias is not None:
+        logits = bias.apply(logits)
+    if constraint is not None:
+        logits = masked(logits, constraint.allowed())
+    return logits
+
+
 def masked(logits: np.ndarray, allowed: np.ndarray) -> np.ndarray:
     """``logits`` with every token not ``allowed`` at -inf (a new array). A draft's vocabulary
     may be up to 128 tokens longer or shorter than the target's: ids the target has not are

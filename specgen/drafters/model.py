@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from specgen.core.constraint import Constraint, masked
+from specgen.core.constraint import Constraint, shaped
 from specgen.core.sampling import Dist, SamplingParams, sample, warp
 from specgen.drafters.base import (
     Candidate,
@@ -147,14 +147,10 @@ def draw_guesses(
     consumed = 0
     try:
         for i in range(k):
-            logits = logits_after(guess)
-            if bias is not None:
-                logits = bias.apply(logits)
-            if constraint is not None:
-                if i > 0:
-                    constraint.consume(guess)  # type: ignore[arg-type]
-                    consumed += 1
-                logits = masked(logits, constraint.allowed())
+            if constraint is not None and guess is not None:  # the state after the last guess
+                constraint.consume(guess)
+                consumed += 1
+            logits = shaped(logits_after(guess), bias, constraint)
             guess = _draw(out, logits, sampling, rng, p_min, constraint is not None)
             if guess is None:
                 break
