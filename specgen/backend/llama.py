@@ -338,11 +338,11 @@ class LlamaModel(Vocabulary):
             if self.recurrent:
                 self.rollbacks.bounded += 1
                 self._last_decode = self.n_past + 1  # used once: no second cut before a decode
-            if self._checkpoint is not None:
-                kept = n_past - self._checkpoint.n_past
-                self._checkpoint.since = self._checkpoint.since[:kept] if kept >= 0 else []
-                if kept < 0:
-                    self._checkpoint = None
+            point = self._checkpoint
+            if point is not None and point.n_past > n_past:
+                self._checkpoint = None  # the rollback went back past it
+            elif point is not None:
+                del point.since[n_past - point.n_past :]  # it replays only what is kept
             self.n_past = n_past
             if self.head is not None:
                 self.head.cut(n_past)
