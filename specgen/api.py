@@ -14,7 +14,7 @@ printed, errors are raised (``specgen.errors``), and the caller decides what to 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,7 @@ from specgen.grammar import Grammar, LogitBias, from_request
 from specgen.lookahead import Lookahead
 from specgen.pair import Pair, PairOptions
 from specgen.session import Prompt, Result
+from specgen.tools import Plan, Tool, ToolChoice, syntax_for
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,7 @@ class Settings:
     constraint: Grammar | None = None  # what the output must match (``specgen.grammar``)
     logit_bias: LogitBias | None = None  # added to the target's logits and the draft's
     logprobs: int | None = None  # each token's log-probability, with this many alternatives
+    keep_text: tuple[tuple[int, bytes], ...] = ()  # special tokens printed as their text
 
     def config(self, lookahead: Lookahead) -> GenerationConfig:
         sampling = SamplingParams(self.temperature, self.top_k, self.top_p, self.min_p)
@@ -54,6 +56,7 @@ class Settings:
             grammar=self.constraint,
             logit_bias=self.logit_bias,
             logprobs=self.logprobs,
+            keep_text=self.keep_text,
         )
 
 
@@ -136,8 +139,11 @@ class Specgen:
         reuse_prefix: bool = False,
         cancelled: Callable[[], bool] | None = None,
         chat: bool | None = None,
+        tools: Sequence[dict[str, Any]] | None = None,
     ) -> Iterator[TextChunk | Result]:
-        """Text pieces (``TextChunk``) as they are accepted, then the ``Result``."""
+        """Text pieces (``TextChunk``) as they are accepted, then the ``Result``; ``tools``
+        (OpenAI's shape) go to the chat template (``tool_plan`` says which, and how the
+        answer reads)."""
         from specgen.session import stream
 
         use_chat = self.wants_chat(prompt, system) if chat is None else chat
@@ -150,10 +156,20 @@ class Specgen:
             draft_p_min=self.draft_p_min,
             reuse_prefix=reuse_prefix,
             cancelled=cancelled,
+            tools=tools,
         ):
             if isinstance(item, Result):
                 self.last = item
             yield item
+
+    def tool_plan(self, tools: Sequence[Tool], choice: ToolChoice, parallel: bool = True) -> Plan:
+        """How this target calls ``tools``: the syntax its chat template teaches, with the
+        markers its vocabulary holds as special tokens (``specgen.tools``)."""
+        from specgen.session import special_tokens
+
+        syntax = syntax_for(self.pair.target.chat_template())
+        markers = special_tokens(self.pair.target, syntax.markers) if tools else {}
+        return Plan(syntax, tuple(tools), choice, parallel, markers)
 
     def stream(
         self, prompt: Prompt, *, system: str | None = None, **settings: Any

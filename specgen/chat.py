@@ -6,8 +6,10 @@ Hugging Face's tokenizers provide (``raise_exception``, ``strftime_now``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Mapping, Sequence
 from datetime import datetime
+from typing import Any
 
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -25,13 +27,29 @@ def conversation(user: str, system: str | None = None) -> list[dict[str, str]]:
     return [*messages, {"role": "user", "content": user}]
 
 
+def _tojson(
+    value: Any,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+    ensure_ascii: bool = False,
+) -> str:
+    """Hugging Face's ``tojson``: plain JSON (Jinja's own escapes ``<``, ``>`` and ``&``,
+    which tool schemas in a prompt must not have)."""
+    return json.dumps(
+        value, indent=indent, separators=separators, sort_keys=sort_keys, ensure_ascii=ensure_ascii
+    )
+
+
 def render_chat(
     template: str | None,
-    messages: Sequence[dict[str, str]],
+    messages: Sequence[Mapping[str, Any]],
     bos_token: str = "",
     eos_token: str = "",
+    tools: Sequence[Mapping[str, Any]] | None = None,
 ) -> str:
-    """The text of a conversation, ending where the assistant's next answer begins."""
+    """The text of a conversation, ending where the assistant's next answer begins; ``tools``
+    (OpenAI's shape) are given to templates that take them."""
     if not template:
         raise ChatTemplateError(
             "the target model has no chat template; run with --raw to send the prompt as it is"
@@ -43,12 +61,15 @@ def render_chat(
     )
     env.globals["raise_exception"] = _raise
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    env.filters["tojson"] = _tojson
+    extra = {"tools": list(tools)} if tools else {}
     try:
         return env.from_string(template).render(
-            messages=list(messages),
+            messages=[dict(m) for m in messages],
             add_generation_prompt=True,
             bos_token=bos_token,
             eos_token=eos_token,
+            **extra,
         )
     except jinja2.TemplateError as err:
         raise ChatTemplateError(f"the model's chat template failed to render: {err}") from err

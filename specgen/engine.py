@@ -65,6 +65,9 @@ class GenerationConfig:
     # Log-probabilities of each generated token (and of the ``logprobs`` likeliest there):
     # None for none; from the target's own rows, which the verify pass has computed anyway.
     logprobs: int | None = None
+    # Special tokens printed as their text (a tool call's markers), which otherwise print as
+    # nothing: (token, text) pairs.
+    keep_text: tuple[tuple[int, bytes], ...] = ()
 
     def __post_init__(self) -> None:
         check_lookahead(self.lookahead)
@@ -413,6 +416,7 @@ class _Emitter:
         self.target, self.max_tokens = target, config.max_tokens
         self.decoder, self.stopper = StreamDecoder(), StopMatcher(config.stop)
         self.reason: str | None = None
+        self.kept = dict(config.keep_text)
 
     def tokens(self, new: list[int], stats: Stats) -> str:
         text: list[str] = []
@@ -421,7 +425,10 @@ class _Emitter:
                 self.reason = "eog"
                 break
             stats.n_generated += 1
-            piece, stopped = self.stopper.feed(self.decoder.feed(self.target.piece(token)))
+            raw = self.kept.get(token)
+            piece, stopped = self.stopper.feed(
+                self.decoder.feed(self.target.piece(token) if raw is None else raw)
+            )
             text.append(piece)
             if stopped:
                 self.reason = "stop"

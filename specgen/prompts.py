@@ -73,7 +73,7 @@ def combine(argument: str | None, piped: str | None) -> str | None:
     return "\n".join(parts) if parts else None
 
 
-Message = dict[str, str]
+Message = dict[str, Any]  # role and content, and a tool call's fields
 
 
 @dataclass(frozen=True)

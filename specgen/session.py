@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from specgen.chat import conversation, render_chat
 from specgen.engine import CycleDone, Finished, GenerationConfig, TextChunk, TokenLogprob
@@ -35,10 +36,15 @@ def wants_chat(pair: Pair, by_pair: bool | None, flag: bool | None, system: str 
 
 
 def prompt_tokens(
-    model: LoadedModel, prompt: Prompt, chat: bool, system: str | None = None
+    model: LoadedModel,
+    prompt: Prompt,
+    chat: bool,
+    system: str | None = None,
+    tools: Sequence[dict[str, Any]] | None = None,
 ) -> list[int]:
     """The prompt as the target's tokens: a text, or chat messages rendered with the target's
-    chat template (a text too, when ``chat`` is set)."""
+    chat template (a text too, when ``chat`` is set), with ``tools`` for templates that take
+    them."""
     if isinstance(prompt, str) and not chat:
         if system:
             raise UsageError(SYSTEM_NEEDS_CHAT)
@@ -52,6 +58,7 @@ def prompt_tokens(
             messages,
             bos_token=model.token_text(model.bos).decode("utf-8", "replace"),
             eos_token=model.token_text(model.eos).decode("utf-8", "replace"),
+            tools=tools,
         )
     tokens = model.tokenize(text, add_special=True, parse_special=True)
     # Templates often write the BOS text themselves; tokenizing then adds a second one.
@@ -90,11 +97,12 @@ def stream(
     stats: Stats | None = None,
     reuse_prefix: bool = False,
     cancelled: Callable[[], bool] | None = None,
+    tools: Sequence[dict[str, Any]] | None = None,
 ) -> Iterator[TextChunk | Result]:
     """Generate from a prompt on a loaded pair, yielding each piece of text as it is accepted
     (``TextChunk``), then the ``Result``. ``cancelled`` is asked after every cycle: when it
     says so, the generation ends there (stop reason ``cancelled``). No terminal code."""
-    tokens = prompt_tokens(pair.target, prompt, chat, system)
+    tokens = prompt_tokens(pair.target, prompt, chat, system, tools)
     engine = pair.engine(draft_p_min)
     if stats is None:
         stats = new_stats(pair, config, draft_p_min)
@@ -164,6 +172,19 @@ def generate(
         stats.finish("interrupted")
         return Result("".join(pieces), stats, interrupted=True)
     raise AssertionError("stream always ends with a Result")
+
+
+def special_tokens(model: LoadedModel, texts: Sequence[str]) -> dict[str, int]:
+    """Which of ``texts`` the vocabulary holds as one special token (text -> its id): those
+    a prompt's text turns into that token only when special tokens are parsed."""
+    found = {}
+    for text in texts:
+        tokens = model.tokenize(text, add_special=False, parse_special=True)
+        if len(tokens) == 1 and model.tokenize(text, add_special=False, parse_special=False) != (
+            tokens
+        ):
+            found[text] = tokens[0]
+    return found
 
 
 def new_stats(pair: Pair, config: GenerationConfig, draft_p_min: float = 0.0) -> Stats:

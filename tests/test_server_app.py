@@ -262,7 +262,15 @@ class Held:
         self.ended: list[str] = []
 
     def stream_events(
-        self, prompt, settings=None, *, system=None, reuse_prefix=False, cancelled=None, chat=None
+        self,
+        prompt,
+        settings=None,
+        *,
+        system=None,
+        reuse_prefix=False,
+        cancelled=None,
+        chat=None,
+        tools=None,
     ) -> Iterator[object]:
         from specgen.engine import TextChunk
         from specgen.session import Result

@@ -251,8 +251,8 @@ def test_the_server_refuses_what_it_would_otherwise_ignore(fake_pair) -> None:
 
     tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
     for field, value in [
-        ("tools", tools),
-        ("tool_choice", "required"),
+        ("functions", tools),  # OpenAI's older form of tools
+        ("tool_choice", "required"),  # with no tools to call
         ("presence_penalty", 0.5),
         ("best_of", 2),
     ]:
@@ -262,6 +262,8 @@ def test_the_server_refuses_what_it_would_otherwise_ignore(fake_pair) -> None:
         assert field in error["message"] and error["type"] == "invalid_request_error"
     bad = asyncio.run(post(response_format={"type": "json_schema", "json_schema": {"schema": 5}}))
     assert bad.status_code == 400 and "response_format" in bad.json()["error"]["message"]
+    both = asyncio.run(post(tools=tools, response_format={"type": "json_object"}))
+    assert both.status_code == 400 and "'tools' or 'response_format'" in both.text
     odd = asyncio.run(post(response_format={"type": "xml"}))
     assert odd.status_code == 400 and "'xml'" in odd.json()["error"]["message"]
     neutral = asyncio.run(post(logprobs=False, presence_penalty=0, user="me", tools=[]))

@@ -12,13 +12,15 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from specgen.engine import DEFAULT_MAX_TOKENS, TextChunk
+from specgen.engine import DEFAULT_MAX_TOKENS, TextChunk, TokenLogprob
+from specgen.errors import UsageError
 from specgen.server import openai
 from specgen.server.guard import Guard
 from specgen.server.metrics import Metrics
@@ -34,6 +36,7 @@ from specgen.server.openai import (
 )
 from specgen.server.queue import GenerationQueue, Generator, Job
 from specgen.session import Prompt, Result
+from specgen.tools import Delta, Plan, ToolCall
 
 MAX_BODY = 1 << 20
 # How often a non-streaming request looks for its client having gone away.
@@ -88,10 +91,23 @@ def create_app(
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     async def respond(
-        request: Request, body: SamplingRequest, prompt: Prompt, chat: bool
+        request: Request,
+        body: SamplingRequest,
+        prompt: Prompt,
+        chat: bool,
+        plan: Plan | None = None,
     ) -> Response:
         # /v1/completions sends the prompt as it is, as OpenAI's and llama.cpp's servers do
-        job = Job(prompt, body.settings(default_max_tokens), threading.Event(), chat)
+        settings = body.settings(default_max_tokens)
+        if plan is not None and plan.active:
+            try:
+                constraint = plan.grammar()
+            except UsageError as err:
+                raise ApiError(400, str(err), code="invalid_value") from err
+            kept = tuple((token, text.encode()) for text, token in plan.markers.items())
+            settings = replace(settings, constraint=constraint, keep_text=kept)
+        tools = plan.template_tools() if plan is not None else None
+        job = Job(prompt, settings, threading.Event(), chat, tools)
         kind = "chat.completion" if chat else "text_completion"
         ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         events = queue.run(job)
@@ -105,7 +121,7 @@ def create_app(
             raise as_api_error(err) from err
         if body.stream:
             return StreamingResponse(
-                _sse(first, events, job, ident, model_id, chat, metrics),
+                _sse(first, events, job, ident, model_id, chat, metrics, plan),
                 media_type="text/event-stream",
             )
         pieces, item, checked = [], first, time.monotonic()
@@ -117,11 +133,16 @@ def create_app(
                     job.cancelled.set()
             item = await anext(events)
         metrics.record(item.stats)
+        text: str | None = "".join(pieces)
+        calls: list[ToolCall] = []
+        if plan is not None and text is not None:
+            text, calls = plan.parse(text)
         choice = openai.choice(
             chat,
-            "".join(pieces),
-            openai.finish_reason(item.stats),
+            text,
+            openai.finish_reason(item.stats, bool(calls)),
             openai.logprobs_of(chat, item.logprobs),
+            calls,
         )
         return JSONResponse(
             {
@@ -137,8 +158,13 @@ def create_app(
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request, body: ChatRequest) -> Response:
-        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-        return await respond(request, body, messages, chat=True)
+        messages = [m.for_template() for m in body.messages]
+        tools, choice = body.tool_request()
+        plan = None
+        if tools or any(m.role == "tool" or m.tool_calls for m in body.messages):
+            plan = generator.tool_plan(tools, choice, body.parallel_tool_calls)
+            messages = plan.messages(messages)
+        return await respond(request, body, messages, chat=True, plan=plan)
 
     @app.post("/v1/completions")
     async def completions(request: Request, body: CompletionRequest) -> Response:
@@ -155,9 +181,11 @@ async def _sse(
     model: str,
     chat: bool,
     metrics: Metrics,
+    plan: Plan | None = None,
 ) -> AsyncIterator[bytes]:
-    """Server-sent events: one chunk per piece of text, a final chunk with the finish reason,
-    usage and timings, then ``[DONE]``. A client that leaves cancels the generation."""
+    """Server-sent events: one chunk per piece of text (with tools: content until a call
+    begins, then the calls' deltas), a final chunk with the finish reason, usage and timings,
+    then ``[DONE]``. A client that leaves cancels the generation."""
     created = int(time.time())
     chunk_kind = "chat.completion.chunk" if chat else "text_completion"
 
@@ -167,6 +195,7 @@ async def _sse(
         extra: dict[str, object] | None = None,
         role: bool = False,
         logprobs: object = None,
+        tool_calls: list[dict[str, object]] | None = None,
     ) -> bytes:
         return event(
             {
@@ -174,19 +203,38 @@ async def _sse(
                 "object": chunk_kind,
                 "created": created,
                 "model": model,
-                "choices": [openai.chunk_choice(chat, text, finish, role, logprobs)],
+                "choices": [openai.chunk_choice(chat, text, finish, role, logprobs, tool_calls)],
                 **(extra or {}),
             }
         )
+
+    reader = plan.stream() if plan is not None and plan.active else None
+    pending: list[TokenLogprob] = []  # held with the text a tool reader holds back
+
+    def said(delta: Delta) -> bytes:
+        nonlocal pending
+        found = openai.logprobs_of(chat, pending) if pending else None
+        pending = []
+        return chunk(delta.content or None, None, logprobs=found, tool_calls=delta.tool_calls)
 
     item = first
     try:
         if chat:
             yield chunk(None, None, role=True)
         while not isinstance(item, Result):
-            found = openai.logprobs_of(chat, item.logprobs) if item.logprobs else None
-            yield chunk(item.text, None, logprobs=found)
+            if reader is None:
+                found = openai.logprobs_of(chat, item.logprobs) if item.logprobs else None
+                yield chunk(item.text, None, logprobs=found)
+            else:
+                pending.extend(item.logprobs or ())
+                delta = reader.feed(item.text)
+                if delta.content or delta.tool_calls:
+                    yield said(delta)
             item = await anext(events)
+        if reader is not None:
+            delta = reader.finish()
+            if delta.content or delta.tool_calls or pending:
+                yield said(delta)
     except Exception as err:  # an error after the stream started: say so in the stream
         error = as_api_error(err)
         yield event({"error": {"message": error.message, "type": error.kind}})
@@ -197,7 +245,7 @@ async def _sse(
     metrics.record(item.stats)
     yield chunk(
         None if chat else "",
-        openai.finish_reason(item.stats),
+        openai.finish_reason(item.stats, bool(reader and reader.calls)),
         {"usage": openai.usage(item.stats), "timings": openai.timings(item.stats)},
     )
     yield DONE

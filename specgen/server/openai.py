@@ -7,7 +7,7 @@ import json
 from typing import Any, Literal
 
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from specgen import grammar as grammars
 from specgen.api import Settings
@@ -16,6 +16,7 @@ from specgen.errors import UsageError, lookup
 from specgen.grammar import LogitBias
 from specgen.prompts import MAX_SEED
 from specgen.stats import Stats
+from specgen.tools import Tool, ToolCall, ToolChoice, choice_from_request, tools_from_request
 
 # How a generation's stop reason reads as an OpenAI finish_reason.
 FINISH = {
@@ -35,8 +36,6 @@ FINISH = {
 # that sets one (to other than its neutral value) gets a 400 that names it, never an answer
 # that quietly ignores it.
 UNSUPPORTED: dict[str, tuple[object, ...]] = {
-    "tools": (None, []),
-    "tool_choice": (None, "none", "auto"),
     "functions": (None, []),
     "function_call": (None, "none", "auto"),
     "presence_penalty": (None, 0, 0.0),
@@ -140,17 +139,72 @@ class SamplingRequest(BaseModel):
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    role: Literal["system", "user", "assistant"]
-    content: str | list[dict[str, Any]]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[dict[str, Any]] | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # an assistant's calls
+    tool_call_id: str | None = None  # a tool's result: the call it answers
+    name: str | None = None
+
+    @model_validator(mode="after")
+    def _has_content(self) -> ChatMessage:
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError(f"a {self.role} message needs a 'content'")
+        return self
 
     def text(self) -> str:
+        if self.content is None:
+            return ""
         if isinstance(self.content, str):
             return self.content
         return "".join(part.get("text", "") for part in self.content if part.get("type") == "text")
 
+    def for_template(self) -> dict[str, Any]:
+        """The message as chat templates read it (``developer`` is the system's role)."""
+        out: dict[str, Any] = {
+            "role": "system" if self.role == "developer" else self.role,
+            "content": self.text(),
+        }
+        if self.tool_calls:
+            out["tool_calls"] = self.tool_calls
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.name is not None:
+            out["name"] = self.name
+        return out
+
 
 class ChatRequest(SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool = True
+
+    def tool_request(self) -> tuple[tuple[Tool, ...], ToolChoice]:
+        """The request's tools and choice; a 400 on a malformed one, or on tools asked for
+        together with another constraint on the output."""
+        try:
+            tools = tools_from_request(self.tools or [])
+            choice = choice_from_request(self.tool_choice, tools)
+        except UsageError as err:
+            raise ApiError(400, str(err), code="invalid_value") from err
+        if choice.mode != "none" and tools:
+            given = [
+                k
+                for k in ("response_format", "json_schema", "grammar", "format")
+                if getattr(self, k)
+            ]
+            if given and not (given == ["response_format"] and _is_text(self.response_format)):
+                raise ApiError(
+                    400,
+                    f"give either 'tools' or {given[0]!r}, not both (a tool call has its own "
+                    f"grammar); or set tool_choice to 'none'",
+                    code="invalid_value",
+                )
+        return tools, choice
+
+
+def _is_text(response_format: dict[str, Any] | None) -> bool:
+    return isinstance(response_format, dict) and response_format.get("type") == "text"
 
 
 class CompletionRequest(SamplingRequest):
@@ -204,32 +258,48 @@ def logprobs_of(chat: bool, found: list[TokenLogprob] | tuple[TokenLogprob, ...]
 
 
 def choice(
-    chat: bool, text: str | None, finish: str | None, logprobs: object = None
+    chat: bool,
+    text: str | None,
+    finish: str | None,
+    logprobs: object = None,
+    tool_calls: list[ToolCall] | None = None,
 ) -> dict[str, object]:
-    """The one choice of a whole response."""
+    """The one choice of a whole response (a chat's with its tool calls, if any)."""
     out: dict[str, object] = {"index": 0, "finish_reason": finish, "logprobs": logprobs}
     if chat:
-        out["message"] = {"role": "assistant", "content": text}
+        message: dict[str, object] = {"role": "assistant", "content": text}
+        if tool_calls:
+            message["tool_calls"] = [call.as_openai() for call in tool_calls]
+        out["message"] = message
     else:
         out["text"] = text
     return out
 
 
 def chunk_choice(
-    chat: bool, text: str | None, finish: str | None, role: bool = False, logprobs: object = None
+    chat: bool,
+    text: str | None,
+    finish: str | None,
+    role: bool = False,
+    logprobs: object = None,
+    tool_calls: list[dict[str, Any]] | None = None,
 ) -> dict[str, object]:
     """The one choice of a streamed chunk: a chat's text is a delta (``role`` on the first);
-    ``logprobs`` those of the tokens the text came from."""
+    ``logprobs`` those of the tokens the text came from; ``tool_calls`` OpenAI's deltas."""
     if not chat:
         return {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": logprobs}
     delta: dict[str, object] = {"role": "assistant"} if role else {}
     if text is not None:
         delta["content"] = text
+    if tool_calls:
+        delta["tool_calls"] = tool_calls
     return {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}
 
 
-def finish_reason(stats: Stats) -> str:
-    return FINISH.get(stats.stop_reason or "", "stop")
+def finish_reason(stats: Stats, called: bool = False) -> str:
+    """OpenAI's finish_reason: ``tool_calls`` when the answer ended with calls in it."""
+    reason = FINISH.get(stats.stop_reason or "", "stop")
+    return "tool_calls" if called and reason == "stop" else reason
 
 
 def usage(stats: Stats) -> dict[str, object]:

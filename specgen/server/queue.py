@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from specgen.api import Settings
 from specgen.engine import TextChunk
 from specgen.server.openai import ApiError
 from specgen.session import Prompt, Result
+from specgen.tools import Plan, Tool, ToolChoice
 
 
 class Generator(Protocol):
@@ -34,7 +35,12 @@ class Generator(Protocol):
         reuse_prefix: bool = False,
         cancelled: Callable[[], bool] | None = None,
         chat: bool | None = None,
+        tools: Sequence[dict[str, Any]] | None = None,
     ) -> Iterator[TextChunk | Result]: ...
+
+    def tool_plan(
+        self, tools: Sequence[Tool], choice: ToolChoice, parallel: bool = True
+    ) -> Plan: ...
 
 
 @dataclass
@@ -43,6 +49,7 @@ class Job:
     settings: Settings
     cancelled: threading.Event
     chat: bool
+    tools: list[dict[str, Any]] | None = None  # for the chat template
 
 
 class GenerationQueue:
@@ -84,6 +91,7 @@ class GenerationQueue:
                     job.settings,
                     reuse_prefix=True,
                     chat=job.chat,
+                    tools=job.tools,
                     cancelled=lambda: job.cancelled.is_set() or self.draining.is_set(),
                 ):
                     loop.call_soon_threadsafe(queue.put_nowait, item)

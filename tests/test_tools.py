@@ -1,0 +1,332 @@
+"""Tool calls, pure: each family's syntax found from its template, its text parsed back into
+calls (whole, and while it streams: what streams is a prefix of the whole), its grammar checked
+by llguidance against the SmolLM2 vocabulary, and the conversation as templates take it."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from specgen import tools as T
+from specgen.chat import render_chat
+from specgen.errors import UsageError
+
+WEATHER = T.Tool(
+    "get_weather",
+    "The weather in a city",
+    {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+        "required": ["city"],
+    },
+)
+TIME = T.Tool("get_time", "", {"type": "object", "properties": {"zone": {"type": "string"}}})
+TOOLS = (WEATHER, TIME)
+
+# One answer per family: some words, then two calls in the family's own syntax.
+ANSWERS = {
+    "hermes": (
+        'Let me look.<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", '
+        '"days": 2}}\n</tool_call>\n<tool_call>\n{"name": "get_time", "arguments": '
+        '{"zone": "CET"}}\n</tool_call>'
+    ),
+    "qwen-xml": (
+        "Let me look.<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n"
+        "</parameter>\n<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>\n"
+        "<tool_call>\n<function=get_time>\n<parameter=zone>\nCET\n</parameter>\n</function>\n"
+        "</tool_call>"
+    ),
+    "mistral-nemo": (
+        'Let me look.[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris", '
+        '"days": 2}, "id": "abc123xyz"}, {"name": "get_time", "arguments": {"zone": "CET"}}]'
+    ),
+    "mistral": (
+        'Let me look.[TOOL_CALLS]get_weather[ARGS]{"city": "Paris", "days": 2}'
+        '[TOOL_CALLS]get_time[ARGS]{"zone": "CET"}'
+    ),
+    "gemma4": (
+        'Let me look.<|tool_call>call:get_weather{city:<|"|>Paris<|"|>,days:2}<tool_call|>'
+        '<|tool_call>call:get_time{zone:<|"|>CET<|"|>}<tool_call|>'
+    ),
+}
+SYNTAX = {
+    "hermes": T.Hermes(),
+    "qwen-xml": T.QwenXml(),
+    "mistral-nemo": T.MistralNemo(),
+    "mistral": T.MistralTagged(),
+    "gemma4": T.Gemma4(),
+}
+EXPECTED = [("get_weather", {"city": "Paris", "days": 2}), ("get_time", {"zone": "CET"})]
+
+
+@pytest.mark.parametrize(
+    ("template", "name"),
+    [
+        ("{{ '<tool_call>' }}{% for t in tools %}{{ t | tojson }}{% endfor %}", "hermes"),
+        ("<tool_call>\n<function=example_function_name>\n<parameter=x>", "qwen-xml"),
+        ('<|start_header_id|>ipython ... {"name": function name, "parameters": ...}', "llama3"),
+        ("[AVAILABLE_TOOLS]{{ tools }}[TOOL_CALLS]{{ c.function.name }}[ARGS]", "mistral"),
+        ("[AVAILABLE_TOOLS]{{ tools }}[TOOL_CALLS][{{ calls }}]", "mistral-nemo"),
+        ("<|tool>declaration:...<|tool_call>call:{{ name }}", "gemma4"),
+        ("{% for m in messages %}<|im_start|>{{ m.content }}{% endfor %}", "generic"),
+        (None, "generic"),
+    ],
+)
+def test_each_family_is_told_by_its_template(template, name) -> None:
+    assert T.syntax_for(template).name == name
+
+
+@pytest.mark.parametrize("family", sorted(ANSWERS))
+def test_each_family_parses_its_calls_and_the_words_before_them(family) -> None:
+    parsed = SYNTAX[family].parse(ANSWERS[family], TOOLS, final=True)
+    assert parsed.content.strip() == "Let me look."
+    assert [(c.name, json.loads(c.arguments or "")) for c in parsed.calls] == EXPECTED
+
+
+def test_llama3_reads_a_whole_json_answer_as_a_call_and_anything_else_as_text() -> None:
+    call = '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}'
+    parsed = T.Llama3().parse(call, TOOLS, final=True)
+    assert parsed.content == ""
+    assert [(c.name, json.loads(c.arguments or "")) for c in parsed.calls] == [
+        ("get_weather", {"city": "Paris"})
+    ]
+    assert T.Llama3().parse("It is sunny.", TOOLS, final=True).calls == []
+
+
+def test_generic_reads_calls_or_a_response() -> None:
+    generic = T.Generic()
+    calls = '{"tool_calls": [{"name": "get_time", "arguments": {"zone": "CET"}}]}'
+    assert [c.name for c in generic.parse(calls, TOOLS, final=True).calls] == ["get_time"]
+    answer = generic.parse('{"response": "It is \\"sunny\\"."}', TOOLS, final=True)
+    assert (answer.content, answer.calls) == ('It is "sunny".', [])
+    # while it streams, the response's text so far (whole escapes only)
+    assert generic.parse('{"response": "It is \\"sun', TOOLS, final=False).content == 'It is "sun'
+
+
+@pytest.mark.parametrize("family", sorted(ANSWERS))
+def test_a_call_that_does_not_parse_comes_back_as_text(family) -> None:
+    broken = (
+        ANSWERS[family]
+        .replace("Paris", 'Par"is')  # JSON
+        .replace("{city:", "{city")  # Gemma 4
+        .replace("</parameter>\n<parameter=days>", "<parameter=days>")  # XML
+        .replace("</function>", "", 1)
+    )
+    plan = T.Plan(SYNTAX[family], TOOLS, T.ToolChoice("auto"))
+    content, calls = plan.parse(broken)
+    assert content is not None and "Par" in content
+    assert all(c.name != "get_weather" for c in calls)
+
+
+@pytest.mark.parametrize("family", [*sorted(ANSWERS), "generic"])
+@pytest.mark.parametrize("seed", range(4))
+def test_what_streams_is_a_prefix_of_the_whole_answer(family, seed) -> None:
+    generic = family == "generic"
+    syntax = T.Generic() if generic else SYNTAX[family]
+    text = (
+        json.dumps({"tool_calls": [{"name": n, "arguments": a} for n, a in EXPECTED]})
+        if generic
+        else ANSWERS[family]
+    )
+    plan = T.Plan(syntax, TOOLS, T.ToolChoice("auto"))
+    whole_content, whole_calls = plan.parse(text)
+    reader = plan.stream()
+    rng = random.Random(seed)
+    at, content, calls = 0, "", {}
+    deltas = []
+    while at < len(text):
+        step = rng.randint(1, 6)
+        deltas.append(reader.feed(text[at : at + step]))
+        at += step
+    deltas.append(reader.finish())
+    for delta in deltas:
+        content += delta.content
+        for part in delta.tool_calls:
+            entry = calls.setdefault(part["index"], {"name": None, "arguments": "", "id": None})
+            if "id" in part:
+                assert entry["id"] is None, "a call's header comes once"
+                entry["id"], entry["name"] = part["id"], part["function"]["name"]
+            entry["arguments"] += part["function"]["arguments"]
+    assert content.strip() == (whole_content or "").strip()
+    got = [(calls[i]["name"], json.loads(calls[i]["arguments"])) for i in sorted(calls)]
+    assert got == [(c.name, json.loads(c.arguments)) for c in whole_calls] == EXPECTED
+    assert [c.id for c in reader.calls] == [calls[i]["id"] for i in sorted(calls)]
+    if family == "hermes":  # JSON arguments stream in fragments, not only once whole
+        assert sum(1 for d in deltas for p in d.tool_calls if p["function"]["arguments"]) > 2
+
+
+def test_tools_and_tool_choice_are_read_as_openai_sends_them() -> None:
+    given = [WEATHER.as_openai(), {"type": "function", "function": {"name": "get_time"}}]
+    tools = T.tools_from_request(given)
+    assert [t.name for t in tools] == ["get_weather", "get_time"]
+    assert tools[1].parameters == {"type": "object"}
+    assert T.choice_from_request(None, tools).mode == "auto"
+    assert T.choice_from_request(None, ()).mode == "none"
+    named = {"type": "function", "function": {"name": "get_time"}}
+    assert T.choice_from_request(named, tools) == T.ToolChoice("named", "get_time")
+    for bad, said in [
+        ([{"type": "retrieval"}], "type 'function'"),
+        ([{"type": "function", "function": {"name": "no spaces"}}], "letters"),
+        ([WEATHER.as_openai(), WEATHER.as_openai()], "two tools"),
+        ({"type": "function"}, "must be a list"),
+    ]:
+        with pytest.raises(UsageError, match=said):
+            T.tools_from_request(bad)
+    with pytest.raises(UsageError, match="not one of the 'tools'"):
+        T.choice_from_request({"type": "function", "function": {"name": "nope"}}, tools)
+    with pytest.raises(UsageError, match="must be 'auto'"):
+        T.choice_from_request("sometimes", tools)
+
+
+HERMES_TEMPLATE = (
+    "{%- if tools %}<|im_start|>system\nYou may call functions.\n<tools>\n"
+    "{%- for tool in tools %}\n{{ tool | tojson }}{%- endfor %}\n</tools><|im_end|>\n{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message.role == 'assistant' and message.tool_calls %}<|im_start|>assistant\n"
+    "{%- for call in message.tool_calls %}<tool_call>\n"
+    '{"name": "{{ call.function.name }}", "arguments": {{ call.function.arguments | tojson }}}'
+    "\n</tool_call>{%- endfor %}<|im_end|>\n"
+    "{%- elif message.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ message.content }}"
+    "\n</tool_response><|im_end|>\n"
+    "{%- else %}<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n{%- endif %}"
+    "{%- endfor %}{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}"
+)
+HISTORY = [
+    {"role": "user", "content": "Weather in Paris?"},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "call_1",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+            }
+        ],
+    },
+    {"role": "tool", "tool_call_id": "call_1", "content": "18 C <sunny>"},
+    {"role": "tool", "tool_call_id": "call_2", "content": "and dry"},
+]
+
+
+def test_a_native_template_gets_the_tools_and_the_calls_as_objects() -> None:
+    plan = T.Plan(T.syntax_for(HERMES_TEMPLATE), TOOLS, T.ToolChoice("auto"))
+    text = render_chat(HERMES_TEMPLATE, plan.messages(HISTORY), tools=plan.template_tools())
+    # the schema as plain JSON (Jinja's own tojson would write \u003c for "<")
+    assert json.dumps(WEATHER.as_openai()) in text
+    assert '"arguments": {"city": "Paris"}}' in text  # an object, not a JSON string in a string
+    assert "<tool_response>\n18 C <sunny>\n</tool_response>" in text
+
+
+def test_a_template_without_tools_gets_them_described_and_the_history_as_text() -> None:
+    template = (
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+        "{% endfor %}<|im_start|>assistant\n"
+    )
+    plan = T.Plan(T.syntax_for(template), TOOLS, T.ToolChoice("required"))
+    assert plan.template_tools() is None
+    messages = plan.messages(HISTORY)
+    assert messages[0]["role"] == "system" and "get_weather" in messages[0]["content"]
+    assert '"response"' not in messages[0]["content"]  # required: calls only
+    assert json.loads(messages[2]["content"]) == {
+        "tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}]
+    }
+    # the two results are one user turn (templates that alternate roles refuse two)
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "user"]
+    assert "18 C <sunny>" in messages[3]["content"] and "and dry" in messages[3]["content"]
+
+
+# -- grammars, checked by llguidance on a real vocabulary ------------------------------------
+
+
+@pytest.fixture(scope="module")
+def vocab(smollm2_draft):
+    from specgen.backend import LlamaModel, ModelOptions
+    from specgen.backend.grammar import tokenizer_for
+
+    model = LlamaModel(smollm2_draft, ModelOptions(n_ctx=64, n_threads=1))
+    return model, tokenizer_for(model)
+
+
+def accepts(vocab, grammar, text: str, markers=None) -> bool:
+    """Whether ``grammar`` takes the whole of ``text`` and may end there."""
+    from llguidance import LLMatcher
+
+    model, tokenizer = vocab
+    tokens = model.tokenize(text, add_special=False, parse_special=True)
+    for marker, token in (markers or {}).items():  # the marker as its one token
+        spelled = model.tokenize(marker, add_special=False, parse_special=False)
+        for i in range(len(tokens) - len(spelled), -1, -1):
+            if tokens[i : i + len(spelled)] == spelled:
+                tokens[i : i + len(spelled)] = [token]
+    matcher = LLMatcher(tokenizer, grammar.compiled(), log_level=0)
+    return matcher.validate_tokens(tokens) == len(tokens) and (
+        matcher.consume_tokens(tokens) and matcher.is_accepting()
+    )
+
+
+@pytest.mark.parametrize("family", sorted(ANSWERS))
+def test_each_grammar_takes_its_own_calls_and_refuses_others(vocab, family) -> None:
+    syntax, answer = SYNTAX[family], ANSWERS[family]
+    calls_only = answer.removeprefix("Let me look.")
+    if family == "qwen-xml":  # its grammar writes the newline after each block it closes
+        calls_only = calls_only.replace("</function>\n</tool_call>\n", "</function>\n</tool_call>")
+    auto = T.Plan(syntax, TOOLS, T.ToolChoice("auto")).grammar()
+    required = T.Plan(syntax, TOOLS, T.ToolChoice("required")).grammar()
+    one = T.Plan(syntax, TOOLS, T.ToolChoice("required"), parallel=False).grammar()
+    named = T.Plan(syntax, TOOLS, T.ToolChoice("named", "get_time")).grammar()
+    assert accepts(vocab, auto, answer)
+    assert accepts(vocab, auto, "No call needed: it is sunny.")
+    assert accepts(vocab, required, calls_only)
+    assert not accepts(vocab, required, "No call needed: it is sunny.")
+    if family != "mistral-nemo":  # one list holds all calls
+        first = calls_only[: calls_only.index(syntax.start, 1)]
+        assert accepts(vocab, one, first.rstrip("\n") if family != "qwen-xml" else first)
+    assert not accepts(vocab, one, calls_only)
+    assert not accepts(vocab, named, calls_only)  # get_weather is not the named one
+    # a wrong argument type, or a misspelt tool, is refused
+    assert not accepts(vocab, required, calls_only.replace("get_weather", "get_wether"))
+    if family not in ("qwen-xml", "gemma4"):  # JSON arguments are checked against the schema
+        assert not accepts(vocab, required, calls_only.replace('"days": 2', '"days": "two"'))
+
+
+def test_llama3_and_generic_grammars(vocab) -> None:
+    call = '{"name": "get_weather", "parameters": {"city": "Paris"}}'
+    llama = T.Plan(T.Llama3(), TOOLS, T.ToolChoice("auto")).grammar()
+    assert accepts(vocab, llama, call) and accepts(vocab, llama, "It is sunny.")
+    assert not accepts(vocab, llama, '{"name": "get_weather", "parameters": {}}')
+    generic = T.Plan(T.Generic(), TOOLS, T.ToolChoice("auto")).grammar()
+    required = T.Plan(T.Generic(), TOOLS, T.ToolChoice("required")).grammar()
+    calls = '{"tool_calls": [{"name": "get_time", "arguments": {"zone": "CET"}}]}'
+    assert accepts(vocab, generic, calls) and accepts(vocab, required, calls)
+    assert accepts(vocab, generic, '{"response": "sunny"}')
+    assert not accepts(vocab, required, '{"response": "sunny"}')
+
+
+def test_markers_the_vocabulary_holds_as_special_tokens_must_be_those_tokens(vocab) -> None:
+    from specgen.session import special_tokens
+
+    model, _ = vocab
+    found = special_tokens(model, ["<|im_start|>", "<tool_call>", "hello"])
+    assert found == {"<|im_start|>": 1}
+    # As if "<tool_call>" were that special token: the grammar then takes the token, not
+    # the same text spelt out in pieces.
+    markers = {"<tool_call>": 1}
+    grammar = T.Plan(T.Hermes(), TOOLS, T.ToolChoice("required"), markers=markers).grammar()
+    call = '<tool_call>\n{"name": "get_time", "arguments": {"zone": "CET"}}\n</tool_call>'
+    assert accepts(vocab, grammar, call, markers)
+    assert not accepts(vocab, grammar, call)
+
+
+def test_a_tool_schema_that_gives_no_grammar_is_one_line() -> None:
+    bad = T.Tool("f", "", {"type": "object", "properties": {"x": {"type": "no-such-type"}}})
+    with pytest.raises(UsageError, match="the tools' schemas give no usable grammar"):
+        T.Plan(T.Hermes(), (bad,), T.ToolChoice("required")).grammar()
+
+
+def test_a_call_cut_short_by_max_tokens_comes_back_as_the_text_so_far() -> None:
+    plan = T.Plan(T.Hermes(), TOOLS, T.ToolChoice("required"))
+    cut = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa'
+    assert plan.parse(cut) == (cut, [])
