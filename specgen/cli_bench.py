@@ -125,7 +125,12 @@ def bench(
 
     What it finds best is remembered: `specgen run` and `serve` use it for these models here.
     """
-    from specgen.bench.prompts import BUILTIN_KINDS, BUILTIN_PROMPTS, load_prompts
+    from specgen.bench.prompts import (
+        BUILTIN_KINDS,
+        BUILTIN_PROMPTS,
+        builtin_grammars,
+        load_prompts,
+    )
     from specgen.bench.runner import BenchSession
     from specgen.bench.sweep import parse_lookaheads
     from specgen.choice import decide
@@ -135,10 +140,11 @@ def bench(
     from specgen.pair import PairOptions, open_pair
 
     variants = parse_lookaheads(lookaheads)
+    kinds: list[str] | None
     if prompts_file:
-        prompts, kinds = load_prompts(prompts_file), None
+        (prompts, grammars), kinds = load_prompts(prompts_file), None
     else:
-        prompts, kinds = BUILTIN_PROMPTS, BUILTIN_KINDS
+        prompts, kinds, grammars = BUILTIN_PROMPTS, BUILTIN_KINDS, builtin_grammars()
     # Every row but K=0 needs the draft model loaded, whatever K the pair itself runs at.
     decision = decide(
         pair,
@@ -180,6 +186,7 @@ def bench(
         draft_p_min=draft_p_min,
         prompts_file=prompts_file,
         local_head=rpc_local_head,
+        grammars=grammars,
     )
     settings = [temperature] if temperature is not None else [0.0, DEFAULT_SAMPLING.temperature]
     reports, interrupted = session.all(settings, _ProgressBar(len(prompts), repeats))

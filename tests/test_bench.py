@@ -21,6 +21,7 @@ from specgen.bench.report import summarize
 from specgen.bench.sweep import parse_lookaheads, sweep
 from specgen.core.speculative import expected_tokens
 from specgen.errors import UserError
+from specgen.grammar import any_json_object
 from specgen.stats import SourceStats, Stats
 from tests.conftest import FakePair, with_models_cache
 from tests.invoke import specgen_here
@@ -160,10 +161,11 @@ def test_lookahead_list_and_prompt_files(tmp_path: Path) -> None:
             parse_lookaheads(bad)
     plain = tmp_path / "p.txt"
     plain.write_text("first prompt\n\nsecond\\nwith a newline\n")
-    assert load_prompts(plain) == ["first prompt", "second\nwith a newline"]
+    assert load_prompts(plain) == (["first prompt", "second\nwith a newline"], [None, None])
     jsonl = tmp_path / "p.jsonl"
-    jsonl.write_text('{"prompt": "a"}\n{"prompt": "b", "id": 2}\n')
-    assert load_prompts(jsonl) == ["a", "b"]
+    jsonl.write_text('{"prompt": "a"}\n{"prompt": "b", "id": 2, "format": "json"}\n')
+    prompts, grammars = load_prompts(jsonl)
+    assert prompts == ["a", "b"] and grammars == [None, any_json_object()]
     jsonl.write_text('{"prompt": "a"}\n{"text": "b"}\n')
     with pytest.raises(UserError, match="line 2"):
         load_prompts(jsonl)

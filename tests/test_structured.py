@@ -286,3 +286,33 @@ def test_a_vocabulary_without_an_end_token_refuses_a_grammar_in_one_line(tmp_pat
     )
     assert done.returncode == 1 and "structured output cannot run on it" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.slow
+def test_bench_runs_a_constrained_prompt_under_its_grammar_in_every_row(
+    smollm2_target: Path, smollm2_draft: Path, tmp_path: Path
+) -> None:
+    from specgen.bench.prompts import BUILTIN, EXTRACTION_SCHEMA, builtin_grammars
+
+    # the built-in set has one extraction prompt, with its schema
+    kinds = [kind for kind, _ in BUILTIN]
+    assert [g is not None for g in builtin_grammars()] == [k == "json" for k in kinds]
+    extraction = BUILTIN[kinds.index("json")][1]
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(
+        json.dumps({"prompt": extraction, "json_schema": EXTRACTION_SCHEMA}) + "\n"
+        + json.dumps({"prompt": extraction}) + "\n"
+    )  # fmt: skip
+    out = tmp_path / "bench.json"
+    done = specgen_here(
+        "bench", "--target", str(smollm2_target), "--draft", str(smollm2_draft),
+        "--threads", "2", "-k", "3", "-n", "24", "--repeats", "1", "--temperature", "0",
+        "--prompts", str(prompts), "--json", str(out),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    report = json.loads(out.read_text())
+    assert report["meta"]["params"]["constrained_prompts"] == 1
+    (row,) = report["per_k"]
+    # the grammar forced some guesses (free ones, counted apart from the draft model's)
+    assert row["forced_share"] and 0 < row["forced_share"] < 1
+    assert len(report["per_prompt"]) == 2

@@ -1,10 +1,16 @@
-"""The prompts ``specgen bench`` runs: a built-in set of kinds of work, or the user's file."""
+"""The prompts ``specgen bench`` runs: a built-in set of kinds of work, or the user's file.
+
+A prompt may come with what its answer must match (the built-in ``json`` extraction, or a
+file's line with ``json_schema`` / ``grammar`` / ``response_format``): every row runs it under
+that grammar, the target alone too, so its speedup is constrained against constrained.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from specgen.errors import UserError
+from specgen.grammar import Grammar, json_schema
 
 # The built-in prompts, each with its kind: the kinds answer "which drafter for which task".
 # "rewrite" and "extract" prompts carry a passage the answer copies from (prompt lookup's home
@@ -57,26 +63,51 @@ BUILTIN = [
         "message in a bottle.",
     ),
     ("translate", "Translate to French: The train leaves at eight o'clock tomorrow morning."),
+    (
+        "json",
+        "Fill in this JSON object from the passage: the inventor, the year, the invention and "
+        f"the places it changed.\n\nPassage: {PASSAGE}\n\nJSON:",
+    ),
 ]
 BUILTIN_PROMPTS = [prompt for _, prompt in BUILTIN]
 BUILTIN_KINDS = [kind for kind, _ in BUILTIN]
+# The schema the built-in "json" prompt's answer fills (an extraction, as agents ask for).
+EXTRACTION_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "inventor": {"type": "string", "maxLength": 60},
+        "year": {"type": "integer"},
+        "invention": {"type": "string", "maxLength": 60},
+        "places": {"type": "array", "items": {"type": "string", "maxLength": 40}, "maxItems": 6},
+    },
+    "required": ["inventor", "year", "invention", "places"],
+    "additionalProperties": False,
+}
 
 
-def load_prompts(path: Path) -> list[str]:
+def builtin_grammars() -> list[Grammar | None]:
+    """What each built-in prompt's answer must match (None: free text)."""
+    return [json_schema(EXTRACTION_SCHEMA) if kind == "json" else None for kind in BUILTIN_KINDS]
+
+
+def load_prompts(path: Path) -> tuple[list[str], list[Grammar | None]]:
     """One prompt per line (``\\n`` for a newline inside one), or JSON lines with a "prompt"
-    field, as ``specgen run`` reads them; blank lines are skipped."""
+    field and optionally what the answer must match, as ``specgen run`` reads them; blank lines
+    are skipped. The prompts, and each one's grammar (None: free text)."""
     from specgen.prompts import BadLine, parse_record, unescape
 
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as err:
         raise UserError(f"cannot read prompts from {path}: {err}") from err
-    prompts = []
+    prompts: list[str] = []
+    grammars: list[Grammar | None] = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         if not line.lstrip().startswith("{"):
             prompts.append(unescape(line))
+            grammars.append(None)
             continue
         item = parse_record(line, number)
         if isinstance(item, BadLine):
@@ -84,6 +115,7 @@ def load_prompts(path: Path) -> list[str]:
         if item.prompt is None:
             raise UserError(f'{path}, line {number}: bench takes "prompt" lines, not "messages"')
         prompts.append(item.prompt)
+        grammars.append(item.settings.get("grammar"))
     if not prompts:
         raise UserError(f"{path} holds no prompts")
-    return prompts
+    return prompts, grammars

@@ -21,6 +21,7 @@ from specgen.bench.sweep import Run, RunOne, sweep
 from specgen.core.sampling import DEFAULT_SAMPLING, SamplingParams
 from specgen.drafters import Drafter, Model, make_drafter
 from specgen.engine import Finished, GenerationConfig, SpeculativeEngine
+from specgen.grammar import Grammar
 from specgen.lookahead import CostBook
 from specgen.memo import Variant
 from specgen.pair import Pair
@@ -62,6 +63,7 @@ class BenchSession:
         draft_p_min: float = 0.0,
         prompts_file: Path | None = None,
         local_head: bool = True,
+        grammars: Sequence[Grammar | None] | None = None,
     ) -> None:
         self.pair, self.choice, self.kinds, self.variants = pair, choice, kinds, variants
         self.max_tokens, self.repeats, self.seed = max_tokens, repeats, seed
@@ -69,6 +71,8 @@ class BenchSession:
         self.prompts_file, self.local_head = prompts_file, local_head
         self.chat = wants_chat(pair, choice.chat, None, None)
         self.encoded = [prompt_tokens(pair.target, p, self.chat) for p in prompts]
+        # What each prompt's answer must match, in every row (the target alone's too).
+        self.grammars = list(grammars) if grammars else [None] * len(prompts)
         self.learned: CostBook = pair.costs
         # One drafter per way of drafting, over the same loaded models; each run begins afresh.
         ways = {
@@ -109,6 +113,7 @@ class BenchSession:
                 sampling=sampling,
                 max_tokens=self.max_tokens,
                 seed=seed,
+                grammar=self.grammars[prompt],
             )
             for event in engine.generate(self.encoded[prompt], config):
                 if isinstance(event, Finished):
@@ -218,6 +223,7 @@ class BenchSession:
                 "seed": self.seed,
                 "prompts": len(self.encoded),
                 "prompts_file": str(self.prompts_file) if self.prompts_file else None,
+                "constrained_prompts": sum(g is not None for g in self.grammars),
                 "chat": self.chat,
                 "n_ctx": target.n_ctx,
             },
