@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import datetime
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.progress import (
@@ -27,6 +27,10 @@ from specgen.bench_view import remembered_note, render
 from specgen.core.sampling import DEFAULT_SAMPLING
 from specgen.errors import Interrupted
 from specgen.memo import Variant
+
+if TYPE_CHECKING:
+    from specgen.grammar import Grammar
+    from specgen.pair import Pair
 from specgen.options import (
     CtxOpt,
     DraftOpt,
@@ -174,6 +178,8 @@ def bench(
         PairOptions.for_both(ctx_size, threads, gpu_layers, verbose, rpc_local_head),
         snapshots=snapshots,
     )
+    if kinds is not None:  # the built-in prompts
+        prompts, kinds, grammars = _constrained_if_possible(loaded, prompts, kinds, grammars)
     session = BenchSession(
         loaded,
         choice,
@@ -263,3 +269,21 @@ def _write_outputs(
     for path in (json_path, csv_path, plot_path):
         if path:
             out.note(f"wrote {path}")
+
+
+def _constrained_if_possible(
+    loaded: Pair, prompts: list[str], kinds: list[str], grammars: list[Grammar | None]
+) -> tuple[list[str], list[str], list[Grammar | None]]:
+    """The built-in prompts, less the constrained ones where the target cannot run a grammar
+    (a vocabulary without an end of generation, or one llguidance cannot read): said on
+    stderr, and the rest measured."""
+    from specgen.errors import UserError
+
+    try:
+        for found in {g for g in grammars if g is not None}:
+            loaded.target.constrain(found)
+    except UserError as err:
+        out.warning(f"the constrained prompts are left out: {err}")
+        keep = [i for i, g in enumerate(grammars) if g is None]
+        return [prompts[i] for i in keep], [kinds[i] for i in keep], [None] * len(keep)
+    return prompts, kinds, grammars

@@ -285,8 +285,13 @@ class Syntax:
 
 
 def _schema_of(tool: Tool) -> dict[str, Any]:
-    schema = dict(tool.parameters)
-    return schema if schema else {"type": "object"}
+    """A tool's arguments' schema as its grammar holds them: only the properties it declares,
+    unless the schema says ``additionalProperties`` itself (a function takes what it names;
+    left open, a small model invents arguments until ``max_tokens``)."""
+    schema = dict(tool.parameters) or {"type": "object"}
+    if schema.get("type") == "object" and "properties" in schema:
+        schema.setdefault("additionalProperties", False)
+    return schema
 
 
 def _call_schema(
@@ -338,8 +343,13 @@ def _calls_array(
     return array
 
 
+# Calls are written as templates render them (``tojson``: ", " and ": ", no other space): the
+# model's own habit, and every key and separator one forced way on (free guesses).
+RIGID = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
 def _json(schema: Mapping[str, Any]) -> str:
-    return "%json " + json.dumps(schema)
+    return "%json " + json.dumps({**schema, "x-guidance": RIGID})
 
 
 class Hermes(Syntax):

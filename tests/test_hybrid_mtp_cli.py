@@ -189,7 +189,10 @@ def test_bench_rows_draft_with_the_head(files: dict[str, Path], tmp_path: Path) 
         "--temperature", "0", "--threads", "1", "--json", str(report),
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
+    # the tiny vocabulary has no end of generation: the json prompt is left out, said once
+    assert "the constrained prompts are left out" in done.stderr
     found = json.loads(report.read_text())
+    assert found["meta"]["params"]["constrained_prompts"] == 0
     assert found["meta"]["draft"]["spec"] == "mtp"
     assert {row["lookahead"] for row in found["per_k"]} == {1, 2, "auto", "hybrid"}
     drafted = [row for row in found["per_k"] if row["lookahead"] in (1, 2)]

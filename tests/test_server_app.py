@@ -354,3 +354,11 @@ def test_serve_takes_the_k_bench_found(fake_pair: FakePair) -> None:
     assert sg.lookahead == 3 and "specgen bench" in sg.note
     assert Specgen(target=fake_pair.target, draft=fake_pair.draft, threads=2).lookahead == "auto"
     assert Path(sg.target_path) == fake_pair.target
+
+
+def test_a_json_body_sent_as_a_form_is_read_as_json(http) -> None:
+    """``curl -d`` sends a JSON body with a form's content type; the API reads it as JSON."""
+    body = json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    reply = http.post("/v1/chat/completions", content=body, headers=form)
+    assert reply.status_code == 200 and reply.json()["choices"][0]["message"]["content"]

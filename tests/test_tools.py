@@ -330,3 +330,15 @@ def test_a_call_cut_short_by_max_tokens_comes_back_as_the_text_so_far() -> None:
     plan = T.Plan(T.Hermes(), TOOLS, T.ToolChoice("required"))
     cut = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa'
     assert plan.parse(cut) == (cut, [])
+
+
+def test_a_tool_takes_only_the_arguments_it_declares_unless_its_schema_says_otherwise(
+    vocab,
+) -> None:
+    open_tool = T.Tool("f", "", {"type": "object", "properties": {"a": {"type": "integer"}}})
+    extra = '<tool_call>\n{"name": "f", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
+    closed = T.Plan(T.Hermes(), (open_tool,), T.ToolChoice("required")).grammar()
+    assert not accepts(vocab, closed, extra)
+    assert accepts(vocab, closed, extra.replace(', "b": 2', ""))
+    said = T.Tool("f", "", {**open_tool.parameters, "additionalProperties": True})
+    assert accepts(vocab, T.Plan(T.Hermes(), (said,), T.ToolChoice("required")).grammar(), extra)

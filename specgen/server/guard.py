@@ -50,7 +50,7 @@ class Guard:
                     413, f"the request body is over {self.max_body} bytes", code="request_too_large"
                 )(scope, receive, send_and_note)
             else:
-                await self.app(scope, receive, send_and_note)
+                await self.app(_as_json(scope, headers), receive, send_and_note)
         finally:
             self.metrics.requests.labels(endpoint=path, status=str(status["code"])).inc()
             self.metrics.latency.labels(endpoint=path).observe(time.perf_counter() - started)
@@ -78,3 +78,13 @@ class Guard:
             return await receive()
 
         return replay
+
+
+def _as_json(scope: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
+    """A POST to the API without a JSON content type (``curl -d`` sends a form's) is read as
+    JSON, as llama-server and OpenAI's API read it: the body is all the API takes."""
+    kind = headers.get("content-type", "")
+    if scope["method"] != "POST" or not scope["path"].startswith("/v1/") or "json" in kind:
+        return scope
+    kept = [(k, v) for k, v in scope["headers"] if k.lower() != b"content-type"]
+    return {**scope, "headers": [*kept, (b"content-type", b"application/json")]}
