@@ -820,9 +820,9 @@ class Plan:
 
 def _call_for_template(call: Any) -> dict[str, Any]:
     """An OpenAI tool call with its arguments as an object (what templates index into)."""
-    if not isinstance(call, dict):
-        return {}
-    function = dict(call.get("function") or {})
+    if not isinstance(call, dict) or not isinstance(call.get("function"), dict):
+        return call if isinstance(call, dict) else {}
+    function = dict(call["function"])
     arguments = function.get("arguments")
     if isinstance(arguments, str):
         try:

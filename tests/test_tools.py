@@ -342,3 +342,49 @@ def test_a_tool_takes_only_the_arguments_it_declares_unless_its_schema_says_othe
     assert accepts(vocab, closed, extra.replace(', "b": 2', ""))
     said = T.Tool("f", "", {**open_tool.parameters, "additionalProperties": True})
     assert accepts(vocab, T.Plan(T.Hermes(), (said,), T.ToolChoice("required")).grammar(), extra)
+
+
+WEIRD = [
+    {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"properties": 5}}}]},
+    {"tools": [{"type": "function", "function": {"name": "f", "parameters": []}}]},
+    {"tools": [{"type": "function", "function": "f"}]},
+    {"tools": "f"},
+    {"tool_choice": {"type": "function"}},
+    {"tool_choice": 5},
+    {"tool_choice": "none", "messages": [{"role": "assistant", "tool_calls": ["x"]}]},
+    {"tool_choice": "none", "messages": [{"role": "assistant", "tool_calls": [{"function": "s"}]}]},
+    {
+        "tool_choice": "none",
+        "messages": [
+            {"role": "assistant", "tool_calls": [{"function": {"name": 5, "arguments": 7}}]},
+            {"role": "tool", "content": [{"type": "text", "text": "a result"}]},
+        ],
+    },
+    {"tool_choice": "none", "messages": [{"role": "tool"}]},
+    {"parallel_tool_calls": "yes"},
+]
+
+
+@pytest.mark.parametrize("extra", WEIRD)
+def test_odd_tool_requests_are_answered_never_a_500(fake_pair, extra) -> None:
+    import asyncio
+
+    import httpx2 as httpx
+
+    from specgen.api import Specgen
+    from specgen.server import create_app
+
+    app = create_app(Specgen(target=fake_pair.target, draft=fake_pair.draft), max_queue=0)
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+    body = {**body, "tools": [WEATHER.as_openai()], **extra}
+
+    async def post() -> httpx.Response:
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://specgen"
+        ) as http:
+            return await http.post("/v1/chat/completions", json=body)
+
+    reply = asyncio.run(post())
+    assert reply.status_code < 500, reply.text
+    if reply.status_code >= 400:
+        assert reply.json()["error"]["message"]

@@ -136,12 +136,29 @@ class SamplingRequest(BaseModel):
         )
 
 
+class CalledFunction(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    name: str
+    arguments: str | dict[str, Any] = "{}"  # OpenAI's JSON text (an object is taken too)
+
+
+class AssistantToolCall(BaseModel):
+    """A call in the history, as the answer that made it gave it."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[dict[str, Any]] | None = None
-    tool_calls: list[dict[str, Any]] | None = None  # an assistant's calls
+    tool_calls: list[AssistantToolCall] | None = None  # an assistant's calls
     tool_call_id: str | None = None  # a tool's result: the call it answers
     name: str | None = None
 
@@ -165,7 +182,7 @@ class ChatMessage(BaseModel):
             "content": self.text(),
         }
         if self.tool_calls:
-            out["tool_calls"] = self.tool_calls
+            out["tool_calls"] = [call.model_dump() for call in self.tool_calls]
         if self.tool_call_id is not None:
             out["tool_call_id"] = self.tool_call_id
         if self.name is not None:
