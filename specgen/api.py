@@ -69,7 +69,9 @@ class Specgen:
     unless ``lookahead``, ``ngram`` or ``draft="ngram"`` says otherwise (``self.note`` says
     so). ``rpc`` (``"host:port,..."``) puts the target's layers on `specgen worker`s; a worker
     that dies mid-generation ends the process with one line (ggml aborts; nothing can be
-    caught)."""
+    caught). ``lookup_cache``: prompt lookup keeps what earlier generations read and wrote for
+    guesses across requests (False: not; a path: kept in that file between processes, and
+    ``self.pair.notes`` says when it could not be read)."""
 
     def __init__(
         self,
@@ -90,6 +92,7 @@ class Specgen:
         from_bench: bool = False,
         rpc: str | None = None,
         rpc_local_head: bool = True,
+        lookup_cache: bool | str | Path = True,
     ) -> None:
         from specgen.choice import decide
         from specgen.pair import open_pair
@@ -106,7 +109,11 @@ class Specgen:
             gpu_layers=gpu_layers,
             bench_temperature=Settings.temperature if from_bench else None,
         )
-        options = PairOptions.for_both(n_ctx, threads, gpu_layers, verbose, rpc_local_head)
+        options = replace(
+            PairOptions.for_both(n_ctx, threads, gpu_layers, verbose, rpc_local_head),
+            lookup_cache=lookup_cache is not False,
+            lookup_file=None if isinstance(lookup_cache, bool) else Path(lookup_cache),
+        )
         self.decision = decision
         self.choice = decision.choice
         self.note = decision.note

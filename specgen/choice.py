@@ -15,7 +15,7 @@ from pathlib import Path
 from specgen import memo
 from specgen.errors import UsageError
 from specgen.lookahead import DEFAULT_LOOKAHEAD, Lookahead, effective_lookahead
-from specgen.registry import MTP, NGRAM, ModelSpec, PairSpec, Registry, cached
+from specgen.registry import HYBRID_BY_DEFAULT, MTP, NGRAM, ModelSpec, PairSpec, Registry, cached
 from specgen.rpc import parse_endpoints, probe
 
 
@@ -92,7 +92,7 @@ def choose(
         draft, mtp = None, True
     elif draft is not None and mtp:
         raise UsageError("--mtp drafts with the target's own head: drop --draft, or --mtp")
-    by_pair = named.ngram if named else False
+    by_pair = named.ngram if named else HYBRID_BY_DEFAULT
     with_ngram = by_pair if ngram is None else ngram
     # A pair that drafts with its target's head, unless --target brings another target.
     pair_mtp = named is not None and named.mtp and target is None

@@ -30,6 +30,7 @@ from specgen.options import (
     GpuLayersOpt,
     LocalHeadOpt,
     LookaheadOpt,
+    LookupCacheOpt,
     MaxTokensOpt,
     MinPOpt,
     MtpOpt,
@@ -44,6 +45,7 @@ from specgen.options import (
     TopPOpt,
     VerboseOpt,
     lookahead_of,
+    lookup_cache_of,
 )
 from specgen.output import out
 
@@ -81,6 +83,7 @@ def run(
     draft: DraftOpt = None,
     lookahead: LookaheadOpt = None,
     ngram: NgramOpt = None,
+    lookup_cache: LookupCacheOpt = None,
     mtp: MtpOpt = None,
     draft_p_min: DraftPMinOpt = 0.0,
     temperature: TemperatureOpt = DEFAULT_SAMPLING.temperature,
@@ -313,6 +316,8 @@ def run(
         verbose=verbose,
         local_head=rpc_local_head,
     )
+    keep, lookup_file = lookup_cache_of(lookup_cache)
+    options = replace(options, lookup_cache=keep, lookup_file=lookup_file)
     decision = decide(
         pair,
         target,
@@ -327,6 +332,8 @@ def run(
         explain_alone=True,
     )
     loaded = open_pair(decision, options)
+    for note in loaded.notes:
+        out.warning(note)
     config = replace(config, lookahead=decision.lookahead)
     system_text = None if system is None else esc(system)
     use_chat = wants_chat(loaded, decision.chat, chat, system_text)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Annotated
 
@@ -16,6 +17,7 @@ from specgen.options import (
     GpuLayersOpt,
     LocalHeadOpt,
     LookaheadOpt,
+    LookupCacheOpt,
     MtpOpt,
     NgramOpt,
     PairOpt,
@@ -24,6 +26,7 @@ from specgen.options import (
     ThreadsOpt,
     VerboseOpt,
     lookahead_of,
+    lookup_cache_of,
 )
 from specgen.output import out
 
@@ -41,6 +44,7 @@ def serve(
     draft: DraftOpt = None,
     lookahead: LookaheadOpt = None,
     ngram: NgramOpt = None,
+    lookup_cache: LookupCacheOpt = None,
     mtp: MtpOpt = None,
     draft_p_min: DraftPMinOpt = 0.0,
     host: Annotated[
@@ -119,9 +123,12 @@ def serve(
         from_bench=True,
         rpc=rpc,
         rpc_local_head=rpc_local_head,
+        lookup_cache=_lookup(lookup_cache),
     )
     if generator.note:
         out.note(generator.note)
+    for note in generator.pair.notes:
+        out.warning(note)
     app = create_app(generator, api_key=api_key, max_queue=queue, default_max_tokens=max_tokens)
     where = f"http://{host}:{port}/v1"
     out.note(
@@ -149,3 +156,8 @@ def _server(config: uvicorn.Config, queue: GenerationQueue) -> uvicorn.Server:
             super().handle_exit(sig, frame)
 
     return Server(config)
+
+
+def _lookup(value: str | None) -> bool | Path:
+    enabled, file = lookup_cache_of(value)
+    return file if file is not None else enabled

@@ -344,6 +344,8 @@ class SpeculativeEngine:
                 yield TextChunk(text)
 
         stats.finish(emit.reason)
+        if drafter is not None:
+            drafter.end(tokens)
         yield Finished(emit.reason, stats)
 
     @staticmethod

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, cast
 
 import typer
@@ -122,6 +123,29 @@ NgramOpt = Annotated[
         rich_help_panel=MODELS,
     ),
 ]
+LookupCacheOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--lookup-cache",
+        metavar="FILE|off",
+        help="Keep prompt lookup's cache of earlier requests (prompts and outputs, for guesses "
+        "across requests) in FILE between runs; 'off': no cache (default: in memory for this "
+        "process, wherever prompt lookup drafts).",
+        show_default=False,
+        rich_help_panel=MODELS,
+    ),
+]
+
+
+def lookup_cache_of(value: str | None) -> tuple[bool, Path | None]:
+    """``--lookup-cache``: whether prompt lookup keeps a cache across requests, and its file."""
+    if value is None:
+        return True, None
+    if value.strip().lower() in ("off", "none", "no"):
+        return False, None
+    return True, Path(value).expanduser()
+
+
 MtpOpt = Annotated[
     bool | None,
     typer.Option(

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from specgen import arch, compat, gguf, store
-from specgen.drafters import Drafter, Head, Model, make_drafter
+from specgen.drafters import Drafter, Head, Model, SuffixCache, make_drafter
 from specgen.engine import SpeculativeEngine
 from specgen.errors import UserError
 from specgen.interrupts import interruptible
@@ -81,6 +81,10 @@ class PairOptions:
     # A recurrent target's snapshots (``lookahead.snapshots_for``): what K a rollback covers
     # without a checkpoint.
     rollback_window: int = AUTO_SNAPSHOTS
+    # Prompt lookup across requests (``drafters.suffix``): on wherever n-grams draft, kept in
+    # ``lookup_file`` between processes when one is given.
+    lookup_cache: bool = True
+    lookup_file: Path | None = None
 
     @classmethod
     def for_both(
@@ -112,6 +116,10 @@ class Pair:
     clock: Clock = time.perf_counter
     head: Head | None = None
     costs: CostBook = field(init=False)  # loaded from ``costs_file``
+    # What earlier generations read and wrote, for prompt lookup across requests (None: off).
+    lookup: SuffixCache | None = None
+    lookup_file: Path | None = None
+    notes: list[str] = field(default_factory=list)  # said once to the user (a bad cache file)
     _engines: dict[float, SpeculativeEngine] = field(default_factory=dict, repr=False)
     _saved: int = field(init=False, repr=False)
 
@@ -119,10 +127,29 @@ class Pair:
         self.costs = load_costs(self.costs_file)
         self._saved = self.costs.observations
 
+    def keep_lookups(self, file: Path | None = None) -> None:
+        """Prompt lookup across requests: a suffix cache of this target's vocabulary, read from
+        ``file`` (and written back to it) where given; a file that cannot be read, or holds
+        another vocabulary's tokens, is left alone with a note."""
+        tag = vocabulary_tag(self.target) if file is not None else ""
+        self.lookup, self.lookup_file = SuffixCache(vocabulary=tag), file
+        if file is not None:
+            problem = self.lookup.load(file)
+            if problem:
+                self.notes.append(problem)
+                self.lookup_file = None  # never overwrite what could not be read
+
     def remember_costs(self) -> None:
         """Write the costs for the next process when anything new was measured, and how a
         recurrent target rolled back (``doctor`` shows it)."""
         self._remember_rollbacks()
+        if self.lookup is not None and self.lookup_file is not None and self.lookup.changed:
+            try:
+                self.lookup.save(self.lookup_file)
+            except OSError as err:
+                raise UserError(
+                    f"cannot write the lookup cache {self.lookup_file}: {err.strerror or err}"
+                ) from err
         if self.costs_file is None or self.costs.observations == self._saved:
             return
         store.write_json(self.costs_file, self.costs.snapshot())
@@ -136,7 +163,13 @@ class Pair:
 
     def drafter(self, draft_p_min: float = 0.0) -> Drafter | None:
         return make_drafter(
-            self.draft, self.ngram, draft_p_min, self.clock, head=self.head, target=self.target
+            self.draft,
+            self.ngram,
+            draft_p_min,
+            self.clock,
+            head=self.head,
+            target=self.target,
+            cache=self.lookup,
         )
 
     @property
@@ -168,6 +201,13 @@ class Pair:
                 self.target, self.drafter(draft_p_min), costs=self.costs, clock=self.clock
             )
         return self._engines[draft_p_min]
+
+
+def vocabulary_tag(model: LoadedModel) -> str:
+    """A short key of a vocabulary's token texts: a lookup cache's tokens mean nothing to a
+    model of another vocabulary."""
+    texts = (model.token_text(t).decode("utf-8", "replace") for t in range(model.n_vocab))
+    return store.text_key(str(model.n_vocab), *texts)
 
 
 def rollback_path(target: Path) -> Path:
@@ -284,7 +324,10 @@ def load_pair(
 
     Loading runs where Ctrl-C ends it at once (``specgen.interrupts``).
     """
-    return interruptible(lambda: _load(target, draft, options, ngram), "loading the models")
+    pair = interruptible(lambda: _load(target, draft, options, ngram), "loading the models")
+    if ngram and options.lookup_cache:
+        pair.keep_lookups(options.lookup_file)
+    return pair
 
 
 def _load(target: str | Path, draft: str | Path | None, options: PairOptions, ngram: bool) -> Pair:

@@ -119,7 +119,7 @@ def test_a_file_named_ngram_is_reachable_as_a_path(fake_pair: FakePair, tmp_path
     )
     assert done.returncode == 0, done.stderr
     record = json.loads(done.stdout)  # ./ngram was taken as a draft model's file
-    assert record["draft"] == "ngram" and record["ngram"] is False
+    assert record["draft"] == "ngram" and record["ngram"] is True  # own files: hybrid
     assert record["stats"]["drafters"]["model"]["drafted"] > 0
 
 
@@ -233,7 +233,7 @@ def test_auto_lookahead_reports_its_choices(fake_pair: FakePair) -> None:
     assert sum(history["cycles_by_k"].values()) == stats["cycles"]
     # Nothing known of these models yet: the first two cycles time the target alone.
     assert history["target_alone_cycles"] >= 2 and history["probes"] >= 1
-    shown = specgen_here("run", "Once upon a time", *fake_pair.args("-k", "auto"))
+    shown = specgen_here("run", "Once upon a time", *fake_pair.args("-k", "auto", "--no-ngram"))
     assert "K=auto (now " in shown.stderr and " model guesses accepted" in shown.stderr
     # What auto measured is kept: the next run on these models drafts from its first cycle.
     again = run_json(fake_pair, "Once upon a time", "-k", "auto", "--no-ngram", "-n", "60")
@@ -266,7 +266,9 @@ def test_chat_by_default_where_the_gguf_has_a_template(fake_pair: FakePair, tmp_
     refused = specgen_here("run", "Hi", *fake_pair.args(*args, "--system", "Be brief.", "--raw"))
     assert refused.returncode == 2 and "--system needs a chat" in refused.stderr
     plain = write_fake(tmp_path / "base.gguf", chat_template=None)  # a base model: raw
-    record = json.loads(specgen_here("run", "Hi", "--target", str(plain), *args, "--json").stdout)
+    done = specgen_here("run", "Hi", "--target", str(plain), *args, "--json")
+    assert done.returncode == 0, done.stderr
+    record = json.loads(done.stdout)
     assert record["params"]["chat"] is False
 
 

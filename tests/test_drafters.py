@@ -51,6 +51,9 @@ class ScriptedDrafter:
     def rollback_to(self, n_accepted: int) -> None:
         self.calls.append(("rollback_to", n_accepted))
 
+    def end(self, tokens: Sequence[int]) -> None:
+        self.calls.append(("end", len(tokens)))
+
 
 def test_engine_drives_any_drafter_through_the_protocol() -> None:
     target = FakeModel()

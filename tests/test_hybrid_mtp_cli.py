@@ -53,7 +53,7 @@ def test_a_target_with_an_mtp_head_drafts_with_it_by_default(files: dict[str, Pa
     assert by_default["mtp"] and by_default["stats"]["drafters"]["mtp"]["drafted"] > 0
     assert by_default["text"] == alone["text"]
     assert by_default["rollback"]["target"]["snapshots"] == 2
-    off = run("--target", str(files["mtp"]), "-k", "2", "--no-mtp")
+    off = run("--target", str(files["mtp"]), "-k", "2", "--no-mtp", "--no-ngram")
     assert not off["mtp"] and off["stats"]["drafters"] == {} and off["text"] == alone["text"]
     asked = run("--target", str(files["mtp"]), "--draft", "mtp", "--ngram", "-k", "auto")
     assert asked["mtp"] and asked["ngram"] and asked["text"] == alone["text"]

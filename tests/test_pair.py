@@ -101,9 +101,15 @@ def test_one_decision_for_models_k_and_drafting(fake_pair: FakePair) -> None:
     assert by_ngram.draft is None and by_ngram.ngram and by_ngram.lookahead == "auto"
     fixed = decide(name, lookahead=0)  # the target alone: no draft to load, no lookup
     assert fixed.draft is None and not fixed.ngram
-    alone = decide(target=str(fake_pair.target), lookahead=4, explain_alone=True)
+    # Own files draft by prompt lookup too (with the cache across requests) unless told not
+    # to, or unless bench found it loses (test_what_bench_found_...).
+    own = decide(target=str(fake_pair.target), draft=str(fake_pair.draft))
+    assert own.ngram and own.draft is not None
+    lookup = decide(target=str(fake_pair.target), lookahead=4, explain_alone=True)
+    assert lookup.lookahead == 4 and lookup.ngram and lookup.draft is None and lookup.note == ""
+    alone = decide(target=str(fake_pair.target), lookahead=4, ngram=False, explain_alone=True)
     assert alone.lookahead == 0 and alone.note == ALONE_NOTE
-    assert decide(target=str(fake_pair.target), lookahead=4).note == ""
+    assert decide(target=str(fake_pair.target), lookahead=4, ngram=False).note == ""
     with pytest.raises(UsageError, match="--draft needs a target"):
         decide(draft=str(fake_pair.draft))
 

@@ -27,6 +27,7 @@ from specgen.drafters.hybrid import HYBRID_MIN_MATCH, HybridDrafter
 from specgen.drafters.model import CATCH_UP_WINDOW, ModelDrafter
 from specgen.drafters.mtp import Head, MtpDrafter
 from specgen.drafters.ngram import NGRAM_MAX, NGRAM_MIN, NGRAM_SPAN, NgramDrafter
+from specgen.drafters.suffix import SuffixCache
 from specgen.stats import Clock
 
 __all__ = [
@@ -46,6 +47,7 @@ __all__ = [
     "NgramDrafter",
     "NgramTail",
     "Plan",
+    "SuffixCache",
     "Proposal",
     "common_prefix",
     "make_drafter",
@@ -61,10 +63,11 @@ def make_drafter(
     clock: Clock = time.perf_counter,
     head: Head | None = None,
     target: Model | None = None,
+    cache: SuffixCache | None = None,
 ) -> Drafter | None:
     """The drafter for a draft model, or the ``target``'s MTP ``head``, and/or prompt lookup:
     one of the first two alone, prompt lookup alone, one beside it (hybrid), or None (the target
-    alone)."""
+    alone). ``cache``: prompt lookup also looks up what earlier generations read and wrote."""
     guesser: ModelDrafter | MtpDrafter
     if head is not None:
         assert target is not None, "an MTP head drafts for its target"
@@ -74,5 +77,5 @@ def make_drafter(
     elif draft is not None:
         guesser = ModelDrafter(draft, p_min, clock)
     else:
-        return NgramDrafter() if ngram else None
-    return HybridDrafter(guesser) if ngram else guesser
+        return NgramDrafter(cache) if ngram else None
+    return HybridDrafter(guesser, NgramDrafter(cache)) if ngram else guesser

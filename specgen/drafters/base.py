@@ -146,6 +146,10 @@ class Drafter(Protocol):
     def rollback_to(self, n_accepted: int) -> None:
         """The last proposal's first ``n_accepted`` guesses survived; forget the rest."""
 
+    def end(self, tokens: Sequence[int]) -> None:
+        """The generation ended with these tokens, its prompt's and its own (a suffix cache
+        keeps them for the next)."""
+
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     n = 0

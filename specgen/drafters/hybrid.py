@@ -17,6 +17,8 @@ from specgen.grammar import LogitBias
 
 # With a fixed K, a hybrid trusts an n-gram match of at least this many tokens over the model.
 HYBRID_MIN_MATCH = 3
+# The sources whose guesses are looked up (point masses, free): the text's own, the cache's.
+LOOKUP_SOURCES = ("ngram", "cache")
 
 
 class HybridDrafter:
@@ -54,7 +56,7 @@ class HybridDrafter:
         sampling: SamplingParams,
         rng: np.random.Generator,
     ) -> Proposal:
-        if candidate.source == "ngram":
+        if candidate.source in LOOKUP_SOURCES:
             self._last = self.ngram
             return self.ngram.propose(context, candidate, k, sampling, rng)
         self._last = self.model
@@ -67,6 +69,10 @@ class HybridDrafter:
 
     def rollback_to(self, n_accepted: int) -> None:
         self._last.rollback_to(n_accepted)
+
+    def end(self, tokens: Sequence[int]) -> None:
+        self.model.end(tokens)
+        self.ngram.end(tokens)
 
 
 def _is_strong(candidate: Candidate) -> bool:

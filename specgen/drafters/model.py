@@ -119,6 +119,9 @@ class ModelDrafter:
         # seen: keep the kept guesses it already holds, drop the rest.
         self.model.rollback(min(self.model.n_past, self._base - self._skipped + n_accepted))
 
+    def end(self, tokens: Sequence[int]) -> None:
+        """The draft's cache keeps its text for the next generation's shared prefix."""
+
 
 def draw_guesses(
     out: Proposal,

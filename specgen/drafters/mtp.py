@@ -103,3 +103,6 @@ class MtpDrafter:
 
     def rollback_to(self, n_accepted: int) -> None:
         """The head is cut back with the target's cache: nothing to do."""
+
+    def end(self, tokens: Sequence[int]) -> None:
+        """Nothing is kept from one generation to the next."""

@@ -8,6 +8,7 @@ import numpy as np
 
 from specgen.core.sampling import Dist, SamplingParams
 from specgen.drafters.base import Candidate, Proposal
+from specgen.drafters.suffix import SuffixCache
 
 # N-gram lookup: the longest suffix of the text tried first, down to a single token.
 NGRAM_MAX, NGRAM_MIN = 4, 1
@@ -22,9 +23,14 @@ class NgramDrafter:
     occurrences, the most recent. A guess is certain (q is a point mass), so in sampling mode it
     survives with probability p(guess), and a rejection draws from p without it: still exact.
     The index of n-grams grows with the text and costs microseconds per cycle.
+
+    With a ``cache`` (``specgen.drafters.suffix``), what earlier generations read and wrote is
+    looked up too (a ``cache`` candidate beside the text's own), and each generation that ends
+    is added to it.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, cache: SuffixCache | None = None) -> None:
+        self.cache = cache
         self.begin(())
 
     def constrain(self, constraint: object, bias: object = None) -> None:
@@ -60,7 +66,22 @@ class NgramDrafter:
                 return n, end
         return 0, -1
 
+    def end(self, tokens: Sequence[int]) -> None:
+        """A generation ended with these tokens (prompt and output): the cache keeps them."""
+        if self.cache is not None:
+            self.cache.add(tokens)
+
     def candidates(self, context: Sequence[int], guesses: Sequence[int] = ()) -> list[Candidate]:
+        """The text's own match, and the cache's where it has one; the longer match first."""
+        own = self._own(context, guesses)
+        cached = self.cache.candidate(context, guesses) if self.cache is not None else None
+        if cached is None:
+            return own
+        if own and own[0].match_length >= cached.match_length:
+            return [*own, cached]
+        return [cached, *own]
+
+    def _own(self, context: Sequence[int], guesses: Sequence[int]) -> list[Candidate]:
         n, end = self.lookup(context, guesses)
         if not n:
             return []

@@ -31,6 +31,9 @@ AUTO_MAX_LOOKAHEAD = 32
 # ramp costs little, while one long cycle that fails early costs as much as several short ones.
 GROWTH_FIRST, GROWTH_RATE = 8, 2
 
+# A time below any a clock can measure (a step that read 0 s: a coarse clock, a fake one).
+SHORTEST = 1e-9
+
 
 class AdaptiveLookahead:
     """``-k auto``: the source and K with the most expected tokens per second, from past cycles.
@@ -68,7 +71,7 @@ class AdaptiveLookahead:
         alone = self.profile.verify_by_n.get(1)
         if alone is None or not alone.warm:
             return TARGET_ALONE
-        alone_rate = 1.0 / alone.mean
+        alone_rate = 1.0 / max(alone.mean, SHORTEST)
         speed = self.profile.speed_matches_remembered()
         if speed == "no":
             self.profile.forget_remembered()
@@ -145,7 +148,7 @@ class AdaptiveLookahead:
         for k in range(1, limit + 1):
             verify = self.profile.verify(min(k + 1, measured))
             assert verify is not None, "verify(1) was measured, so every n has an estimate"
-            rate = expected[k] / (k * guess + verify)
+            rate = expected[k] / max(k * guess + verify, SHORTEST)
             if rate > best_rate:
                 best_k, best_rate = k, rate
         return best_k, best_rate

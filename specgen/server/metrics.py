@@ -28,6 +28,13 @@ class Metrics:
             ["position"],
             registry=r,
         )
+        self.by_source = Counter(
+            "specgen_draft_tokens_by_source",
+            "Guesses by where they came from (model, ngram: the request's own text, cache: "
+            "earlier requests, grammar: forced) and whether the target accepted them",
+            ["source", "verdict"],
+            registry=r,
+        )
         self.prompt_tokens = Counter("specgen_prompt_tokens", "Prompt tokens", registry=r)
         self.prompt_tokens_cached = Counter(
             "specgen_prompt_tokens_cached", "Prompt tokens reused from the cache", registry=r
@@ -55,6 +62,9 @@ class Metrics:
         self.drafts.inc(_drafting_cycles(stats))
         self.draft_tokens.inc(stats.n_drafted)
         self.accepted_tokens.inc(stats.n_accepted)
+        for name, source in stats.by_source.items():
+            self.by_source.labels(source=name, verdict="drafted").inc(source.drafted)
+            self.by_source.labels(source=name, verdict="accepted").inc(source.accepted)
         for position, accepted in enumerate(stats.accepted_at):
             self.accepted_per_pos.labels(position=str(position)).inc(accepted)
         self.prompt_tokens.inc(stats.n_prompt)

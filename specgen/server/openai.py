@@ -344,6 +344,11 @@ def timings(stats: Stats) -> dict[str, object]:
         "predicted_per_second": stats.tokens_per_second,
         "draft_n": stats.n_drafted,
         "draft_n_accepted": stats.n_accepted,
+        # specgen's: the guesses by where they came from (the cache's apart from the text's own)
+        "drafters": {
+            name: {"drafted": source.drafted, "accepted": source.accepted}
+            for name, source in stats.by_source.items()
+        },
     }
 
 
