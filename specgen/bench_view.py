@@ -149,8 +149,10 @@ def _adaptive_notes(report: Report) -> Text | None:
             f"  {row.variant:>6}  mean K {figure(row.mean_lookahead, '.1f')}, target "
             f"alone in {row.target_alone_share:.0%} of cycles"
         )
-        if row.variant == "hybrid" and row.ngram_share is not None:
+        if row.variant in ("hybrid", "cache") and row.ngram_share is not None:
             line += f", {row.ngram_share:.0%} of guesses from n-grams"
+        if row.variant == "cache" and row.cache_share is not None:
+            line += f", {row.cache_share:.0%} from earlier prompts"
         if 0 < row.model_guesses < FEW_GUESSES:
             line += (
                 f"; draft and c rest on {row.model_guesses} draft-model "

@@ -22,7 +22,7 @@ from rich.progress import (
 )
 
 from specgen.bench.report import Report
-from specgen.bench.sweep import DEFAULT_VARIANTS
+from specgen.bench.sweep import DEFAULT_VARIANTS, LOOKUP_VARIANTS
 from specgen.bench_view import remembered_note, render
 from specgen.core.sampling import DEFAULT_SAMPLING
 from specgen.errors import Interrupted
@@ -164,11 +164,11 @@ def bench(
     choice = decision.choice
     if choice.draft is None and not choice.mtp:
         if lookaheads == DEFAULT_VARIANTS:
-            variants = ["ngram"]  # a target alone can still draft by prompt lookup
-        elif any(k != "ngram" for k in variants):
+            variants = list(LOOKUP_VARIANTS)  # a target alone can still draft by prompt lookup
+        elif any(k not in LOOKUP_VARIANTS for k in variants):
             raise UsageError(
                 "bench needs a draft model for K's, auto and hybrid: name a pair, "
-                "or both --target and --draft (or -k ngram)"
+                "or both --target and --draft (or -k ngram,cache)"
             )
     # A recurrent target keeps snapshots for the largest K swept, as `run -k K` would.
     fixed = [k for k in variants if isinstance(k, int)]

@@ -90,7 +90,7 @@ def variant_choice(choice: Choice, variant: object) -> tuple[Choice, Lookahead] 
     """The choice and K that run a bench row on these models (None: not a row bench makes)."""
     if variant == "ngram":
         return replace(choice, draft=None, mtp=False, ngram=True), "auto"
-    if variant == "hybrid":
+    if variant in ("hybrid", "cache"):  # the cache comes with prompt lookup
         return replace(choice, ngram=True), "auto"
     try:
         return replace(choice, ngram=False), check_lookahead(variant)
@@ -139,6 +139,6 @@ def variant_options(
             models += " --draft mtp"
     if variant == "ngram":
         return f"{models} --draft ngram -k auto"
-    if variant == "hybrid":
+    if variant in ("hybrid", "cache"):
         return f"{models} --ngram -k auto"
     return f"{models} --no-ngram -k {variant}"

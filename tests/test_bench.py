@@ -484,3 +484,25 @@ def test_short_runs_blame_the_token_budget_not_acceptance() -> None:
     (row,) = report.per_k
     assert row.explanation and "--max-tokens" in row.explanation
     assert "by position" not in row.explanation
+
+
+def test_the_cache_row_sees_the_prompts_before_it_and_the_others_do_not(
+    tmp_path: Path, fake_pair: FakePair
+) -> None:
+    """The same prompt twice: in the cache row, the second run is guessed from the first's
+    text (its share of cache guesses is large); hybrid's runs start from nothing."""
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("The capital of France is\nThe capital of France is\n")
+    out = tmp_path / "bench.json"
+    done = specgen_here(
+        "bench", "--pair", fake_pair.named(), "-k", "hybrid,cache", "-n", "24", "--repeats",
+        "2", "--prompts", str(prompts), "--temperature", "0", "--json", str(out),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    report = json.loads(out.read_text())
+    rows = {row["lookahead"]: row for row in report["per_k"]}
+    assert rows["hybrid"]["cache_share"] == 0
+    assert rows["cache"]["cache_share"] > 0.3
+    first, second = report["per_prompt"]
+    assert second["cache"] > first["cache"]  # the second prompt is the one the cache knows
+    assert "earlier prompts" in done.stdout

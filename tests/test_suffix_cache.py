@@ -44,11 +44,11 @@ def test_it_stays_within_its_bound_and_keeps_the_documents_that_were_of_use() ->
     for doc in docs[:4]:
         cache.add(doc)
     assert cache.tokens == 88 and len(cache) == 4
-    assert cache.candidate(docs[0][:6]) is not None  # the oldest was of use just now
+    assert cache.candidate(docs[0][:10]) is not None  # the oldest was of use just now
     cache.add(docs[4])  # over the bound: the least recently useful (docs[1]) goes
     assert cache.tokens <= 100
-    assert cache.candidate(docs[0][:6]) is not None
-    assert cache.candidate(docs[1][:6]) is None
+    assert cache.candidate(docs[0][:10]) is not None
+    assert cache.candidate(docs[1][:10]) is None
     for doc in docs[5:]:
         cache.add(doc)
     assert cache.tokens <= 100 and len(cache) == 4
@@ -56,22 +56,22 @@ def test_it_stays_within_its_bound_and_keeps_the_documents_that_were_of_use() ->
 
 def test_a_chat_that_goes_on_replaces_the_turn_it_extends() -> None:
     cache = SuffixCache()
-    turn = [1, 2, 3, 4, 5, 6]
+    turn = list(range(1, 12))
     cache.add(turn)
-    cache.add([*turn, 7, 8, 9, 10])
-    assert len(cache) == 1 and cache.tokens == 10
-    assert cache.candidate([1, 2, 3, 4]).acceptance_key == "cache4"  # one document, not two
+    cache.add([*turn, 12, 13, 14, 15])
+    assert len(cache) == 1 and cache.tokens == 15
+    assert cache.candidate(turn[:9]).acceptance_key == "cache8"  # one document, not two
 
 
 def test_the_file_round_trip_and_files_it_will_not_read(tmp_path: Path) -> None:
     cache = SuffixCache(vocabulary="vocab-a")
-    cache.add([1, 2, 3, 4, 5, 6, 7])
+    cache.add(list(range(1, 13)))
     cache.add([5, 5, 5, 5, 9])
     file = tmp_path / "lookups.bin"
     cache.save(file)
     again = SuffixCache(vocabulary="vocab-a")
     assert again.load(file) is None
-    assert again.tokens == 12 and again.candidate([1, 2, 3, 4]).preview == (5, 6, 7)
+    assert again.tokens == 17 and again.candidate(list(range(1, 10))).preview == (10, 11, 12)
     assert not again.changed  # nothing new to write back
     foreign = SuffixCache(vocabulary="vocab-b")
     said = foreign.load(file)
@@ -102,9 +102,10 @@ def test_a_second_request_is_guessed_from_the_first_and_stays_the_target_alone()
 @pytest.mark.parametrize("lookahead", [3, "auto"])
 def test_cache_guesses_keep_the_target_distribution(lookahead) -> None:
     """Chi-square on (x2, x3) against sum over x1 of p(x1) p(x2 | x1) p(x3 | x1 x2): the cache
-    holds, for every x, a document "7 8 9 x y z" (y, z fixed per x), so whatever x1 is, the
-    text ends in a 4-token match and the cache guesses (point masses) at both positions."""
-    prompt = [7, 8, 9]
+    holds, for every x, a document "0 1 ... 9 x y z" (y, z fixed per x), so whatever x1 is,
+    the text ends in an 11-token match and the cache guesses (point masses) at both
+    positions."""
+    prompt = list(range(10))
     ref = FakeModel(sharpness=0.7)
 
     def p(context: list[int]) -> np.ndarray:
@@ -115,7 +116,7 @@ def test_cache_guesses_keep_the_target_distribution(lookahead) -> None:
     def cached() -> SuffixCache:  # each run sees these 16 documents only
         cache = SuffixCache()
         for x in range(16):
-            cache.add([7, 8, 9, x, (x * 5) % 16, (x * 3 + 1) % 16])
+            cache.add([*prompt, x, (x * 5) % 16, (x * 3 + 1) % 16])
         return cache
 
     target = FakeModel(sharpness=0.7, call_seconds=0.010, token_seconds=0.001)
@@ -159,8 +160,10 @@ def test_two_vocabularies_never_share_a_cache(tmp_path: Path, fake_pair, monkeyp
     assert off.lookup is None
 
 
-def test_key_is_the_shortest_match_the_cache_keeps() -> None:
+def test_short_matches_need_several_documents_behind_them() -> None:
     cache = SuffixCache()
     cache.add([1, 2, 3, 4, 5, 6])
     assert cache.candidate([0, 2, 3, 4]) is None  # 3 tokens match: the text's own n-grams' job
-    assert KEY == 4
+    assert cache.candidate([1, 2, 3, 4]) is None  # one document, 4 tokens: too little evidence
+    cache.add([9, 1, 2, 3, 4, 5, 7])
+    assert cache.candidate([1, 2, 3, 4]).acceptance_key == f"cache{KEY}+"  # two documents

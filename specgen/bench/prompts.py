@@ -21,6 +21,12 @@ PASSAGE = (
     "literacy rose, and the Reformation and the scientific revolution both owed much to "
     "pamphlets and journals that could be printed in thousands of copies."
 )
+CODE = (
+    "def order_value(orders):\n    total = 0\n    for order in orders:\n        if "
+    "order.paid:\n            total += order.price * order.quantity\n    return total\n\n\n"
+    'def report(orders):\n    total = order_value(orders)\n    print(f"Paid orders: '
+    '{total:.2f}")\n    return total\n'
+)
 BUILTIN = [
     ("explain", "Explain in a few sentences why the sky is blue."),
     ("explain", "What are the main differences between a list and a tuple in Python?"),
@@ -44,16 +50,24 @@ BUILTIN = [
     (
         "rewrite",
         "Rename the variable `total` to `order_sum` in this code and show the whole "
-        "code.\n\n```python\ndef order_value(orders):\n    total = 0\n    for order "
-        "in orders:\n        if order.paid:\n            total += order.price * "
-        "order.quantity\n    return total\n\n\ndef report(orders):\n    total = "
-        'order_value(orders)\n    print(f"Paid orders: {total:.2f}")\n    return '
-        "total\n```\n\nThe code with `order_sum`:\n\n```python\n",
+        f"code.\n\n```python\n{CODE}```\n\nThe code with `order_sum`:\n\n```python\n",
+    ),
+    (
+        "repeat",
+        "Add a docstring to each function of this code and show the whole code.\n\n"
+        f"```python\n{CODE}```\n\nThe code with docstrings:\n\n```python\n",
     ),
     (
         "extract",
         f"Copy out, word for word, every sentence of this passage that mentions "
         f"Europe or Gutenberg.\n\nPassage: {PASSAGE}\n\nSentences:",
+    ),
+    # Related to the requests before them, as a server's or a batch's next request is: the
+    # same passage again (the suffix cache's ground; each other row reads it afresh).
+    (
+        "repeat",
+        f"Copy out, word for word, every sentence of this passage that mentions the "
+        f"Reformation or literacy.\n\nPassage: {PASSAGE}\n\nSentences:",
     ),
     ("list", "List ten countries in Europe and their capital cities."),
     ("howto", "Give a step-by-step recipe for a simple tomato soup."),

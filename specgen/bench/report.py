@@ -59,6 +59,7 @@ class KReport:
     mean_lookahead: float | None = None
     target_alone_share: float = 0.0
     ngram_share: float | None = None
+    cache_share: float | None = None  # guesses from the suffix cache (earlier requests)
     forced_share: float | None = None  # guesses a grammar forced (free; never rejected)
     model_guesses: int = 0  # guesses of a draft model (not n-gram ones): what draft and c rest on
 
@@ -249,9 +250,9 @@ def _row(
         for n, c in r.stats.k_counts.items():
             k_counts[n] = k_counts.get(n, 0) + c
     n_k = sum(k_counts.values())
-    by_ngram, forced = (
+    by_ngram, by_cache, forced = (
         sum(r.stats.by_source[name].drafted for r in mine if name in r.stats.by_source)
-        for name in ("ngram", "grammar")
+        for name in ("ngram", "cache", "grammar")
     )
     return KReport(
         variant=variant,
@@ -269,8 +270,9 @@ def _row(
         mean_lookahead=sum(n * c for n, c in k_counts.items()) / n_k if n_k else None,
         target_alone_share=k_counts.get(0, 0) / n_k if n_k else 0.0,
         ngram_share=by_ngram / drafted if drafted else None,
+        cache_share=by_cache / drafted if drafted else None,
         forced_share=forced / drafted if drafted else None,
-        model_guesses=int(drafted - by_ngram - forced),
+        model_guesses=int(drafted - by_ngram - by_cache - forced),
     )
 
 

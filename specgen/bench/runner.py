@@ -19,7 +19,7 @@ from specgen import store
 from specgen.bench.report import BenchSetting, Report, summarize
 from specgen.bench.sweep import Run, RunOne, sweep
 from specgen.core.sampling import DEFAULT_SAMPLING, SamplingParams
-from specgen.drafters import Drafter, Model, make_drafter
+from specgen.drafters import Drafter, Model, SuffixCache, make_drafter
 from specgen.engine import Finished, GenerationConfig, SpeculativeEngine
 from specgen.grammar import Grammar
 from specgen.lookahead import CostBook
@@ -81,14 +81,24 @@ class BenchSession:
             "model": (pair.draft, False),
             "auto": (pair.draft, False),
             "hybrid": (pair.draft, True),
+            "cache": (pair.draft, True),
         }
+        # The cache row's suffix cache: emptied at the first prompt of each repeat, so each of
+        # its runs sees what the runs of the prompts before it (in this repeat) read and wrote.
+        self.cache = SuffixCache()
         # With the target's own MTP head, the head is "the draft" of every row but ngram's.
         head = pair.head
 
         def drafter(way: str, draft: Model | None, ngram: bool) -> Drafter | None:
             guesses = head is not None and way not in ("alone", "ngram")
             return make_drafter(
-                draft, ngram, draft_p_min, self.clock, head if guesses else None, pair.target
+                draft,
+                ngram,
+                draft_p_min,
+                self.clock,
+                head if guesses else None,
+                pair.target,
+                cache=self.cache if way == "cache" else None,
             )
 
         self._drafters: dict[str, Drafter | None] = {
@@ -102,6 +112,8 @@ class BenchSession:
         def run(prompt: int, variant: Variant, seed: int) -> Stats:
             way = "alone" if variant == 0 else variant if isinstance(variant, str) else "model"
             adaptive = isinstance(variant, str)
+            if way == "cache" and prompt == 0:
+                self.cache.clear()
             engine = SpeculativeEngine(
                 self.pair.target,
                 self._drafters[way],

@@ -16,10 +16,13 @@ from specgen.lookahead import MAX_LOOKAHEAD
 from specgen.memo import Variant
 from specgen.stats import Stats
 
-# What bench measures beside fixed K's: the draft model with -k auto, prompt lookup alone, and
-# both together (each with -k auto), in this order after the K's.
-ADAPTIVE_VARIANTS = ("auto", "ngram", "hybrid")
-DEFAULT_VARIANTS = "1,2,3,4,6,8,auto,ngram,hybrid"
+# What bench measures beside fixed K's: the draft model with -k auto, prompt lookup alone, both
+# together, and both with the suffix cache of the prompts run before in the same repeat (as a
+# server or a batch sees them; each with -k auto), in this order after the K's.
+ADAPTIVE_VARIANTS = ("auto", "ngram", "hybrid", "cache")
+DEFAULT_VARIANTS = "1,2,3,4,6,8,auto,ngram,hybrid,cache"
+# The rows that draft with no draft model (a target alone can still run them).
+LOOKUP_VARIANTS = ("ngram", "cache")
 
 
 def parse_lookaheads(text: str) -> list[Variant]:

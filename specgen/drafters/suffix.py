@@ -33,6 +33,7 @@ KEY = 4  # tokens of the index's key: shorter matches are the current text's own
 SPAN = 32  # the longest continuation read out of a document
 LONGEST = 64  # how far back a match is measured
 PER_KEY = 16  # occurrences kept per key (the latest)
+LONE_MATCH = 8  # the shortest match one document alone backs
 DEFAULT_TOKENS = 200_000
 MAGIC = b"SPECGEN-SUFFIX-1\n"
 _MULT = np.uint64(0x9E3779B97F4A7C15)
@@ -67,6 +68,11 @@ class SuffixCache:
 
     def __len__(self) -> int:
         return len(self._docs)
+
+    def clear(self) -> None:
+        self._docs.clear()
+        self._index.clear()
+        self.tokens, self.changed = 0, True
 
     # -- what goes in ---------------------------------------------------------------------------
     def add(self, tokens: Sequence[int]) -> None:
@@ -130,6 +136,8 @@ class SuffixCache:
         # 2. The longest matches, and among them the path most of them took, token by token.
         best = max(m[0] for m in matches)
         backing = [m for m in matches if m[0] == best]
+        if best < LONE_MATCH and len(backing) < 2:
+            return None  # one document, a short match: too little evidence to pay a verify
         path: list[int] = []
         alive = [m[2] for m in backing]
         while alive and len(path) < SPAN:
