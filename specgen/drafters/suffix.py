@@ -155,6 +155,9 @@ class SuffixCache:
             self._docs.move_to_end(ident)
         bucket = next(b for b in (32, 16, 8, 4) if best >= b)
         key = f"cache{bucket}{'+' if len(backing) > 1 else ''}"
+        # A match of n tokens backs at most n guesses (SuffixDecoding's rule): a short match
+        # that goes wrong fails one short cycle, not a 32-row verify.
+        path = path[:best]
         return Candidate("cache", key, len(path), tuple(path), match_length=min(best, LONGEST))
 
     # -- kept in a file ---------------------------------------------------------------------
