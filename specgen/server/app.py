@@ -36,7 +36,7 @@ from specgen.server.openai import (
 )
 from specgen.server.queue import GenerationQueue, Generator, Job
 from specgen.session import Prompt, Result
-from specgen.tools import Delta, Plan, ToolCall
+from specgen.tools import Delta, Plan
 
 MAX_BODY = 1 << 20
 # How often a non-streaming request looks for its client having gone away.
@@ -133,10 +133,8 @@ def create_app(
                     job.cancelled.set()
             item = await anext(events)
         metrics.record(item.stats)
-        text: str | None = "".join(pieces)
-        calls: list[ToolCall] = []
-        if plan is not None and text is not None:
-            text, calls = plan.parse(text)
+        whole = "".join(pieces)
+        text, calls = plan.parse(whole) if plan is not None else (whole, [])
         choice = openai.choice(
             chat,
             text,
