@@ -62,8 +62,9 @@ ASK = [
 def one(sg: Specgen, lookahead: object) -> tuple[float, str]:
     sg.lookahead = lookahead  # type: ignore[assignment]
     plan = sg.tool_plan(tools_from_request(TOOLS), ToolChoice("required"), parallel=False)
-    kept = tuple((token, text.encode()) for text, token in plan.markers.items())
-    settings = Settings(max_tokens=128, temperature=0, constraint=plan.grammar(), keep_text=kept)
+    settings = Settings(
+        max_tokens=128, temperature=0, constraint=plan.grammar(), keep_text=plan.keep_text()
+    )
     result = None
     for item in sg.stream_events(plan.messages(ASK), settings, tools=plan.template_tools()):
         if isinstance(item, Result):

@@ -750,6 +750,11 @@ class Plan:
     def active(self) -> bool:
         return bool(self.tools) and self.choice.mode != "none"
 
+    def keep_text(self) -> tuple[tuple[int, bytes], ...]:
+        """The special-token markers the output prints as their text, so the parser sees them
+        (``GenerationConfig.keep_text``)."""
+        return tuple((token, text.encode()) for text, token in self.markers.items())
+
     def template_tools(self) -> list[dict[str, Any]] | None:
         """The ``tools`` the chat template renders (none for ``none`` or the generic form)."""
         if not self.active or not self.syntax.native:

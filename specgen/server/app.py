@@ -104,8 +104,7 @@ def create_app(
                 constraint = plan.grammar()
             except UsageError as err:
                 raise ApiError(400, str(err), code="invalid_value") from err
-            kept = tuple((token, text.encode()) for text, token in plan.markers.items())
-            settings = replace(settings, constraint=constraint, keep_text=kept)
+            settings = replace(settings, constraint=constraint, keep_text=plan.keep_text())
         tools = plan.template_tools() if plan is not None else None
         job = Job(prompt, settings, threading.Event(), chat, tools)
         kind = "chat.completion" if chat else "text_completion"
