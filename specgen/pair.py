@@ -140,8 +140,9 @@ class Pair:
                 self.lookup_file = None  # never overwrite what could not be read
 
     def remember_costs(self) -> None:
-        """Write the costs for the next process when anything new was measured, and how a
-        recurrent target rolled back (``doctor`` shows it)."""
+        """Write the costs for the next process when anything new was measured, how a
+        recurrent target rolled back (``doctor`` shows it), and the lookup cache to its file
+        when it holds anything new (after every generation, so a crash loses at most one)."""
         self._remember_rollbacks()
         if self.lookup is not None and self.lookup_file is not None and self.lookup.changed:
             try:
