@@ -22,7 +22,16 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from specgen.core.constraint import Constraint, shaped
-from specgen.core.sampling import Dist, SamplingParams, sample, warp
+from specgen.core.sampling import (
+    Dist,
+    Row,
+    Rows,
+    SamplingParams,
+    best,
+    row_top_k,
+    sample,
+    warp,
+)
 from specgen.core.speculative import Verdict, verify, verify_greedy
 from specgen.core.text import StopMatcher, StreamDecoder
 from specgen.drafters import (
@@ -163,11 +172,15 @@ class SpeculativeEngine:
         *,
         costs: CostBook | None = None,
         clock: Clock = time.perf_counter,
+        busy: Clock | None = None,
     ) -> None:
         self.target = target
         self.drafter = drafter
         self.costs = costs if costs is not None else CostBook()
         self.clock = clock
+        # Seconds spent in the models' decodes so far (``backend.decode_seconds``): a cycle's
+        # time less what it spent there is the loop's own host work.
+        self.busy = busy
         # What the target's cache holds between generations (for ``reuse_prefix``): the last
         # context, trusted only when that generation stopped between two cycles.
         self._context: list[int] = []
@@ -208,6 +221,14 @@ class SpeculativeEngine:
         )
         if drafter is not None:
             drafter.constrain(constraint, bias)
+        # Rows whole where something reads the whole vocabulary, else their top-k (on the
+        # backend where the model can): the same p either way.
+        whole = constraint is not None or bias is not None or config.logprobs is not None
+        stats.row_top_k = target.sample_top_k(row_top_k(sampling, whole))
+        busy = self.busy
+        profile = self.costs.of(sampling.greedy)
+        if busy is not None:
+            stats.host_seconds = 0.0
 
         # 1. Prompt: one target pass over all of it gives the first token at once; a draft model
         #    reads it only once asked for guesses (time to first token is the target's).
@@ -222,7 +243,7 @@ class SpeculativeEngine:
         stats.n_prompt_cached, rows = reuse_prefix_cache(target, held, tokens, 1)
         row = shaped(rows[0], bias, constraint)
         if sampling.greedy:
-            first = int(np.argmax(row))
+            first = best(row)
         else:
             first = sample(warp(row, sampling, constraint is not None), rng)
         if constraint is not None:
@@ -230,7 +251,7 @@ class SpeculativeEngine:
         first_logprob = (
             ()
             if config.logprobs is None
-            else (token_logprob(row, first, config.logprobs, target.piece),)
+            else (token_logprob(_whole(row), first, config.logprobs, target.piece),)
         )
         tokens.append(first)
         self._clean = True  # the cache holds every token of the context but the last
@@ -251,6 +272,7 @@ class SpeculativeEngine:
                 break
             # 2. Guesses: the policy picks a candidate and K within the token budget and context.
             t0 = clock()
+            busy_at_start = busy() if busy is not None else 0.0
             budget = min(
                 config.max_tokens - stats.n_generated - 1, target.n_ctx - target.n_past - 1
             )
@@ -293,13 +315,13 @@ class SpeculativeEngine:
             target.keep_rollback_point(len(guesses))
             rows = target.decode([tokens[-1], *guesses], len(guesses) + 1)
             top = config.logprobs
-            read: list[np.ndarray] | None = [] if top is not None else None
+            read: list[Row] | None = [] if top is not None else None
             verdict = self._verify(proposal, rows, sampling, rng, constraint, bias, read)
             logprobs: tuple[TokenLogprob, ...] = ()
             if read is not None and top is not None:  # before the rollback, which may decode
                 kept = [*guesses[: verdict.n_accepted], verdict.next_token]
                 logprobs = tuple(
-                    token_logprob(read[i], t, top, target.piece) for i, t in enumerate(kept)
+                    token_logprob(_whole(read[i]), t, top, target.piece) for i, t in enumerate(kept)
                 )
             target.rollback(base + 1 + verdict.n_accepted)
             if drafter is not None and asked:
@@ -338,8 +360,15 @@ class SpeculativeEngine:
             )
             tokens.extend(new)
             self._clean = True  # the cache holds every token of the context but the last
+            if busy is not None and stats.host_seconds is not None:
+                text = emit.tokens(new, stats)
+                cycle = clock() - t0
+                host = max(0.0, cycle - (busy() - busy_at_start))
+                stats.host_seconds += host
+                profile.observe_host(host, cycle)
+            else:
+                text = emit.tokens(new, stats)
             yield CycleDone(len(guesses), verdict.n_accepted, tuple(new), logprobs)
-            text = emit.tokens(new, stats)
             if text:
                 yield TextChunk(text)
 
@@ -351,12 +380,12 @@ class SpeculativeEngine:
     @staticmethod
     def _verify(
         proposal: Proposal,
-        rows: np.ndarray,
+        rows: Rows,
         sampling: SamplingParams,
         rng: np.random.Generator,
         constraint: Constraint | None = None,
         bias: LogitBias | None = None,
-        read: list[np.ndarray] | None = None,
+        read: list[Row] | None = None,
     ) -> Verdict:
         """The verdict on a proposal; into ``read`` (where given) the rows the rule read, as
         it read them (biased and masked), one per position it reached."""
@@ -364,14 +393,14 @@ class SpeculativeEngine:
             if read is not None:
                 read.extend(rows[: len(proposal.tokens) + 1])
             if sampling.greedy:
-                return verify_greedy(proposal.tokens, lambda i: int(np.argmax(rows[i])))
+                return verify_greedy(proposal.tokens, lambda i: best(rows[i]))
             return verify(proposal.tokens, proposal.q, lambda i: warp(rows[i], sampling), rng)
         # The bias first, then the grammar's mask, whose state for each row is the one after
         # the guesses before it: the rule asks for rows in order (0, 1, ...), each once, so the
         # state follows the kept guesses and ends after the token drawn.
         guesses = proposal.tokens
 
-        def row(i: int) -> np.ndarray:
+        def row(i: int) -> Row:
             if constraint is not None and i > 0:
                 constraint.consume(guesses[i - 1])
             out = shaped(rows[i], bias, constraint)
@@ -381,12 +410,17 @@ class SpeculativeEngine:
 
         grammar = constraint is not None
         if sampling.greedy:
-            verdict = verify_greedy(guesses, lambda i: int(np.argmax(row(i))))
+            verdict = verify_greedy(guesses, lambda i: best(row(i)))
         else:
             verdict = verify(guesses, proposal.q, lambda i: warp(row(i), sampling, grammar), rng)
         if constraint is not None:
             constraint.consume(verdict.next_token)
         return verdict
+
+
+def _whole(row: Row) -> np.ndarray:
+    assert isinstance(row, np.ndarray), "log-probabilities read whole rows (row_top_k)"
+    return row
 
 
 def _cut_invalid(proposal: Proposal, constraint: Constraint) -> None:

@@ -59,10 +59,19 @@ class Backend:
 
     load: Callable[[Path, ModelOptions, bool], LoadedModel]
     clock: Clock = time.perf_counter
+    # Seconds spent in the models' decodes so far (None: not known), to tell the loop's own
+    # host work from the models' (``Stats.host_seconds``).
+    busy: Clock | None = None
+
+
+def _decode_seconds() -> float:
+    from specgen.backend import decode_seconds
+
+    return decode_seconds()
 
 
 # llama.cpp and the wall clock, unless a test swaps in fakes.
-BACKEND = Backend(_llama)
+BACKEND = Backend(_llama, busy=_decode_seconds)
 
 
 @dataclass(frozen=True)
@@ -115,6 +124,7 @@ class Pair:
     costs_file: Path | None = None
     clock: Clock = time.perf_counter
     head: Head | None = None
+    busy: Clock | None = None  # ``Backend.busy``
     costs: CostBook = field(init=False)  # loaded from ``costs_file``
     # What earlier generations read and wrote, for prompt lookup across requests (None: off).
     lookup: SuffixCache | None = None
@@ -199,7 +209,11 @@ class Pair:
         learns carry over (a batch or a server pays the learning once)."""
         if draft_p_min not in self._engines:
             self._engines[draft_p_min] = SpeculativeEngine(
-                self.target, self.drafter(draft_p_min), costs=self.costs, clock=self.clock
+                self.target,
+                self.drafter(draft_p_min),
+                costs=self.costs,
+                clock=self.clock,
+                busy=self.busy,
             )
         return self._engines[draft_p_min]
 
@@ -367,6 +381,7 @@ def _load(target: str | Path, draft: str | Path | None, options: PairOptions, ng
             costs_path(target_model, None, options),
             backend.clock,
             head=head,
+            busy=backend.busy,
         )
     draft_model = backend.load(
         draft_path,
@@ -382,6 +397,7 @@ def _load(target: str | Path, draft: str | Path | None, options: PairOptions, ng
         ngram,
         costs_path(target_model, draft_model, options),
         backend.clock,
+        busy=backend.busy,
     )
 
 

@@ -57,6 +57,11 @@ class Stats:
     # alone while speculation was off): a cost of having been off, not of its guesses.
     catch_up_seconds: float = 0.0
     target_seconds: float = 0.0
+    # Of the cycles' time, what the loop spent outside the models' decodes (warping rows,
+    # the accept rule, book-keeping, text): None where the decode time is not known (fakes).
+    host_seconds: float | None = None
+    # How the target's rows came: their top-k from the backend (k), or whole (0).
+    row_top_k: int = 0
     gen_started: float | None = None
     gen_seconds: float = 0.0
     current_lookahead: int = 0
@@ -151,6 +156,13 @@ class Stats:
     def prompt_tokens_per_second(self) -> float | None:
         return self.n_prompt / self.prompt_seconds if self.prompt_seconds > 0 else None
 
+    @property
+    def host_share(self) -> float | None:
+        """The loop's own host work as a share of generation time (what limits the speedup
+        where a target step is short: a GPU's)."""
+        elapsed = self.elapsed()
+        return self.host_seconds / elapsed if self.host_seconds is not None and elapsed else None
+
     def position_accept_rates(self) -> list[float]:
         """How often the 1st, 2nd, ... guess survived, among cycles that got that far."""
         return [a / d if d else 0.0 for a, d in zip(self.accepted_at, self.reached_at)]
@@ -176,6 +188,9 @@ class Stats:
             "draft_seconds": round(self.draft_seconds, 6),
             "catch_up_seconds": round(self.catch_up_seconds, 6),
             "target_seconds": round(self.target_seconds, 6),
+            "host_seconds": None if self.host_seconds is None else round(self.host_seconds, 6),
+            "host_share": self.host_share,
+            "rows": f"top-{self.row_top_k} on the backend" if self.row_top_k else "whole",
             "stop_reason": self.stop_reason,
             "drafters": {name: asdict(src) for name, src in self.by_source.items()},
             "lookahead_history": self.lookahead_summary(),

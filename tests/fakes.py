@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from specgen.core.sampling import TopK
 from specgen.engine import CycleDone, Finished
 
 if TYPE_CHECKING:
@@ -63,8 +64,12 @@ class FakeModel:
         n_threads: int = 1,
         chat_template: str | None = CHAT_TEMPLATE,
         repeat: int = 0,
+        backend_sampling: bool = True,
     ) -> None:
         self.n_vocab, self.n_ctx = n_vocab, n_ctx
+        # As a llama.cpp build with backend sampling: rows come back as their top-k when asked.
+        self.backend_sampling = backend_sampling
+        self.top_k = 0
         # A real decode costs a fixed amount per call plus a little per token (a batch is cheap
         # per token): each decode advances ``clock`` so, which makes what the adaptive lookahead
         # measures meaningful.
@@ -96,7 +101,11 @@ class FakeModel:
         seed = zlib.crc32(np.asarray(prefix, dtype=np.int32).tobytes()) ^ (salt * 2654435761)
         return np.random.default_rng(seed & 0xFFFFFFFF).standard_normal(self.n_vocab)
 
-    def decode(self, tokens: list[int], n_logits: int = 1) -> np.ndarray:
+    def sample_top_k(self, k: int) -> int:
+        self.top_k = k if self.backend_sampling else 0
+        return self.top_k
+
+    def decode(self, tokens: list[int], n_logits: int = 1) -> np.ndarray | list[TopK]:
         assert 0 <= n_logits <= len(tokens), "logits can only be asked for decoded rows"
         assert self.n_past + len(tokens) <= self.n_ctx, "decode past the context"
         self.decode_calls.append((len(tokens), n_logits))
@@ -106,7 +115,10 @@ class FakeModel:
             return np.empty((0, self.n_vocab), dtype=np.float32)
         # Only the rows asked for are computed, as llama.cpp computes only the flagged ones.
         end = len(self.cache)
-        return np.array([self._row(self.cache[: end - n_logits + 1 + i]) for i in range(n_logits)])
+        rows = [self._row(self.cache[: end - n_logits + 1 + i]) for i in range(n_logits)]
+        if self.top_k:
+            return [TopK.of(row, self.top_k) for row in rows]
+        return np.array(rows)
 
     def _row(self, prefix: list[int]) -> np.ndarray:
         """``logits_after(prefix)``, computed once per prefix (a pure function of it)."""

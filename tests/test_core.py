@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from specgen.core.sampling import Dist, SamplingParams, sample, warp
+from specgen.core.sampling import Dist, SamplingParams, TopK, best, row_top_k, sample, warp
 from specgen.core.speculative import (
     accept_probability,
     expected_tokens,
@@ -195,6 +195,52 @@ def test_warp_matches_dense_reference(params: SamplingParams) -> None:
     np.testing.assert_allclose(
         got.dense(5000), _reference_warp(logits.astype(np.float64), params), atol=1e-9
     )
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(0.8, 40, 0.95, 0.05),
+        SamplingParams(0.5, 5, 1.0, 0.0),
+        SamplingParams(1.3, 100, 0.9, 0.1),
+        SamplingParams(1.0, 1, 1.0, 0.0),
+    ],
+)
+@pytest.mark.parametrize("extra", [0, 7])
+def test_a_rows_top_k_from_the_backend_warps_as_the_whole_row(
+    params: SamplingParams, extra: int
+) -> None:
+    """The backend's top-k (in any order, perhaps more candidates than top_k) gives the very
+    distribution the whole row does."""
+    rng = np.random.default_rng(12)
+    for _ in range(5):
+        logits = (rng.standard_normal(5000) * 3).astype(np.float32)
+        top = TopK.of(logits, params.top_k + extra)
+        order = rng.permutation(len(top.ids))
+        shuffled = TopK(top.ids[order], top.logits[order], top.n_vocab)
+        whole, candidates = warp(logits, params), warp(shuffled, params)
+        np.testing.assert_array_equal(candidates.ids, whole.ids)
+        np.testing.assert_allclose(candidates.probs, whole.probs, rtol=1e-12)
+        assert best(shuffled) == int(np.argmax(logits)) == best(logits)
+
+
+def test_a_top_k_over_a_small_vocabulary_holds_all_of_it() -> None:
+    logits = np.array([0.3, 2.0, -1.0, 0.5], dtype=np.float32)
+    params = SamplingParams(1.0, 40, 1.0, 0.0)
+    got = warp(TopK.of(logits, 40), params)
+    np.testing.assert_allclose(got.dense(4), warp(logits, params).dense(4))
+    with pytest.raises(AssertionError):  # fewer candidates than top_k of a larger vocabulary
+        warp(TopK(np.array([1, 3]), np.array([2.0, 0.5]), 4), params)
+    with pytest.raises(AssertionError):  # a grammar's mask is applied to whole rows
+        warp(TopK.of(logits, 4), SamplingParams(1.0, 4, 1.0, 0.0), masked=True)
+
+
+def test_which_rows_a_generation_reads() -> None:
+    assert row_top_k(SamplingParams(temperature=0)) == 1
+    assert row_top_k(SamplingParams(0.8, 40, 0.95, 0.05)) == 40
+    assert row_top_k(SamplingParams(0.8, 0, 0.95, 0.05)) == 0  # no top-k: the whole row
+    assert row_top_k(SamplingParams(temperature=0), whole_rows=True) == 0
+    assert row_top_k(SamplingParams(0.8, 40, 0.95, 0.05), whole_rows=True) == 0
 
 
 def test_warp_greedy_is_argmax() -> None:

@@ -106,11 +106,16 @@ def test_sampling_reproducible_with_seed() -> None:
     assert first != other
 
 
-@pytest.mark.parametrize("lookahead, p_min", [(0, 0.0), (3, 0.0), (3, 0.2)])
-def test_tokens_two_and_three_follow_target_distribution(lookahead: int, p_min: float) -> None:
+@pytest.mark.parametrize(
+    "lookahead, p_min, top_k", [(0, 0.0, 0), (3, 0.0, 0), (3, 0.2, 0), (0, 0.0, 6), (3, 0.0, 6)]
+)
+def test_tokens_two_and_three_follow_target_distribution(
+    lookahead: int, p_min: float, top_k: int
+) -> None:
     """Chi-square on (x2, x3), the first cycle's guess positions (x1 comes from the prompt's own
-    pass), against the target's sum over x1 of p(x1) p(x2 | x1) p(x3 | x1 x2)."""
-    sampling = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
+    pass), against the target's sum over x1 of p(x1) p(x2 | x1) p(x3 | x1 x2). With a top-k,
+    rows come as their top-k from the (fake) backend; the reference warps whole rows."""
+    sampling = SamplingParams(temperature=1.0, top_k=top_k, top_p=1.0, min_p=0.0)
     ref = FakeModel(sharpness=0.7)
 
     def p(context: list[int]) -> np.ndarray:
@@ -130,6 +135,35 @@ def test_tokens_two_and_three_follow_target_distribution(lookahead: int, p_min: 
         )
         counts[tokens[1], tokens[2]] += 1
     assert pooled_chisquare_pvalue(counts, joint * n) > 1e-3
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SamplingParams(0.8, 6, 0.95, 0.05)])
+def test_rows_from_the_backend_or_whole_give_the_same_tokens(sampling: SamplingParams) -> None:
+    """The same seed gives the same tokens whether rows come as their top-k from the backend
+    or whole: the same p and q, so the same draws."""
+    config = GenerationConfig(lookahead=4, sampling=sampling, max_tokens=60, seed=5)
+    target, draft = pair()
+    on_backend, _, done = run(spec(target, draft), config)
+    assert done.stats.row_top_k == (1 if sampling.greedy else 6)
+    assert draft.top_k == done.stats.row_top_k
+    target, draft = pair(backend_sampling=False)
+    whole, _, done = run(spec(target, draft), config)
+    assert done.stats.row_top_k == 0 and draft.top_k == 0
+    assert on_backend == whole
+
+
+def test_whole_rows_where_something_reads_the_whole_vocabulary() -> None:
+    """Log-probabilities, a logit bias, and a draft's p_min under greedy read whole rows."""
+    from specgen.grammar import LogitBias
+
+    target, draft = pair()
+    _, _, done = run(spec(target, draft), GenerationConfig(lookahead=3, logprobs=2, seed=1))
+    assert done.stats.row_top_k == 0 and target.top_k == 0
+    bias = LogitBias.from_mapping({"3": -2.0})
+    _, _, done = run(spec(target, draft), GenerationConfig(lookahead=3, logit_bias=bias, seed=1))
+    assert done.stats.row_top_k == 0 and draft.top_k == 0
+    _, _, done = run(spec(target, draft, p_min=0.3), GenerationConfig(sampling=GREEDY))
+    assert done.stats.row_top_k == 1 and target.top_k == 1 and draft.top_k == 0
 
 
 def test_the_first_token_is_out_before_the_drafter_reads_the_prompt() -> None:

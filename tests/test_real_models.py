@@ -68,6 +68,7 @@ def test_first_token_follows_target_distribution(smol) -> None:
     sampling = SamplingParams(temperature=1.0, top_k=12, top_p=1.0, min_p=0.0)
     prompt = target.tokenize("My favourite colour is")
     target.reset()
+    target.sample_top_k(0)  # whole rows: p read apart from the engine's way of reading it
     p = warp(target.decode(prompt, 1)[0].copy(), sampling)
     engine = SpeculativeEngine(target, ModelDrafter(draft))
     n = 300
@@ -184,6 +185,7 @@ def assert_same_up_to_near_ties(
         return
     first = next(i for i, (a, b) in enumerate(zip(spec, alone)) if a != b)
     target.reset()
+    target.sample_top_k(0)
     logits = target.decode(prompt + alone[:first], 1)[0]
     best, second = np.sort(logits)[-2:][::-1]
     assert best - second < tie, (
@@ -248,6 +250,7 @@ def test_first_guessed_token_of_ngram_guesses_follows_target_distribution(
     sampling = SamplingParams(temperature=1.0, top_k=12, top_p=1.0, min_p=0.0)
     prompt = target.tokenize(REPEATING)
     target.reset()
+    target.sample_top_k(0)
     first = int(np.argmax(target.decode(prompt, 1)[0]))
     p = warp(target.decode([first], 1)[0].copy(), sampling)
     drafter = HybridDrafter(ModelDrafter(draft)) if hybrid else NgramDrafter()
@@ -268,3 +271,43 @@ def test_first_guessed_token_of_ngram_guesses_follows_target_distribution(
     assert set(counts) <= set(p.ids.tolist())
     observed = np.array([counts.get(int(t), 0) for t in p.ids])
     assert pooled_chisquare_pvalue(observed, n * p.probs) > 1e-3
+
+
+@pytest.mark.parametrize("pair_name", ["smollm2", "gemma"])
+def test_rows_from_the_backend_give_the_same_p_and_q(pair_name: str, request) -> None:
+    """llama.cpp's backend top-k gives the target's p and the draft's q that whole rows give,
+    on nine rows of a verify-sized decode, for both demo pairs (vocabularies of 49k and 262k)."""
+    files = [request.getfixturevalue(f"{pair_name}_{role}") for role in ("target", "draft")]
+    sampled = SamplingParams(0.8, 40, 0.95, 0.05)
+    for path in files:
+        model = LlamaModel(path, ModelOptions(n_ctx=256, n_threads=2))
+        tokens = model.tokenize("The history of the Roman Empire begins with a small town")
+        assert model.sample_top_k(0) == 0
+        whole = np.array(model.decode(tokens, 9))
+        for k, sampling in ((40, sampled), (1, GREEDY)):
+            model.reset()
+            assert model.sample_top_k(k) == k
+            rows = model.decode(tokens, 9)
+            assert len(rows) == 9 and all(len(row.ids) == k for row in rows)
+            for row, reference in zip(rows, whole):
+                got, want = warp(row, sampling), warp(reference, sampling)
+                np.testing.assert_array_equal(got.ids, want.ids)
+                np.testing.assert_allclose(got.probs, want.probs, rtol=1e-6)
+        model.close()
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SamplingParams(temperature=0.8)])
+def test_backend_rows_and_whole_rows_give_the_same_tokens(smol, sampling) -> None:
+    """A generation reading rows as their top-k from the backend and one reading them whole
+    (log-probabilities asked for) give the same tokens for a seed: the same p and q."""
+    target, draft = smol
+    prompt = target.tokenize(PROMPTS[0])
+    engine = SpeculativeEngine(target, ModelDrafter(draft))
+    base = GenerationConfig(lookahead=4, sampling=sampling, max_tokens=48, seed=21)
+    on_backend, done = run_to_end(engine, base, prompt)
+    whole, done_whole = run_to_end(
+        engine, GenerationConfig(**{**vars(base), "logprobs": 0}), prompt
+    )
+    assert done.row_top_k == (1 if sampling.greedy else 40) and done_whole.row_top_k == 0
+    assert on_backend == whole
+    assert done.n_drafted > 0

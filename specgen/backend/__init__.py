@@ -20,17 +20,25 @@ from specgen.backend.ggml import (
     supports_gpu_offload,
     worker_devices,
 )
-from specgen.backend.llama import LlamaModel, ModelOptions, Vocabulary, quantize
+from specgen.backend.llama import (
+    BACKEND_SAMPLING,
+    LlamaModel,
+    ModelOptions,
+    Vocabulary,
+    quantize,
+)
 from specgen.backend.mtp import supports_mtp
-from specgen.backend.runtime import library_version, supports_rpc, system_info
+from specgen.backend.runtime import decode_seconds, library_version, supports_rpc, system_info
 
 __all__ = [
+    "BACKEND_SAMPLING",
     "LOCAL_HEAD_PATTERN",
     "RPC_REBUILD",
     "Device",
     "LlamaModel",
     "ModelOptions",
     "Vocabulary",
+    "decode_seconds",
     "library_version",
     "quantize",
     "require_rpc",

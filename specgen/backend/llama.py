@@ -15,6 +15,11 @@ cannot be cut, so it rolls back one of two ways:
 - *checkpoint*: where the caller says a rollback may reach further back, or span several
   decodes (``keep_rollback_point``), the state is copied first; a rollback restores the copy
   and decodes again the tokens that were kept. It costs that copy and that decode, every time.
+
+Rows. A decode returns the whole vocabulary's logits per row, or, once ``sample_top_k(k)`` is
+set, each row's k likeliest tokens (``core.sampling.TopK``), taken in the graph by llama.cpp's
+backend sampling: on a GPU the whole row never leaves the device, and on any machine the host
+warps k values instead of the vocabulary. The engine chooses which (``core.sampling.row_top_k``).
 """
 
 from __future__ import annotations
@@ -29,7 +34,8 @@ import llama_cpp
 import numpy as np
 
 from specgen.backend.ggml import place_on_workers
-from specgen.backend.runtime import init_backend, library_version
+from specgen.backend.runtime import decode, init_backend, library_version
+from specgen.core.sampling import Rows, TopK
 from specgen.errors import BackendError, ContextFull
 from specgen.machine import default_threads
 
@@ -38,6 +44,10 @@ if TYPE_CHECKING:
     from specgen.grammar import Grammar, Matcher
 
 _ALL_LAYERS = 2**31 - 1
+# llama.cpp's backend sampling ([EXPERIMENTAL] there), in the bindings since 0.3.2x.
+BACKEND_SAMPLING = hasattr(llama_cpp, "llama_set_sampler") and hasattr(
+    llama_cpp, "llama_get_sampled_candidates_ith"
+)
 _PARTIAL = llama_cpp.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY  # the recurrent (and SWA) state alone
 
 
@@ -224,6 +234,9 @@ class LlamaModel(Vocabulary):
         params.n_threads = n_threads
         params.n_threads_batch = n_threads
         params.n_rs_seq = options.rollback_window if self.recurrent else 0
+        # Backend sampling serves this many rows a decode (llama.cpp's default is one): a
+        # verify pass reads K + 1.
+        params.n_outputs_max_per_seq = params.n_batch
         ctx = llama_cpp.llama_init_from_model(self._model, params)
         if not ctx:
             raise BackendError(
@@ -245,6 +258,8 @@ class LlamaModel(Vocabulary):
         self._checkpoint: _Checkpoint | None = None
         self._last_decode = 0  # where the last decode began
         self.head: MtpHead | None = None  # the MTP head reading every decode, once attached
+        self.top_k = 0  # rows come back whole (0) or as their top-k (``sample_top_k``)
+        self._sampler: ctypes.c_void_p | None = None  # the backend's chain, while one is set
 
     @property
     def rollback_anywhere(self) -> bool:
@@ -264,11 +279,36 @@ class LlamaModel(Vocabulary):
         llama_cpp.llama_model_desc(self._model, buf, 256)
         return buf.value.decode("utf-8", errors="replace")
 
-    def decode(self, tokens: list[int], n_logits: int = 1) -> np.ndarray:
+    def sample_top_k(self, k: int) -> int:
+        """From the next decode on, rows come back as their ``k`` likeliest tokens, taken on
+        the backend (``k`` > 0), or whole (0). Returns the k in effect: 0 where this build of
+        llama.cpp cannot sample on its backend. A change costs llama.cpp a new graph (once)."""
+        k = min(k, self.n_vocab)
+        if k == self.top_k or not BACKEND_SAMPLING:
+            return self.top_k
+        old = self._sampler
+        if old is not None:
+            llama_cpp.llama_set_sampler(self._ctx, 0, None)
+        self._sampler, self.top_k = None, 0
+        if k > 0:
+            params = llama_cpp.llama_sampler_chain_default_params()
+            chain = llama_cpp.llama_sampler_chain_init(params)
+            llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_top_k(k))
+            # A chain is initialised for one context once: a new one each time it is set.
+            if llama_cpp.llama_set_sampler(self._ctx, 0, chain):
+                self._sampler, self.top_k = chain, k
+            else:
+                llama_cpp.llama_sampler_free(chain)
+        if old is not None:
+            llama_cpp.llama_sampler_free(old)
+        return self.top_k
+
+    def decode(self, tokens: list[int], n_logits: int = 1) -> Rows:
         """Append ``tokens`` to the cache; return logits of the last ``n_logits`` rows.
 
-        The result is a view into llama.cpp's buffer, shape (n_logits, n_vocab): it is valid until
-        the next decode on this model, so read or copy what you keep before then.
+        Whole rows are a view into llama.cpp's buffer, shape (n_logits, n_vocab): valid until
+        the next decode on this model, so read or copy what you keep before then. With
+        ``sample_top_k`` set, a list of ``TopK`` rows (copies).
         """
         assert 0 <= n_logits <= len(tokens), "logits can only be asked for decoded rows"
         if self.n_past + len(tokens) > self.n_ctx:
@@ -281,8 +321,25 @@ class LlamaModel(Vocabulary):
             start += len(chunk)
         if n_logits == 0:
             return np.empty((0, self.n_vocab), dtype=np.float32)
+        if self.top_k:
+            return self._top_k_rows(n_logits)
         ptr = llama_cpp.llama_get_logits(self._ctx)
         return np.ctypeslib.as_array(ptr, shape=(n_logits, self.n_vocab))
+
+    def _top_k_rows(self, n_logits: int) -> list[TopK]:
+        """The last ``n_logits`` rows' candidates: llama.cpp keeps them a row of ``n_vocab``
+        apart, in output order, the first ``top_k`` of each row filled."""
+        ctx, k, n = self._ctx, self.top_k, self.n_vocab
+        first = -n_logits
+        if llama_cpp.llama_get_sampled_candidates_count_ith(ctx, first) != k:
+            raise BackendError(f"llama.cpp's backend sampling gave no rows for {self.path.name}")
+        ids = np.ctypeslib.as_array(
+            llama_cpp.llama_get_sampled_candidates_ith(ctx, first), shape=(n_logits, n)
+        )[:, :k].copy()
+        logits = np.ctypeslib.as_array(
+            llama_cpp.llama_get_sampled_logits_ith(ctx, first), shape=(n_logits, n)
+        )[:, :k].copy()
+        return [TopK(ids[i], logits[i], n) for i in range(n_logits)]
 
     def _decode_chunk(self, chunk: list[int], first_logit_row: int) -> None:
         batch = self._batch
@@ -293,7 +350,7 @@ class LlamaModel(Vocabulary):
             batch.seq_id[i][0] = 0
             batch.logits[i] = i >= first_logit_row
         batch.n_tokens = len(chunk)
-        status = llama_cpp.llama_decode(self._ctx, batch)
+        status = decode(self._ctx, batch)
         if status != 0:
             raise BackendError(f"llama_decode failed on {self.path.name} (status {status})")
         if self._checkpoint is not None:
@@ -416,6 +473,9 @@ class LlamaModel(Vocabulary):
         if getattr(self, "_ctx", None):
             llama_cpp.llama_free(self._ctx)
             self._ctx = None
+        if getattr(self, "_sampler", None) is not None:  # the context is gone: nothing holds it
+            llama_cpp.llama_sampler_free(self._sampler)
+            self._sampler = None
         super().close()
 
 

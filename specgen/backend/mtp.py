@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 import llama_cpp
 import numpy as np
 
+from specgen.backend.runtime import decode
 from specgen.errors import BackendError
 
 if TYPE_CHECKING:
@@ -224,7 +225,7 @@ class MtpHead:
             batch.logits[i] = output and i == len(tokens) - 1
         self._embd[: len(tokens)] = h
         batch.n_tokens = len(tokens)
-        status = llama_cpp.llama_decode(self._ctx, batch)
+        status = decode(self._ctx, batch)
         if status != 0:
             raise BackendError(f"llama_decode failed on the MTP head (status {status})")
 

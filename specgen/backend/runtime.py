@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import sys
+import time
 
 import llama_cpp
 
@@ -21,6 +22,24 @@ def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
 
 _log_state["callback"] = _log_callback
 _backend_ready = False
+# Seconds spent in llama.cpp's decodes (every context of this process), waited for to the end.
+_decoding = [0.0]
+
+
+def decode(ctx: llama_cpp.llama_context_p, batch: llama_cpp.llama_batch) -> int:
+    """``llama_decode``, waited for (a GPU's decode returns before the graph has run) and
+    timed: the time outside it is the loop's own host work (``decode_seconds``)."""
+    started = time.perf_counter()
+    status = int(llama_cpp.llama_decode(ctx, batch))
+    if status == 0:
+        llama_cpp.llama_synchronize(ctx)
+    _decoding[0] += time.perf_counter() - started
+    return status
+
+
+def decode_seconds() -> float:
+    """Seconds this process has spent in llama.cpp's decodes so far, all models together."""
+    return _decoding[0]
 
 
 def init_backend(verbose: bool) -> None:

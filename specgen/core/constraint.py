@@ -13,6 +13,8 @@ from typing import Protocol
 
 import numpy as np
 
+from specgen.core.sampling import Row
+
 
 class Constraint(Protocol):
     def allowed(self) -> np.ndarray:
@@ -38,9 +40,13 @@ class Bias(Protocol):
         """``logits`` with the biases added (a new array)."""
 
 
-def shaped(logits: np.ndarray, bias: Bias | None, constraint: Constraint | None) -> np.ndarray:
+def shaped(logits: Row, bias: Bias | None, constraint: Constraint | None) -> Row:
     """A row of logits as the warp reads it, for the target and the draft alike: the logit
-    bias first, then the grammar's mask in its current state (the row itself where neither)."""
+    bias first, then the grammar's mask in its current state (the row itself where neither:
+    a bias or a mask needs the whole row, ``core.sampling.row_top_k``)."""
+    if bias is None and constraint is None:
+        return logits
+    assert isinstance(logits, np.ndarray), "a bias and a mask are applied to whole rows"
     if bias is not None:
         logits = bias.apply(logits)
     if constraint is not None:

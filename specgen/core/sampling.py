@@ -4,6 +4,11 @@ This module owns the warping chain (top-k, top-p, min-p, then temperature, in ll
 order) and the sparse distribution type the accept rule works on. It knows nothing of models:
 it takes logits as numpy arrays and a ``numpy.random.Generator`` passed in by the caller.
 
+A row of logits comes one of two ways: the whole vocabulary (a numpy array), or its top-k
+already taken on the backend (``TopK``: llama.cpp's backend sampling returns the k likeliest
+tokens and their logits, so the host warps k values, not 262k). Both give the same p and q;
+``row_top_k`` is the one rule for which a generation's rows take.
+
 The guarantee of speculative decoding is about the *final* distribution: the engine must warp
 the draft's logits and the target's logits with the same parameters, which is why both p and
 q are built here and nowhere else.
@@ -84,13 +89,58 @@ class Dist:
         return out
 
 
-def warp(logits: np.ndarray, params: SamplingParams, masked: bool = False) -> Dist:
+@dataclass(frozen=True)
+class TopK:
+    """A row's likeliest tokens and their logits, in any order (as the backend gives them): the
+    row's top-k, with every token outside ``ids`` below every one inside."""
+
+    ids: np.ndarray
+    logits: np.ndarray
+    n_vocab: int  # of the whole row: a top-k with k >= n_vocab holds all of it
+
+    @classmethod
+    def of(cls, logits: np.ndarray, k: int) -> TopK:
+        """The host's top-k of a whole row (what the backend computes; for fakes and tests)."""
+        n = logits.shape[0]
+        ids = np.argpartition(logits, -k)[-k:] if k < n else np.arange(n)
+        return cls(ids.astype(np.int32), np.asarray(logits)[ids], n)
+
+
+# A row of logits: the whole vocabulary's, or its top-k from the backend; a decode's rows.
+Row = np.ndarray | TopK
+Rows = np.ndarray | list[TopK]
+
+
+def row_top_k(params: SamplingParams, whole_rows: bool = False) -> int:
+    """How many candidates a generation's rows need from the backend: 1 for greedy (the argmax),
+    ``top_k`` when sampling with one, 0 for the whole row. ``whole_rows``: something reads the
+    whole vocabulary (a grammar's mask, a logit bias, log-probabilities, a draft's ``p_min``
+    under greedy, which needs the softmax's normalizer): then 0 as well.
+
+    This is the one place that decides; the backend falls back to whole rows where its build
+    cannot sample (``LlamaModel.sample_top_k``), and both paths give the same p and q."""
+    if whole_rows:
+        return 0
+    return 1 if params.greedy else params.top_k
+
+
+def best(row: Row) -> int:
+    """The row's argmax (greedy's token)."""
+    if isinstance(row, TopK):
+        return int(row.ids[int(np.argmax(row.logits))])
+    return int(np.argmax(row))
+
+
+def warp(logits: Row, params: SamplingParams, masked: bool = False) -> Dist:
     """The final sampling distribution for one row of logits (not for greedy params).
 
     ``masked``: a grammar set the logits of tokens it does not allow to -inf
-    (``core.constraint.masked``); they are dropped before top-k, top-p and min-p count."""
+    (``core.constraint.masked``); they are dropped before top-k, top-p and min-p count. A
+    ``TopK`` row holds at least ``params.top_k`` candidates (``row_top_k``)."""
     if params.greedy:
-        return Dist.one_hot(int(np.argmax(logits)))
+        return Dist.one_hot(best(logits))
+    if isinstance(logits, TopK):
+        return _warp_candidates(logits, params, masked)
     logits = np.asarray(logits)
     # 1. Candidates: top-k, else the whole vocabulary (kept implicit until needed).
     if 0 < params.top_k < logits.shape[0]:
@@ -104,6 +154,23 @@ def warp(logits: np.ndarray, params: SamplingParams, masked: bool = False) -> Di
         finite = np.isfinite(values)
         ids = np.flatnonzero(finite) if ids is None else ids[finite]
         values = values[finite]
+    return _warp_rest(ids, values, params)
+
+
+def _warp_candidates(row: TopK, params: SamplingParams, masked: bool) -> Dist:
+    """``warp`` of a row whose top-k the backend took: steps 2-4 on its candidates."""
+    assert 0 < min(params.top_k, row.n_vocab) <= len(row.ids), "at least top_k candidates"
+    # The top-k of a masked row is not the mask of a row's top-k: a grammar reads whole rows.
+    assert not masked, "a grammar's mask is applied to whole rows (row_top_k)"
+    ids, values = row.ids.astype(np.int64), row.logits.astype(np.float64)
+    if params.top_k < len(ids):
+        keep = np.argpartition(values, -params.top_k)[-params.top_k :]
+        ids, values = ids[keep], values[keep]
+    return _warp_rest(ids, values, params)
+
+
+def _warp_rest(ids: np.ndarray | None, values: np.ndarray, params: SamplingParams) -> Dist:
+    """Steps 2-4 of the warp on the candidates (``ids`` None: the whole vocabulary, in order)."""
     # 2. top-p on the untempered distribution over the candidates (llama.cpp's order).
     if params.top_p < 1.0:
         ids, values = _nucleus(ids, values, params.top_p)

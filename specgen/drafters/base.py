@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 
 from specgen.core.constraint import Constraint
-from specgen.core.sampling import Dist, SamplingParams
+from specgen.core.sampling import Dist, Rows, SamplingParams
 from specgen.grammar import LogitBias
 
 if TYPE_CHECKING:
@@ -39,7 +39,13 @@ class Model(Protocol):
     def rollback_anywhere(self) -> bool:
         """Whether the cache can be cut at any earlier position (attention models' can)."""
 
-    def decode(self, tokens: list[int], n_logits: int = 1) -> np.ndarray: ...
+    def decode(self, tokens: list[int], n_logits: int = 1) -> Rows:
+        """Append ``tokens``; the last ``n_logits`` rows, whole or as their top-k (below)."""
+
+    def sample_top_k(self, k: int) -> int:
+        """Rows from the next decode on: their ``k`` likeliest tokens (``TopK``), or whole (0);
+        returns the k in effect (0 where the model cannot)."""
+
     def constrain(self, grammar: Grammar) -> Constraint:
         """A fresh grammar state for one generation on this model."""
 
@@ -162,7 +168,7 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 def reuse_prefix_cache(
     model: Model, held: list[int], wanted: list[int], n_logits: int = 0
-) -> tuple[int, np.ndarray]:
+) -> tuple[int, Rows]:
     """Make the model's cache hold ``wanted``, keeping the prefix it shares with ``held`` (what
     the cache holds now; empty: start from nothing; a recurrent model always starts from
     nothing, since its state cannot go back that far). Returns how many tokens were reused and

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from specgen.core.constraint import Constraint, shaped
-from specgen.core.sampling import Dist, SamplingParams, sample, warp
+from specgen.core.sampling import Dist, Row, SamplingParams, best, row_top_k, sample, warp
 from specgen.drafters.base import (
     Candidate,
     FollowUp,
@@ -77,6 +77,9 @@ class ModelDrafter:
     ) -> Proposal:
         """Up to ``k`` guesses; after each, ``follow`` may finish the run with free guesses."""
         model, out = self.model, Proposal()
+        # Whole rows where a mask, a bias or p_min's softmax (greedy) reads the vocabulary.
+        whole = self._constraint is not None or self._bias is not None
+        model.sample_top_k(row_top_k(sampling, whole or (sampling.greedy and self.p_min > 0)))
         if self._unread is not None:
             started = self.clock()
             reuse_prefix_cache(model, *self._unread)
@@ -102,7 +105,7 @@ class ModelDrafter:
         model.keep_rollback_point(k, one_decode=False)
         first = feed
 
-        def logits_after(guess: int | None) -> np.ndarray:
+        def logits_after(guess: int | None) -> Row:
             return model.decode(first if guess is None else [guess], 1)[0]
 
         draw_guesses(
@@ -125,7 +128,7 @@ class ModelDrafter:
 
 def draw_guesses(
     out: Proposal,
-    logits_after: Callable[[int | None], np.ndarray],
+    logits_after: Callable[[int | None], Row],
     k: int,
     sampling: SamplingParams,
     rng: np.random.Generator,
@@ -176,7 +179,7 @@ def draw_guesses(
 
 def _draw(
     out: Proposal,
-    logits: np.ndarray,
+    logits: Row,
     sampling: SamplingParams,
     rng: np.random.Generator,
     p_min: float,
@@ -186,7 +189,7 @@ def _draw(
     if sampling.greedy:
         if p_min and _top_probability(logits) < p_min:
             return None
-        guess = int(np.argmax(logits))
+        guess = best(logits)
     else:
         dist = warp(logits, sampling, masked_row)
         if p_min and float(dist.probs.max()) < p_min:
@@ -197,7 +200,8 @@ def _draw(
     return guess
 
 
-def _top_probability(logits: np.ndarray) -> float:
-    """softmax(logits).max(), without building the softmax."""
+def _top_probability(logits: Row) -> float:
+    """softmax(logits).max(), without building the softmax (of a whole row)."""
+    assert isinstance(logits, np.ndarray), "p_min under greedy reads whole rows (row_top_k)"
     shifted = logits - logits.max()
     return float(1.0 / np.exp(shifted, dtype=np.float64).sum())

@@ -107,6 +107,9 @@ class PairProfile:
     explore_cycle: int = 0
     explore_last_tried: dict[str, int] = field(default_factory=dict)
     explore_gap: dict[str, int] = field(default_factory=dict)
+    # The loop's own host work as a share of each cycle (outside the models' decodes): what
+    # ``doctor`` reports, and what limits the speedup where a target step is short.
+    host_share: Timing | None = None
 
     # The verify costs fitted (seconds by each n seen, never falling as n grows; and the line
     # through them: intercept, slope), kept until the next observation: ``auto`` asks for them
@@ -116,7 +119,7 @@ class PairProfile:
     )
     _speed: float | None = field(default=None, init=False, repr=False)
 
-    def snapshot(self) -> dict[str, dict[str, Any]]:
+    def snapshot(self) -> dict[str, Any]:
         """What to remember (``restore``) in a later process on these models."""
         # A length decoded once here is known only by its cold first decode.
         verify = {n: t for n, t in self.verify_by_n.items() if t.weight and t.warm}
@@ -126,10 +129,11 @@ class PairProfile:
             "verify_weight": {str(n): round(t.weight, 3) for n, t in verify.items()},
             "typical": {key: [a.kept, a.reached] for key, a in self.typical.items()},
             "unchecked": dict(self.left_off_untimed),
+            **({"host_share": self.host_share.mean} if self.host_share else {}),
         }
 
     @classmethod
-    def restore(cls, snapshot: dict[str, dict[str, Any]]) -> PairProfile:
+    def restore(cls, snapshot: dict[str, Any]) -> PairProfile:
         """A profile as an earlier process left it: trusted at once, so ``auto`` needs no timing
         cycles, and followed as this process measures (each cost counts as one sample)."""
         profile = cls()
@@ -145,7 +149,17 @@ class PairProfile:
                 TYPICAL_MEMORY, [float(x) for x in kept], [float(x) for x in reached]
             )
         profile.left_off_untimed = {s: int(n) for s, n in snapshot.get("unchecked", {}).items()}
+        if "host_share" in snapshot:
+            profile.host_share = Timing.remembered(COST_MEMORY, float(snapshot["host_share"]))
         return profile
+
+    def observe_host(self, host_seconds: float, cycle_seconds: float) -> None:
+        """One cycle's host work outside the models' decodes, of ``cycle_seconds`` in all."""
+        if cycle_seconds <= 0:
+            return
+        if self.host_share is None:
+            self.host_share = Timing(COST_MEMORY)
+        self.host_share.add(host_seconds / cycle_seconds)
 
     def observe(
         self,
