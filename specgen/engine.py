@@ -224,7 +224,7 @@ class SpeculativeEngine:
         # Rows whole where something reads the whole vocabulary, else their top-k (on the
         # backend where the model can): the same p either way.
         whole = constraint is not None or bias is not None or config.logprobs is not None
-        stats.row_top_k = target.sample_top_k(row_top_k(sampling, whole))
+        stats.row_top_k = target.sample_top_k(row_top_k(sampling, whole, target.rows_on_device))
         busy = self.busy
         profile = self.costs.of(sampling.greedy)
         if busy is not None:

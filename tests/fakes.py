@@ -65,10 +65,11 @@ class FakeModel:
         chat_template: str | None = CHAT_TEMPLATE,
         repeat: int = 0,
         backend_sampling: bool = True,
+        rows_on_device: bool = True,
     ) -> None:
         self.n_vocab, self.n_ctx = n_vocab, n_ctx
         # As a llama.cpp build with backend sampling: rows come back as their top-k when asked.
-        self.backend_sampling = backend_sampling
+        self.backend_sampling, self.rows_on_device = backend_sampling, rows_on_device
         self.top_k = 0
         # A real decode costs a fixed amount per call plus a little per token (a batch is cheap
         # per token): each decode advances ``clock`` so, which makes what the adaptive lookahead

@@ -236,7 +236,9 @@ def test_a_top_k_over_a_small_vocabulary_holds_all_of_it() -> None:
 
 
 def test_which_rows_a_generation_reads() -> None:
-    assert row_top_k(SamplingParams(temperature=0)) == 1
+    assert row_top_k(SamplingParams(temperature=0)) == 1  # rows on a GPU: its argmax alone
+    assert row_top_k(SamplingParams(temperature=0), on_device=False) == 0  # argmax in place
+    assert row_top_k(SamplingParams(0.8, 40, 0.95, 0.05), on_device=False) == 40
     assert row_top_k(SamplingParams(0.8, 40, 0.95, 0.05)) == 40
     assert row_top_k(SamplingParams(0.8, 0, 0.95, 0.05)) == 0  # no top-k: the whole row
     assert row_top_k(SamplingParams(temperature=0), whole_rows=True) == 0

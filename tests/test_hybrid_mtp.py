@@ -182,6 +182,25 @@ def test_mtp_guesses_keep_the_target_distribution(tiny: dict[str, Path]) -> None
         rejected += mtp.accepted < min(mtp.drafted, 1)
     assert rejected > n / 2, "the head's q differs from p: the residual is exercised"
     assert pooled_chisquare_pvalue(counts, expected * n) > 1e-3
+    assert head.top_k == target.top_k == 12  # p and q came as their top-k from the backend
+
+
+def test_the_heads_rows_from_the_backend_give_the_same_q(tiny: dict[str, Path]) -> None:
+    """The MTP head's guesses' q, from its whole rows and from its backend top-k, agree."""
+    sampling = SamplingParams(temperature=1.0, top_k=12, top_p=0.95, min_p=0.02)
+    target = load(tiny["mtp"], 8, mtp=True)
+    head = target.attach_mtp()
+    target.decode(PROMPT, 1)
+    head.catch_up()
+    whole = [head.start(5).copy(), head.step(7).copy()]
+    head.end()
+    assert head.sample_top_k(12) == 12
+    top = [head.start(5), head.step(7)]
+    head.end()
+    for got, want in zip(top, whole):
+        a, b = warp(got, sampling), warp(want, sampling)
+        np.testing.assert_array_equal(a.ids, b.ids)
+        np.testing.assert_allclose(a.probs, b.probs, rtol=1e-6)
 
 
 def test_the_head_reads_at_most_its_window_of_a_long_prompt(tiny: dict[str, Path]) -> None:

@@ -297,10 +297,14 @@ def test_rows_from_the_backend_give_the_same_p_and_q(pair_name: str, request) ->
 
 
 @pytest.mark.parametrize("sampling", [GREEDY, SamplingParams(temperature=0.8)])
-def test_backend_rows_and_whole_rows_give_the_same_tokens(smol, sampling) -> None:
+def test_backend_rows_and_whole_rows_give_the_same_tokens(smol, sampling, monkeypatch) -> None:
     """A generation reading rows as their top-k from the backend and one reading them whole
-    (log-probabilities asked for) give the same tokens for a seed: the same p and q."""
+    (log-probabilities asked for) give the same tokens for a seed: the same p and q. (Greedy
+    takes its top-1 from the backend where rows are computed on a GPU: as if they were here.)"""
     target, draft = smol
+    assert not target.rows_on_device  # a CPU build: greedy reads whole rows by itself
+    for model in smol:
+        monkeypatch.setattr(model, "rows_on_device", True)
     prompt = target.tokenize(PROMPTS[0])
     engine = SpeculativeEngine(target, ModelDrafter(draft))
     base = GenerationConfig(lookahead=4, sampling=sampling, max_tokens=48, seed=21)

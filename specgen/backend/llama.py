@@ -25,6 +25,7 @@ warps k values instead of the vocabulary. The engine chooses which (``core.sampl
 from __future__ import annotations
 
 import ctypes
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +34,7 @@ from typing import TYPE_CHECKING
 import llama_cpp
 import numpy as np
 
-from specgen.backend.ggml import place_on_workers
+from specgen.backend.ggml import place_on_workers, supports_gpu_offload
 from specgen.backend.runtime import decode, init_backend, library_version
 from specgen.core.sampling import Rows, TopK
 from specgen.errors import BackendError, ContextFull
@@ -69,6 +70,13 @@ class ModelOptions:
     # without a checkpoint (llama.cpp's n_rs_seq; clamped to 0 where the architecture has none).
     rollback_window: int = 0
     mtp: bool = False  # load the GGUF's MTP (nextn) layers, for an MtpHead to draft with
+    # Rows as their top-k from llama.cpp's backend sampling where asked (``sample_top_k``);
+    # SPECGEN_BACKEND_SAMPLING=0 turns it off (llama.cpp calls it experimental).
+    backend_sampling: bool = field(default_factory=lambda: _backend_sampling_default())
+
+
+def _backend_sampling_default() -> bool:
+    return os.environ.get("SPECGEN_BACKEND_SAMPLING") != "0"
 
 
 @dataclass
@@ -91,6 +99,60 @@ class _Checkpoint:
     n_past: int
     state: ctypes.Array[ctypes.c_uint8]
     since: list[int] = field(default_factory=list)  # tokens decoded after it
+
+
+class TopKRows:
+    """llama.cpp's backend sampling on one context (sequence 0): each output row's top-k,
+    taken in the graph, read back as ``TopK`` rows."""
+
+    def __init__(self, ctx: llama_cpp.llama_context_p, n_vocab: int, enabled: bool, name: str):
+        self._ctx, self.n_vocab, self.enabled, self.name = ctx, n_vocab, enabled, name
+        self.k = 0
+        self._chain: llama_cpp.llama_sampler_p | None = None
+
+    def set(self, k: int) -> int:
+        """Rows' top-k from the next decode on (0: whole rows); the k in effect."""
+        k = min(k, self.n_vocab)
+        if k == self.k or not self.enabled:
+            return self.k
+        old = self._chain
+        if old is not None:
+            llama_cpp.llama_set_sampler(self._ctx, 0, None)
+        self._chain, self.k = None, 0
+        if k > 0:
+            chain = llama_cpp.llama_sampler_chain_init(
+                llama_cpp.llama_sampler_chain_default_params()
+            )
+            llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_top_k(k))
+            # A chain is initialised for one context once: a new one each time it is set.
+            if llama_cpp.llama_set_sampler(self._ctx, 0, chain):
+                self._chain, self.k = chain, k
+            else:
+                llama_cpp.llama_sampler_free(chain)
+        if old is not None:
+            llama_cpp.llama_sampler_free(old)
+        return self.k
+
+    def rows(self, n_logits: int) -> list[TopK]:
+        """The last decode's last ``n_logits`` rows: llama.cpp keeps them a row of ``n_vocab``
+        apart, in output order, the first ``k`` of each filled (copies: the buffer is reused)."""
+        ctx, k, n = self._ctx, self.k, self.n_vocab
+        first = -n_logits
+        if llama_cpp.llama_get_sampled_candidates_count_ith(ctx, first) != k:
+            raise BackendError(f"llama.cpp's backend sampling gave no rows for {self.name}")
+        ids = np.ctypeslib.as_array(
+            llama_cpp.llama_get_sampled_candidates_ith(ctx, first), shape=(n_logits, n)
+        )[:, :k].copy()
+        logits = np.ctypeslib.as_array(
+            llama_cpp.llama_get_sampled_logits_ith(ctx, first), shape=(n_logits, n)
+        )[:, :k].copy()
+        return [TopK(ids[i], logits[i], n) for i in range(n_logits)]
+
+    def close(self) -> None:
+        """Free the chain; the context that held it is freed first (or detaches it here)."""
+        if self._chain is not None:
+            llama_cpp.llama_sampler_free(self._chain)
+            self._chain = None
 
 
 class Vocabulary:
@@ -258,8 +320,13 @@ class LlamaModel(Vocabulary):
         self._checkpoint: _Checkpoint | None = None
         self._last_decode = 0  # where the last decode began
         self.head: MtpHead | None = None  # the MTP head reading every decode, once attached
-        self.top_k = 0  # rows come back whole (0) or as their top-k (``sample_top_k``)
-        self._sampler: ctypes.c_void_p | None = None  # the backend's chain, while one is set
+        self.backend_sampling = BACKEND_SAMPLING and options.backend_sampling
+        self._rows = TopKRows(ctx, self.n_vocab, self.backend_sampling, self.path.name)
+        # Where its rows are computed: llama.cpp offloads the output layer first, so on a GPU
+        # with any layer offloaded, or on a worker unless the head is kept here.
+        self.rows_on_device = (supports_gpu_offload() and options.n_gpu_layers != 0) or (
+            bool(options.workers) and not options.local_head
+        )
 
     @property
     def rollback_anywhere(self) -> bool:
@@ -279,29 +346,16 @@ class LlamaModel(Vocabulary):
         llama_cpp.llama_model_desc(self._model, buf, 256)
         return buf.value.decode("utf-8", errors="replace")
 
+    @property
+    def top_k(self) -> int:
+        """How rows come back: their top-k (k), or whole (0)."""
+        return self._rows.k
+
     def sample_top_k(self, k: int) -> int:
         """From the next decode on, rows come back as their ``k`` likeliest tokens, taken on
         the backend (``k`` > 0), or whole (0). Returns the k in effect: 0 where this build of
         llama.cpp cannot sample on its backend. A change costs llama.cpp a new graph (once)."""
-        k = min(k, self.n_vocab)
-        if k == self.top_k or not BACKEND_SAMPLING:
-            return self.top_k
-        old = self._sampler
-        if old is not None:
-            llama_cpp.llama_set_sampler(self._ctx, 0, None)
-        self._sampler, self.top_k = None, 0
-        if k > 0:
-            params = llama_cpp.llama_sampler_chain_default_params()
-            chain = llama_cpp.llama_sampler_chain_init(params)
-            llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_top_k(k))
-            # A chain is initialised for one context once: a new one each time it is set.
-            if llama_cpp.llama_set_sampler(self._ctx, 0, chain):
-                self._sampler, self.top_k = chain, k
-            else:
-                llama_cpp.llama_sampler_free(chain)
-        if old is not None:
-            llama_cpp.llama_sampler_free(old)
-        return self.top_k
+        return self._rows.set(k)
 
     def decode(self, tokens: list[int], n_logits: int = 1) -> Rows:
         """Append ``tokens`` to the cache; return logits of the last ``n_logits`` rows.
@@ -322,24 +376,9 @@ class LlamaModel(Vocabulary):
         if n_logits == 0:
             return np.empty((0, self.n_vocab), dtype=np.float32)
         if self.top_k:
-            return self._top_k_rows(n_logits)
+            return self._rows.rows(n_logits)
         ptr = llama_cpp.llama_get_logits(self._ctx)
         return np.ctypeslib.as_array(ptr, shape=(n_logits, self.n_vocab))
-
-    def _top_k_rows(self, n_logits: int) -> list[TopK]:
-        """The last ``n_logits`` rows' candidates: llama.cpp keeps them a row of ``n_vocab``
-        apart, in output order, the first ``top_k`` of each row filled."""
-        ctx, k, n = self._ctx, self.top_k, self.n_vocab
-        first = -n_logits
-        if llama_cpp.llama_get_sampled_candidates_count_ith(ctx, first) != k:
-            raise BackendError(f"llama.cpp's backend sampling gave no rows for {self.path.name}")
-        ids = np.ctypeslib.as_array(
-            llama_cpp.llama_get_sampled_candidates_ith(ctx, first), shape=(n_logits, n)
-        )[:, :k].copy()
-        logits = np.ctypeslib.as_array(
-            llama_cpp.llama_get_sampled_logits_ith(ctx, first), shape=(n_logits, n)
-        )[:, :k].copy()
-        return [TopK(ids[i], logits[i], n) for i in range(n_logits)]
 
     def _decode_chunk(self, chunk: list[int], first_logit_row: int) -> None:
         batch = self._batch
@@ -473,9 +512,8 @@ class LlamaModel(Vocabulary):
         if getattr(self, "_ctx", None):
             llama_cpp.llama_free(self._ctx)
             self._ctx = None
-        if getattr(self, "_sampler", None) is not None:  # the context is gone: nothing holds it
-            llama_cpp.llama_sampler_free(self._sampler)
-            self._sampler = None
+        if getattr(self, "_rows", None) is not None:  # after the context that held its chain
+            self._rows.close()
         super().close()
 
 

@@ -34,11 +34,13 @@ from typing import TYPE_CHECKING
 import llama_cpp
 import numpy as np
 
+from specgen.backend.llama import TopKRows
 from specgen.backend.runtime import decode
 from specgen.errors import BackendError
 
 if TYPE_CHECKING:
     from specgen.backend.llama import LlamaModel
+    from specgen.core.sampling import Row
 
 # The most positions the head reads at once, the latest (of a prompt, or of text the target
 # decoded alone): the cost of a probe after a long stretch without drafting stays bounded, and
@@ -101,6 +103,8 @@ class MtpHead:
             raise BackendError(f"llama.cpp could not create an MTP context for {target.path.name}")
         self._ctx = ctx
         self._mem = llama_cpp.llama_get_memory(ctx)
+        self.rows_on_device = target.rows_on_device
+        self._rows = TopKRows(ctx, self.n_vocab, target.backend_sampling, "the MTP head")
         ext.llama_set_embeddings_nextn(target._ctx, True, False)  # h for every target token
         ext.llama_set_embeddings_nextn(ctx, True, True)  # h for output rows only
         self._batch = llama_cpp.llama_batch_init(target.n_batch, self.n_embd, 1)
@@ -185,14 +189,22 @@ class MtpHead:
         self._gap = False
 
     # -- drafting ------------------------------------------------------------------------------
-    def start(self, token: int) -> np.ndarray:
+    @property
+    def top_k(self) -> int:
+        return self._rows.k
+
+    def sample_top_k(self, k: int) -> int:
+        """Rows from the next step on: their top-k from the backend (k), or whole (0)."""
+        return self._rows.set(k)
+
+    def start(self, token: int) -> Row:
         """Logits of the guess after ``token`` (the last one, not yet in the target's cache);
         ``catch_up`` first."""
         assert not self._queue_tokens, "the head reads what it missed before it drafts"
         self._draft_at = self.target.n_past
         return self._step(token, self._pending)
 
-    def step(self, token: int) -> np.ndarray:
+    def step(self, token: int) -> Row:
         """Logits of the guess after ``token`` (the last guess), from the head's own state."""
         assert self._own is not None, "step() follows start()"
         return self._step(token, self._own)
@@ -203,7 +215,7 @@ class MtpHead:
         llama_cpp.llama_memory_seq_rm(self._mem, 0, self.target.n_past, -1)
         self._own = None
 
-    def _step(self, token: int, h: np.ndarray) -> np.ndarray:
+    def _step(self, token: int, h: np.ndarray) -> Row:
         position = self._draft_at
         self._decode([token], position, h[None, :], output=True)
         self._draft_at += 1
@@ -212,6 +224,8 @@ class MtpHead:
         if not own:
             raise BackendError("llama.cpp returned no hidden state from the MTP head")
         self._own = np.ctypeslib.as_array(own, shape=(self.n_embd,)).copy()
+        if self._rows.k:
+            return self._rows.rows(1)[0]
         logits = llama_cpp.llama_get_logits_ith(self._ctx, 0)
         return np.ctypeslib.as_array(logits, shape=(self.n_vocab,))
 
@@ -237,3 +251,5 @@ class MtpHead:
         if getattr(self, "_ctx", None):
             llama_cpp.llama_free(self._ctx)
             self._ctx = None
+        if getattr(self, "_rows", None) is not None:  # after the context that held its chain
+            self._rows.close()

@@ -34,6 +34,8 @@ class Model(Protocol):
     # Tokens a rollback may drop without a checkpoint: any number (the context) for an
     # attention model, llama.cpp's snapshots for a recurrent or hybrid one.
     rollback_window: int
+    # Whether its rows are computed on an accelerator (a GPU, a worker), away from the host.
+    rows_on_device: bool
 
     @property
     def rollback_anywhere(self) -> bool:

@@ -79,7 +79,8 @@ class ModelDrafter:
         model, out = self.model, Proposal()
         # Whole rows where a mask, a bias or p_min's softmax (greedy) reads the vocabulary.
         whole = self._constraint is not None or self._bias is not None
-        model.sample_top_k(row_top_k(sampling, whole or (sampling.greedy and self.p_min > 0)))
+        whole = whole or (sampling.greedy and self.p_min > 0)
+        model.sample_top_k(row_top_k(sampling, whole, model.rows_on_device))
         if self._unread is not None:
             started = self.clock()
             reuse_prefix_cache(model, *self._unread)

@@ -16,7 +16,7 @@ from typing import Protocol
 import numpy as np
 
 from specgen.core.constraint import Constraint
-from specgen.core.sampling import SamplingParams
+from specgen.core.sampling import Row, SamplingParams, row_top_k
 from specgen.drafters.base import Candidate, FollowUp, Proposal
 from specgen.drafters.model import draw_guesses
 from specgen.grammar import LogitBias
@@ -26,13 +26,18 @@ from specgen.stats import Clock
 class Head(Protocol):
     """What the MTP drafter needs of a head (``backend.mtp.MtpHead`` has it)."""
 
+    rows_on_device: bool  # the target's: the head runs where the target's output layer does
+
     def catch_up(self) -> int:
         """Read what the target decoded since the head last drafted; how many tokens."""
 
-    def start(self, token: int) -> np.ndarray:
+    def sample_top_k(self, k: int) -> int:
+        """Rows from now on: their ``k`` likeliest tokens (``TopK``), or whole (0)."""
+
+    def start(self, token: int) -> Row:
         """Logits of the guess after ``token``, the context's last (not yet in the cache)."""
 
-    def step(self, token: int) -> np.ndarray:
+    def step(self, token: int) -> Row:
         """Logits of the guess after ``token``, the last guess."""
 
     def end(self) -> None:
@@ -78,6 +83,9 @@ class MtpDrafter:
         follow: FollowUp | None = None,
     ) -> Proposal:
         out, head = Proposal(), self.head
+        whole = self._constraint is not None or self._bias is not None
+        whole = whole or (sampling.greedy and self.p_min > 0)
+        head.sample_top_k(row_top_k(sampling, whole, head.rows_on_device))
         # What the head reads first is the prompt's end (prompt time, as a draft model's
         # prompt pass is) or what the target decoded alone (a cost of having been off).
         started = self.clock()
@@ -90,7 +98,7 @@ class MtpDrafter:
         self._fresh = False
         try:
 
-            def logits_after(guess: int | None) -> np.ndarray:
+            def logits_after(guess: int | None) -> Row:
                 return head.start(context[-1]) if guess is None else head.step(guess)
 
             draw_guesses(

@@ -1,0 +1,147 @@
+"""The speculative loop's own cost: host time per cycle outside llama.cpp's decodes, by pair
+(vocabulary size), K, temperature and how rows are read (whole, or their top-k from llama.cpp's
+backend sampling).
+
+On a GPU a target step is a few milliseconds, so what the loop does on the host between steps
+decides the speedup. This measures it where it can be measured here: a cycle's wall time less
+the time spent inside ``llama_decode`` (waited for to the end), which is ``Stats.host_seconds``.
+Each row is the median of ``--repeats`` generations after one warm-up, the two ways of reading
+rows run side by side (alternating which goes first) on the same loaded files, so a machine that
+gets busier weighs on both alike.
+
+    python benchmarks/loop_cost.py TARGET DRAFT [TARGET DRAFT ...] [-k 4,8] [-n 96]
+        [--temperatures 0,0.8] [--repeats 3] [--threads 2] [--json FILE]
+
+Columns: host ms per cycle; host share of generation time; ms per cycle inside decodes
+(target and draft); tokens per second. The same seed is used on both ways, and the texts are
+checked to be the same (the same p and q).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from specgen.backend import LlamaModel, ModelOptions, decode_seconds  # noqa: E402
+from specgen.core.sampling import DEFAULT_SAMPLING, SamplingParams  # noqa: E402
+from specgen.drafters import ModelDrafter  # noqa: E402
+from specgen.engine import CycleDone, Finished, GenerationConfig, SpeculativeEngine  # noqa: E402
+
+PROMPT = "The history of the Roman Empire"
+# How rows are read: whole; as specgen chooses on this machine (``core.sampling.row_top_k``:
+# the backend's top-k when sampling, the whole row for greedy where rows are computed here);
+# and the backend for greedy too (its top-1), as specgen chooses where rows are on a GPU.
+WAYS = {"whole rows": (False, False), "specgen": (True, None), "backend top-1": (True, True)}
+
+
+def generate(engine: SpeculativeEngine, prompt: list[int], config: GenerationConfig) -> dict:
+    tokens: list[int] = []
+    busy_before = decode_seconds()
+    for event in engine.generate(prompt, config):
+        if isinstance(event, CycleDone):
+            tokens.extend(event.tokens)
+        elif isinstance(event, Finished):
+            stats = event.stats
+    decoding = decode_seconds() - busy_before - stats.prompt_seconds
+    cycles = max(stats.n_cycles, 1)
+    return {
+        "tokens": tokens,
+        "host_ms_per_cycle": 1000 * (stats.host_seconds or 0.0) / cycles,
+        "host_share": stats.host_share,
+        "decode_ms_per_cycle": 1000 * max(decoding, 0.0) / cycles,
+        "tokens_per_second": stats.tokens_per_second,
+        "cycles": stats.n_cycles,
+        "row_top_k": stats.row_top_k,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("files", nargs="+", help="TARGET DRAFT pairs")
+    parser.add_argument("-k", "--lookahead", default="4,8")
+    parser.add_argument("-n", "--max-tokens", type=int, default=96)
+    parser.add_argument("--temperatures", default="0,0.8")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--json", type=Path, help="write the rows here too")
+    args = parser.parse_args()
+    if len(args.files) % 2:
+        parser.error("give TARGET DRAFT pairs")
+    ks = [int(k) for k in args.lookahead.split(",")]
+    temperatures = [float(t) for t in args.temperatures.split(",")]
+    rows = []
+    for target_file, draft_file in zip(args.files[::2], args.files[1::2]):
+        engines = {}
+        for way, (backend, on_device) in WAYS.items():
+            options = ModelOptions(n_ctx=1024, n_threads=args.threads, backend_sampling=backend)
+            target = LlamaModel(target_file, options)
+            draft = LlamaModel(draft_file, options)
+            if on_device is not None:
+                target.rows_on_device = draft.rows_on_device = on_device
+            engines[way] = SpeculativeEngine(target, ModelDrafter(draft), busy=decode_seconds)
+        vocab = engines["whole rows"].target.n_vocab
+        prompt = engines["whole rows"].target.tokenize(PROMPT)
+        for k in ks:
+            for temperature in temperatures:
+                sampling = (
+                    SamplingParams(temperature=0.0)
+                    if temperature <= 0
+                    else SamplingParams(temperature, *_rest(DEFAULT_SAMPLING))
+                )
+                config = GenerationConfig(
+                    lookahead=k, sampling=sampling, max_tokens=args.max_tokens, seed=7
+                )
+                # Sampling reads the backend's top-k wherever rows are: the third way is the
+                # second.
+                ways = list(WAYS) if sampling.greedy else list(WAYS)[:2]
+                runs: dict[str, list[dict]] = {way: [] for way in ways}
+                for way in ways:  # warm-up: graphs built, caches touched
+                    generate(engines[way], prompt, config)
+                for repeat in range(args.repeats):
+                    for way in ways if repeat % 2 == 0 else ways[::-1]:
+                        runs[way].append(generate(engines[way], prompt, config))
+                texts = {way: runs[way][0]["tokens"] for way in ways}
+                for way in ways:
+                    got = runs[way]
+                    row = {
+                        "target": Path(target_file).name,
+                        "n_vocab": vocab,
+                        "k": k,
+                        "temperature": temperature,
+                        "rows": way,
+                        "row_top_k": got[0]["row_top_k"],
+                        **{
+                            key: statistics.median(r[key] for r in got if r[key] is not None)
+                            for key in (
+                                "host_ms_per_cycle",
+                                "host_share",
+                                "decode_ms_per_cycle",
+                                "tokens_per_second",
+                            )
+                        },
+                        "same_text": texts[way] == texts["whole rows"],
+                    }
+                    rows.append(row)
+                    print(
+                        f"{row['target'][:34]:34} V={vocab:<6} K={k} T={temperature:<3} "
+                        f"{way:13} host {row['host_ms_per_cycle']:6.2f} ms/cycle "
+                        f"({100 * row['host_share']:4.1f}%)  decode "
+                        f"{row['decode_ms_per_cycle']:7.2f} ms/cycle  "
+                        f"{row['tokens_per_second']:6.1f} tok/s  same text: {row['same_text']}",
+                        flush=True,
+                    )
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2))
+
+
+def _rest(params: SamplingParams) -> tuple[int, float, float]:
+    return params.top_k, params.top_p, params.min_p
+
+
+if __name__ == "__main__":
+    main()
