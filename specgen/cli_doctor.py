@@ -94,6 +94,7 @@ def facts(hub_timeout: float = 3.0, rpc: str | None = None) -> dict[str, Any]:
         },
         "pairs": _pairs(),
         "mtp_api": backend.supports_mtp(),
+        "backend_sampling": backend.backend_sampling(),
         "rpc": backend.supports_rpc(),
         "workers": _worker_rows(rpc),
         "hub": _hub(hub_timeout),
@@ -172,6 +173,8 @@ def advice(found: dict[str, Any]) -> list[str]:
                     f"here; a draft that slow rarely pays back: pick a "
                     f"smaller one, or --draft ngram"
                 )
+    if found["gpu_offload"]:
+        tips += _loop_advice(found)
     if not found["pairs"] or not any(p["downloaded"] for p in found["pairs"]):
         tips.append("no pair downloaded yet: `specgen models pull` fetches the default one")
     elif not any(p.get("bench") for p in found["pairs"] if p["downloaded"]):
@@ -179,6 +182,44 @@ def advice(found: dict[str, Any]) -> list[str]:
             "run `specgen bench` once per pair: it measures which K pays on this "
             "machine, and `specgen run` uses it from then on"
         )
+    return tips
+
+
+BACKEND_SAMPLING_STATES = {
+    "on": "top-k on llama.cpp's backend when sampling; greedy: the top-1 there where rows are "
+    "computed on a GPU, the argmax here on a CPU (whole rows under a grammar, logit_bias, "
+    "logprobs, --top-k 0)",
+    "off": "off (SPECGEN_BACKEND_SAMPLING=0): whole rows on the host",
+    "absent": "not in this build: whole rows on the host",
+}
+# On a GPU a target step is a few milliseconds: past this share of a cycle, the loop's own host
+# work is what limits the speedup.
+HOST_SHARE_LIMITS = 0.15
+
+
+def _loop_advice(found: dict[str, Any]) -> list[str]:
+    """On a GPU build: where the loop's host work (as ``-k auto`` measured it) limits the
+    speedup, and backend sampling turned off or missing."""
+    tips = []
+    state = found.get("backend_sampling")
+    if state == "off":
+        tips.append(
+            "backend sampling is turned off (SPECGEN_BACKEND_SAMPLING=0): each row of logits "
+            "then crosses to the host whole; unset it"
+        )
+    elif state == "absent":
+        tips.append(
+            "this llama-cpp-python has no backend sampling: each row of logits crosses to the "
+            "host whole; install llama-cpp-python 0.3.36 or later"
+        )
+    for pair in found["pairs"]:
+        for mode, share in (pair.get("host_share") or {}).items():
+            if share > HOST_SHARE_LIMITS:
+                tips.append(
+                    f"{pair['name']}: the loop's own host work is {share:.0%} of each cycle at "
+                    f"{mode} decoding, and limits the speedup on this GPU: keep a --top-k "
+                    f"(0 reads whole rows), and leave out logprobs and logit_bias, which do too"
+                )
     return tips
 
 
@@ -240,7 +281,7 @@ def _self_test() -> dict[str, Any]:
 def _pairs() -> list[dict[str, Any]]:
     from specgen.choice import Choice
     from specgen.memo import memo_path
-    from specgen.pair import rollback_path
+    from specgen.pair import remembered_costs, rollback_path
     from specgen.registry import Registry, cached
 
     try:
@@ -262,10 +303,17 @@ def _pairs() -> list[dict[str, Any]]:
             measured["checkpoint_ms"] = (
                 1000 * measured.get("checkpoint_seconds", 0.0) / measured["checkpoint"]
             )
+        costs = remembered_costs(target, files.get("draft")) if downloaded and target else None
+        host_share = {}
+        for mode in ("greedy", "sampled"):
+            timing = costs.of(mode == "greedy").host_share if costs else None
+            if timing is not None and timing.weight:
+                host_share[mode] = timing.mean
         rows.append(
             {
                 "name": pair.name,
                 "downloaded": downloaded,
+                "host_share": host_share,
                 "files": {r: str(p) if p else None for r, p in files.items()},
                 "bench": bench,
                 "draft_model": pair.draft is not None,
@@ -394,6 +442,18 @@ def _render(found: dict[str, Any], tips: list[str]) -> None:
                 line += f" ({measured['checkpoint_ms']:.2f} ms each)"
         rows.append((f"{pair['name']} target", line))
     rows.append(("MTP heads", "supported" if found["mtp_api"] else "not in this build"))
+    rows.append(("backend sampling", BACKEND_SAMPLING_STATES[found["backend_sampling"]]))
+    for pair in found["pairs"]:
+        shares = pair.get("host_share") or {}
+        if shares:
+            rows.append(
+                (
+                    f"{pair['name']} loop",
+                    "host work outside the models: "
+                    + ", ".join(f"{share:.1%} of a cycle {mode}" for mode, share in shares.items())
+                    + " (as the last runs measured it)",
+                )
+            )
     rows.append(("RPC (workers)", "built in" if found["rpc"] else "not in this build"))
     for worker in found["workers"]:
         if worker.get("error"):

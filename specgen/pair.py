@@ -300,6 +300,15 @@ def costs_path(target: LoadedModel, draft: LoadedModel | None, options: PairOpti
     )
 
 
+def remembered_costs(target: Path, draft: Path | None) -> CostBook | None:
+    """The costs last kept for these files on this machine, whatever the threads and layers
+    (``doctor`` reads them); None where no run kept any."""
+    files = [target] if draft is None else [target, draft]
+    folder = store.path("costs", "x").parent
+    kept = sorted(folder.glob(store.file_key(*files) + "-*.json"), key=lambda f: f.stat().st_mtime)
+    return load_costs(kept[-1]) if kept else None
+
+
 def load_costs(path: Path | None) -> CostBook:
     """The costs an earlier process kept at ``path`` (none, or unreadable: start afresh)."""
     if path is None:

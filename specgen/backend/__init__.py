@@ -25,6 +25,7 @@ from specgen.backend.llama import (
     LlamaModel,
     ModelOptions,
     Vocabulary,
+    backend_sampling,
     quantize,
 )
 from specgen.backend.mtp import supports_mtp
@@ -38,6 +39,7 @@ __all__ = [
     "LlamaModel",
     "ModelOptions",
     "Vocabulary",
+    "backend_sampling",
     "decode_seconds",
     "library_version",
     "quantize",

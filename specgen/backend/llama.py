@@ -79,6 +79,14 @@ def _backend_sampling_default() -> bool:
     return os.environ.get("SPECGEN_BACKEND_SAMPLING") != "0"
 
 
+def backend_sampling() -> str:
+    """Whether rows come as their top-k from llama.cpp's backend: ``on``, ``off`` (turned off
+    by SPECGEN_BACKEND_SAMPLING=0), or ``absent`` (not in this build)."""
+    if not BACKEND_SAMPLING:
+        return "absent"
+    return "on" if _backend_sampling_default() else "off"
+
+
 @dataclass
 class RollbackCounts:
     """How a recurrent model's rollbacks went: by ``bounded`` snapshot or by ``checkpoint``

@@ -157,6 +157,7 @@ class PairProfile:
         """One cycle's host work outside the models' decodes, of ``cycle_seconds`` in all."""
         if cycle_seconds <= 0:
             return
+        self.observations += 1  # something new to keep, at a fixed K too
         if self.host_share is None:
             self.host_share = Timing(COST_MEMORY)
         self.host_share.add(host_seconds / cycle_seconds)
