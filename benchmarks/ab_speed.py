@@ -1,11 +1,12 @@
 """Tokens per second of two commits side by side, on the demo pairs: has a change slowed them?
 
 Each commit is checked out into a temporary worktree; then, round by round, the same `specgen
-run` commands (greedy, so both commits write the same text) run under one commit and then the
-other, alternating which goes first, so a machine that gets busier or quieter mid-way weighs on
-both alike. Prints the median tokens per second of each and their ratio (B / A).
+run` commands (greedy by default, or sampled with one seed, so both commits write the same text)
+run under one commit and then the other, alternating which goes first, so a machine that gets
+busier or quieter mid-way weighs on both alike. Prints the median tokens per second of each and their ratio (B / A).
 
     python benchmarks/ab_speed.py REV_A REV_B [--rounds 5] [-n 96] [--threads 2]
+        [--temperature 0]
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("-n", "--max-tokens", type=int, default=96)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--temperature", default="0", help="0: greedy; else sampled, seed 1")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="specgen-ab-"))
     trees = {}
@@ -66,8 +68,8 @@ def main() -> None:
                     }
                     done = subprocess.run(
                         [sys.executable, "-m", "specgen", "run", "--pair", pair, "-k", k, "-n",
-                         str(args.max_tokens), "--temperature", "0", "--threads",
-                         str(args.threads), "--json", prompt],
+                         str(args.max_tokens), "--temperature", args.temperature, "--seed", "1",
+                         "--threads", str(args.threads), "--json", prompt],
                         capture_output=True, text=True, env=env, cwd=home, check=True,
                     )  # fmt: skip
                     stats = json.loads(done.stdout)["stats"]
