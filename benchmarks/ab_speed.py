@@ -3,7 +3,8 @@
 Each commit is checked out into a temporary worktree; then, round by round, the same `specgen
 run` commands (greedy by default, or sampled with one seed, so both commits write the same text)
 run under one commit and then the other, alternating which goes first, so a machine that gets
-busier or quieter mid-way weighs on both alike. Prints the median tokens per second of each and their ratio (B / A).
+busier or quieter mid-way weighs on both alike. Prints the median tokens per second of each and
+their ratio (B / A).
 
     python benchmarks/ab_speed.py REV_A REV_B [--rounds 5] [-n 96] [--threads 2]
         [--temperature 0]

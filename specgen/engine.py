@@ -30,6 +30,7 @@ from specgen.core.sampling import (
     best,
     row_top_k,
     sample,
+    top_ids,
     warp,
 )
 from specgen.core.speculative import Verdict, verify, verify_greedy
@@ -121,7 +122,7 @@ def token_logprob(
     normalizer = peak + float(np.log(np.exp(values - peak).sum()))
     best: tuple[tuple[int, float, bytes], ...] = ()
     if top:
-        ids = np.argpartition(values, -top)[-top:]
+        ids = top_ids(values, top) if top < len(values) else np.arange(len(values))
         ids = ids[np.argsort(-values[ids], kind="stable")]
         best = tuple((int(i), float(values[i] - normalizer), piece(int(i))) for i in ids)
     return TokenLogprob(token, float(values[token] - normalizer), piece(token), best)

@@ -6,7 +6,16 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from specgen.core.sampling import Dist, SamplingParams, TopK, best, row_top_k, sample, warp
+from specgen.core.sampling import (
+    Dist,
+    SamplingParams,
+    TopK,
+    best,
+    row_top_k,
+    sample,
+    top_ids,
+    warp,
+)
 from specgen.core.speculative import (
     accept_probability,
     expected_tokens,
@@ -237,12 +246,27 @@ def test_a_top_k_over_a_small_vocabulary_holds_all_of_it() -> None:
 
 def test_which_rows_a_generation_reads() -> None:
     assert row_top_k(SamplingParams(temperature=0)) == 1  # rows on a GPU: its argmax alone
-    assert row_top_k(SamplingParams(temperature=0), on_device=False) == 0  # argmax in place
-    assert row_top_k(SamplingParams(0.8, 40, 0.95, 0.05), on_device=False) == 40
+    # Rows the CPU computed are read in place: the host's top-k and argmax cost less there.
+    assert row_top_k(SamplingParams(temperature=0), on_device=False) == 0
+    assert row_top_k(SamplingParams(0.8, 40, 0.95, 0.05), on_device=False) == 0
     assert row_top_k(SamplingParams(0.8, 40, 0.95, 0.05)) == 40
     assert row_top_k(SamplingParams(0.8, 0, 0.95, 0.05)) == 0  # no top-k: the whole row
     assert row_top_k(SamplingParams(temperature=0), whole_rows=True) == 0
     assert row_top_k(SamplingParams(0.8, 40, 0.95, 0.05), whole_rows=True) == 0
+
+
+@pytest.mark.parametrize("n, k", [(262144, 40), (49152, 40), (5000, 1), (300, 40), (4096, 500)])
+def test_the_hosts_top_k_is_the_k_largest(n: int, k: int) -> None:
+    rng = np.random.default_rng(n + k)
+    for values in (
+        (rng.standard_normal(n) * 3).astype(np.float32),
+        np.sort(rng.standard_normal(n)).astype(np.float32),  # the largest in the last blocks
+        np.where(rng.random(n) < 0.9, -np.inf, rng.standard_normal(n)).astype(np.float32),
+    ):
+        got = np.sort(top_ids(values, k))
+        want = np.sort(np.argpartition(values, -k)[-k:])
+        np.testing.assert_array_equal(np.sort(values[got]), np.sort(values[want]))
+        assert len(set(got.tolist())) == k
 
 
 def test_warp_greedy_is_argmax() -> None:

@@ -61,7 +61,7 @@ def test_doctor_says_where_the_loops_host_work_limits_the_speedup_on_a_gpu() -> 
 @pytest.mark.slow
 def test_a_run_leaves_its_host_share_for_doctor(smollm2_target: Path, smollm2_draft: Path) -> None:
     """A real run on the demo pair measures its loop's host work; doctor reports it, and that
-    rows came as their top-k from this build's backend."""
+    this build can take rows' top-k on its backend (on this CPU the rows are read in place)."""
     env = with_models_cache()
     run = [sys.executable, "-m", "specgen", "run", "--pair", "smollm2-135m-demo", "--json"]
     done = subprocess.run(
@@ -73,7 +73,7 @@ def test_a_run_leaves_its_host_share_for_doctor(smollm2_target: Path, smollm2_dr
     )
     assert done.returncode == 0, done.stderr
     stats = json.loads(done.stdout)["stats"]
-    assert stats["rows"] == "top-40 on the backend"
+    assert stats["rows"] == "whole"
     assert 0 < stats["host_share"] < 1 and stats["host_seconds"] > 0
     doctor = subprocess.run(
         [sys.executable, "-m", "specgen", "doctor", "--json", "--hub-timeout", "0.5"],

@@ -89,6 +89,26 @@ class Dist:
         return out
 
 
+def top_ids(values: np.ndarray, k: int) -> np.ndarray:
+    """The ids of the ``k`` largest of ``values``, in no order (0 < k < len(values)).
+
+    numpy's ``argpartition`` takes 2.3 ms over a row of 262k logits. The maxima of about 8k
+    blocks bound it instead: the k-th largest block maximum t has k blocks at or above it, so at
+    least k values are >= t, and every one of the k largest is >= t. Only those few (k to a few
+    times k on logits) are partitioned: 0.1-0.2 ms a row, less than llama.cpp's own top-k."""
+    n = values.shape[0]
+    block = n // (8 * k)
+    if block < 8:
+        return np.argpartition(values, -k)[-k:]
+    blocks = n // block
+    peaks = values[: blocks * block].reshape(blocks, block).max(axis=1)
+    floor = np.partition(peaks, -k)[-k]
+    ids = np.flatnonzero(values >= floor)
+    if len(ids) < k:  # only where values hold NaN, which compares false
+        return np.argpartition(values, -k)[-k:]
+    return ids[np.argpartition(values[ids], -k)[-k:]]
+
+
 @dataclass(frozen=True)
 class TopK:
     """A row's likeliest tokens and their logits, in any order (as the backend gives them): the
@@ -102,7 +122,7 @@ class TopK:
     def of(cls, logits: np.ndarray, k: int) -> TopK:
         """The host's top-k of a whole row (what the backend computes; for fakes and tests)."""
         n = logits.shape[0]
-        ids = np.argpartition(logits, -k)[-k:] if k < n else np.arange(n)
+        ids = top_ids(logits, k) if k < n else np.arange(n)
         return cls(ids.astype(np.int32), np.asarray(logits)[ids], n)
 
 
@@ -114,22 +134,20 @@ Rows = np.ndarray | list[TopK]
 def row_top_k(params: SamplingParams, whole_rows: bool = False, on_device: bool = True) -> int:
     """How many candidates a generation's rows need from the backend (0: the whole row).
 
-    ``top_k`` when sampling with one: llama.cpp's top-k in the graph costs less than the host's
-    (about 1 ms against 2.5 ms a row of 262k logits on a CPU; on a GPU the row stays there).
-    Greedy needs the argmax alone: 1 where the rows are computed ``on_device`` (a GPU, a
-    worker), which saves copying each whole row to the host, but the whole row where they are
-    computed on this CPU, where numpy's argmax over the row in place (~0.03 ms) costs less than
-    llama.cpp's top-1 (~1 ms). ``whole_rows``: something reads the whole vocabulary (a
-    grammar's mask, a logit bias, log-probabilities, a draft's ``p_min`` under greedy, which
-    needs the softmax's normalizer): 0.
+    Where rows are computed ``on_device`` (a GPU, a worker), their top-k is taken there and the
+    whole row never crosses to the host: ``top_k`` when sampling with one, 1 for greedy (the
+    argmax). Where they are computed on this CPU they are already in host memory, and the
+    host's top-k over the row in place (``top_ids``, 0.1-0.2 ms a row of 262k logits) and
+    argmax (0.02 ms) cost less than llama.cpp's in its graph (about 1.3 ms a row here,
+    measured by ``benchmarks/loop_cost.py``): 0. ``whole_rows``: something reads the whole
+    vocabulary (a grammar's mask, a logit bias, log-probabilities, a draft's ``p_min`` under
+    greedy, which needs the softmax's normalizer): 0 as well.
 
     This is the one place that decides; the backend falls back to whole rows where its build
-    cannot sample (``LlamaModel.sample_top_k``), and both paths give the same p and q."""
-    if whole_rows:
+    cannot sample (``LlamaModel.sample_top_k``), and both ways give the same p and q."""
+    if whole_rows or not on_device:
         return 0
-    if params.greedy:
-        return 1 if on_device else 0
-    return params.top_k
+    return 1 if params.greedy else params.top_k
 
 
 def best(row: Row) -> int:
@@ -152,7 +170,7 @@ def warp(logits: Row, params: SamplingParams, masked: bool = False) -> Dist:
     logits = np.asarray(logits)
     # 1. Candidates: top-k, else the whole vocabulary (kept implicit until needed).
     if 0 < params.top_k < logits.shape[0]:
-        ids = np.argpartition(logits, -params.top_k)[-params.top_k :]
+        ids = top_ids(logits, params.top_k)
         values = logits[ids].astype(np.float64)
     else:
         ids = None
