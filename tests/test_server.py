@@ -162,6 +162,7 @@ def test_timings_usage_and_metrics_agree(client, server: str) -> None:
     assert timings["predicted_n"] == usage["completion_tokens"] > 0
     assert 0 <= timings["draft_n_accepted"] <= timings["draft_n"]
     assert timings["prompt_n"] + timings["cache_n"] == usage["prompt_tokens"]
+    assert 0 < timings["host_ms"] < timings["predicted_ms"]
     after = {name: metric(server, name) for name in before}
     assert (
         after["specgen_generation_tokens_total"] - before["specgen_generation_tokens_total"]

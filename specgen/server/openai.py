@@ -344,6 +344,8 @@ def timings(stats: Stats) -> dict[str, object]:
         "predicted_per_second": stats.tokens_per_second,
         "draft_n": stats.n_drafted,
         "draft_n_accepted": stats.n_accepted,
+        # specgen's: the loop's own host time outside the models' decodes (None: not known)
+        "host_ms": None if stats.host_seconds is None else stats.host_seconds * 1000,
         # specgen's: the guesses by where they came from (the cache's apart from the text's own)
         "drafters": {
             name: {"drafted": source.drafted, "accepted": source.accepted}
