@@ -18,8 +18,8 @@ cannot be cut, so it rolls back one of two ways:
 
 Rows. A decode returns the whole vocabulary's logits per row, or, once ``sample_top_k(k)`` is
 set, each row's k likeliest tokens (``core.sampling.TopK``), taken in the graph by llama.cpp's
-backend sampling: on a GPU the whole row never leaves the device, and on any machine the host
-warps k values instead of the vocabulary. The engine chooses which (``core.sampling.row_top_k``).
+backend sampling: on a GPU the whole row never leaves the device. The engine chooses which
+(``core.sampling.row_top_k``: the backend's where ``rows_on_device``, whole rows on a CPU).
 """
 
 from __future__ import annotations

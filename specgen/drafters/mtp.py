@@ -2,9 +2,10 @@
 
 The head (``backend.mtp.MtpHead``) follows the target's cache by itself: it reads every token the
 target decodes and is cut back with it, so this drafter only draws guesses. Each comes from the
-head's full-vocabulary logits, warped as the target's are: that is its q, so the accept rule is
-the exact min(1, p/q) one (llama.cpp drafts MTP greedily and keeps a guess only where it matches
-the target's own draw; this keeps more guesses when sampling, and the same ones when greedy).
+head's logits (the whole row, or its top-k from the backend on a GPU), warped as the target's
+are: that is its q, so the accept rule is the exact min(1, p/q) one (llama.cpp drafts MTP
+greedily and keeps a guess only where it matches the target's own draw; this keeps more guesses
+when sampling, and the same ones when greedy).
 """
 
 from __future__ import annotations
