@@ -217,6 +217,7 @@ def run_json(
     *extra: str,
     prompt: str = "The capital of France is",
     n: int = 24,
+    env: dict[str, str] | None = None,
 ) -> dict:
     models = ["--target", str(target)] + (["--draft", str(draft)] if draft else [])
     args = [
@@ -237,7 +238,11 @@ def run_json(
         prompt,
     ]
     done = subprocess.run(
-        args, capture_output=True, text=True, env=with_models_cache(), timeout=300
+        args,
+        capture_output=True,
+        text=True,
+        env={**with_models_cache(), **(env or {})},
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
@@ -268,25 +273,35 @@ def test_the_draft_and_the_output_layer_stay_on_this_machine(
     smollm2_target: Path, smollm2_draft: Path
 ) -> None:
     target_size, draft_size = smollm2_target.stat().st_size, smollm2_draft.stat().st_size
-    traffic = {}
+    traffic, texts = {}, {}
+    ways = {
+        "local head": ("--rpc-local-head", {}),
+        "remote head": ("--no-rpc-local-head", {}),
+        "remote head, whole rows": ("--no-rpc-local-head", {"SPECGEN_BACKEND_SAMPLING": "0"}),
+    }
     with worker() as (endpoint, _):
-        for head in ("--rpc-local-head", "--no-rpc-local-head"):
+        for way, (head, env) in ways.items():
             proxy = CountingProxy(endpoint)
             try:
-                run_json(
-                    smollm2_target, smollm2_draft, "-k", "4", "--rpc", proxy.endpoint, head, n=32
-                )
-                traffic[head] = proxy.counts()
+                texts[way] = run_json(
+                    smollm2_target, smollm2_draft, "-k", "4", "--rpc", proxy.endpoint, head,
+                    n=32, env=env,
+                )["text"]  # fmt: skip
+                traffic[way] = proxy.counts()
             finally:
                 proxy.close()
-    sent_all, received_all = traffic["--no-rpc-local-head"]
-    sent_local, received_local = traffic["--rpc-local-head"]
+    assert len(set(texts.values())) == 1  # greedy: the same text every way
+    sent_all, received_whole = traffic["remote head, whole rows"]
+    sent_local, received_local = traffic["local head"]
     # The whole target went over, and not the draft (which would add its 98 MB).
     assert 0.9 * target_size < sent_all < target_size + draft_size / 2
     # With the output layer here, results are hidden states (576 floats a row), not logit rows
     # (49152 floats each): over ten times fewer bytes back, and the tied embedding stays here.
-    assert received_local * 10 < received_all
+    assert received_local * 10 < received_whole
     assert sent_local < sent_all - 50 * 2**20
+    # With the output layer there, the worker's backend takes each row's argmax: a token id a
+    # row comes back, fewer bytes than even the hidden states.
+    assert traffic["remote head"][1] < received_local
 
 
 @pytest.mark.slow
