@@ -8,7 +8,7 @@ llama-server with `--spec-type draft-simple,ngram-mod --spec-draft-n-max 8` (bui
 (rotating which goes first); the figure is a server's generated tokens over its generation time
 over the workload (`timings.predicted_n / predicted_ms`, as each server reports it).
 
-    python benchmarks/suffix_cache.py [--pair smollm2] [--temperature 0] [-n 128]
+    python benchmarks/suffix_cache.py [--pair smollm2] [--temperature 0] [-n 128] [--no-peer]
     python benchmarks/suffix_cache.py --memory
     python benchmarks/suffix_cache.py --again [--pair smollm2]
 """
@@ -31,16 +31,21 @@ import httpx2 as httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-PAIRS = {
-    "smollm2": (
-        "~/.cache/specgen/derived/55aec88a6c99a964/SmolLM2-135M-Instruct.Q4_1.F32.gguf",
-        "~/.cache/specgen/pip/fd05c1932c990121/SmolLM2-135M-Instruct.Q4_1.gguf",
-    ),
-    "gemma": (
-        "~/.cache/specgen/derived/c141c8a483ad0523/gemma-3-270m-q4_k_m.F32.gguf",
-        "~/.cache/specgen/pip/59a8e371a2eb9a8c/gemma-3-270m-q4_k_m.gguf",
-    ),
-}
+# The demo pairs, as `specgen models pull` leaves them in this machine's cache.
+PAIRS = {"smollm2": "smollm2-135m-demo", "gemma": "gemma3-270m-demo"}
+
+
+def pair_files(pair: str) -> tuple[str, str]:
+    """The target and draft files of a demo pair, from the registry and this machine's cache."""
+    from specgen.registry import Registry, cached
+
+    named = Registry.load().pairs[PAIRS[pair]]
+    files = [cached(spec) for _, spec in named.members()]
+    if not all(files):
+        raise SystemExit(f"{PAIRS[pair]} is not here: run `specgen models pull {PAIRS[pair]}`")
+    return str(files[0]), str(files[1])
+
+
 CHAT = ("smollm2",)  # Gemma 3 270M (the base model) has no chat template
 CODE = """def order_value(orders):
     total = 0
@@ -173,16 +178,16 @@ KINDS = ("specgen", "specgen, no cache", "llama-server")
 
 
 def workload_speeds(
-    pair: str, temperature: float, requests: list[object], n: int
+    pair: str, temperature: float, requests: list[object], n: int, kinds: tuple[str, ...] = KINDS
 ) -> dict[str, float]:
-    target, draft = (str(Path(p).expanduser()) for p in PAIRS[pair])
+    target, draft = pair_files(pair)
     chat = pair in CHAT  # the pair's target has a chat template
-    servers = {kind: start(kind, target, draft) for kind in KINDS}
-    totals = {kind: [0, 0.0] for kind in KINDS}
+    servers = {kind: start(kind, target, draft) for kind in kinds}
+    totals = {kind: [0, 0.0] for kind in kinds}
     answers: dict[str, str] = {}
     try:
         for i, request in enumerate(requests):
-            order = KINDS[i % 3 :] + KINDS[: i % 3]
+            order = kinds[i % len(kinds) :] + kinds[: i % len(kinds)]
             for kind in order:
                 prompt = request(answers.get(kind, "")) if callable(request) else request
                 text, tokens, ms = ask(servers[kind][1], prompt, temperature, i, n, chat)
@@ -225,7 +230,7 @@ def again(pair: str, n: int) -> None:
     and where the guesses came from, with the cache and without."""
     from specgen.api import Specgen
 
-    target, draft = (str(Path(p).expanduser()) for p in PAIRS[pair])
+    target, draft = pair_files(pair)
     prompt = "Write a short story about a lighthouse keeper, in five sentences."
     for cache in (True, False):
         sg = Specgen(target=target, draft=draft, threads=2, lookup_cache=cache)
@@ -247,7 +252,9 @@ def main() -> None:
     parser.add_argument("-n", type=int, default=128)
     parser.add_argument("--memory", action="store_true")
     parser.add_argument("--again", action="store_true", help="one request sent three times")
+    parser.add_argument("--no-peer", action="store_true", help="leave llama-server out")
     args = parser.parse_args()
+    kinds = KINDS[:2] if args.no_peer else KINDS
     if args.memory:
         memory()
         return
@@ -259,13 +266,18 @@ def main() -> None:
     for pair in args.pair or sorted(PAIRS):
         for temperature in args.temperature or [0.0, 0.8]:
             for name, requests in (("repeating", repeating()), ("fresh", fresh())):
-                speeds = workload_speeds(pair, temperature, requests, args.n)
-                cache, off, peer = (speeds[k] for k in KINDS)
+                speeds = workload_speeds(pair, temperature, requests, args.n, kinds)
+                cache, off = speeds[KINDS[0]], speeds[KINDS[1]]
+                peer = speeds.get(KINDS[2])
                 rows.append((pair, temperature, name, cache, off, peer))
+                against = (
+                    f"llama-server {peer:6.1f}  specgen/llama-server {cache / peer:.2f}x"
+                    if peer
+                    else ""
+                )
                 print(
                     f"{pair:8} T={temperature:<4} {name:10} specgen {cache:6.1f}  no cache "
-                    f"{off:6.1f}  llama-server {peer:6.1f}  cache/no {cache / off:.2f}x  "
-                    f"specgen/llama-server {cache / peer:.2f}x",
+                    f"{off:6.1f}  cache/no {cache / off:.2f}x  {against}",
                     flush=True,
                 )
     print(json.dumps(rows))
