@@ -315,4 +315,5 @@ def test_bench_runs_a_constrained_prompt_under_its_grammar_in_every_row(
     (row,) = report["per_k"]
     # the grammar forced some guesses (free ones, counted apart from the draft model's)
     assert row["forced_share"] and 0 < row["forced_share"] < 1
+    assert 0 < row["host_share"] < 1  # the loop's own time, measured in bench too
     assert len(report["per_prompt"]) == 2

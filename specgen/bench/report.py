@@ -61,6 +61,8 @@ class KReport:
     ngram_share: float | None = None
     cache_share: float | None = None  # guesses from the suffix cache (earlier requests)
     forced_share: float | None = None  # guesses a grammar forced (free; never rejected)
+    # The loop's own host time outside the models' decodes, of generation time (None: unknown)
+    host_share: float | None = None
     model_guesses: int = 0  # guesses of a draft model (not n-gram ones): what draft and c rest on
 
     @property
@@ -250,6 +252,13 @@ def _row(
         for n, c in r.stats.k_counts.items():
             k_counts[n] = k_counts.get(n, 0) + c
     n_k = sum(k_counts.values())
+    hosted = [r for r in mine if r.stats.host_seconds is not None]
+    hosted_seconds = sum(r.stats.elapsed() for r in hosted)
+    host_share = (
+        sum(r.stats.host_seconds or 0.0 for r in hosted) / hosted_seconds
+        if hosted_seconds > 0
+        else None
+    )
     by_ngram, by_cache, forced = (
         sum(r.stats.by_source[name].drafted for r in mine if name in r.stats.by_source)
         for name in ("ngram", "cache", "grammar")
@@ -272,6 +281,7 @@ def _row(
         ngram_share=by_ngram / drafted if drafted else None,
         cache_share=by_cache / drafted if drafted else None,
         forced_share=forced / drafted if drafted else None,
+        host_share=host_share,
         model_guesses=int(drafted - by_ngram - by_cache - forced),
     )
 

@@ -119,6 +119,7 @@ class BenchSession:
                 self._drafters[way],
                 costs=self.learned.copy() if adaptive else CostBook(),
                 clock=self.clock,
+                busy=self.pair.busy,
             )
             config = GenerationConfig(
                 lookahead="auto" if adaptive else int(variant),
