@@ -361,14 +361,13 @@ class SpeculativeEngine:
             )
             tokens.extend(new)
             self._clean = True  # the cache holds every token of the context but the last
+            text = emit.tokens(new, stats)
             if busy is not None and stats.host_seconds is not None:
-                text = emit.tokens(new, stats)
+                # The cycle's time up to here, less the models' decodes: the loop's own work.
                 cycle = clock() - t0
                 host = max(0.0, cycle - (busy() - busy_at_start))
                 stats.host_seconds += host
                 profile.observe_host(host, cycle)
-            else:
-                text = emit.tokens(new, stats)
             yield CycleDone(len(guesses), verdict.n_accepted, tuple(new), logprobs)
             if text:
                 yield TextChunk(text)

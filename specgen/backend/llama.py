@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from specgen.grammar import Grammar, Matcher
 
 _ALL_LAYERS = 2**31 - 1
-# llama.cpp's backend sampling ([EXPERIMENTAL] there), in the bindings since 0.3.2x.
+# llama.cpp's backend sampling ([EXPERIMENTAL] there): llama-cpp-python 0.3.36 binds it.
 BACKEND_SAMPLING = hasattr(llama_cpp, "llama_set_sampler") and hasattr(
     llama_cpp, "llama_get_sampled_candidates_ith"
 )
