@@ -204,9 +204,8 @@ class SpeculativeEngine:
         assert len(prompt) > 0, "the prompt must hold at least one token"
         target, drafter, sampling, clock = self.target, self.drafter, config.sampling, self.clock
         drafts = drafter is not None
-        policy = policy_for(
-            config.lookahead, drafts, self.costs.of(sampling.greedy), target.rollback_window
-        )
+        profile = self.costs.of(sampling.greedy)
+        policy = policy_for(config.lookahead, drafts, profile, target.rollback_window)
         lookahead = effective_lookahead(config.lookahead, drafts)
         seed = config.seed if config.seed is not None else _random_seed()
         if stats is None:
@@ -227,7 +226,6 @@ class SpeculativeEngine:
         whole = constraint is not None or bias is not None or config.logprobs is not None
         stats.row_top_k = target.sample_top_k(row_top_k(sampling, whole, target.rows_on_device))
         busy = self.busy
-        profile = self.costs.of(sampling.greedy)
         if busy is not None:
             stats.host_seconds = 0.0
 

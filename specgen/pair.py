@@ -296,16 +296,22 @@ def costs_path(target: LoadedModel, draft: LoadedModel | None, options: PairOpti
         options.local_head,
     ]
     return store.path(
-        "costs", store.file_key(*files) + "-" + store.text_key(json.dumps(machine, default=str))
+        "costs", _costs_prefix(files) + store.text_key(json.dumps(machine, default=str))
     )
+
+
+def _costs_prefix(files: list[Path]) -> str:
+    """The part of a costs file's name that names the model files (the rest: the machine)."""
+    return store.file_key(*files) + "-"
 
 
 def remembered_costs(target: Path, draft: Path | None) -> CostBook | None:
     """The costs last kept for these files on this machine, whatever the threads and layers
     (``doctor`` reads them); None where no run kept any."""
-    files = [target] if draft is None else [target, draft]
-    folder = store.path("costs", "x").parent
-    kept = sorted(folder.glob(store.file_key(*files) + "-*.json"), key=lambda f: f.stat().st_mtime)
+    pattern = store.path(
+        "costs", _costs_prefix([target] if draft is None else [target, draft]) + "*"
+    )
+    kept = sorted(pattern.parent.glob(pattern.name), key=lambda f: f.stat().st_mtime)
     return load_costs(kept[-1]) if kept else None
 
 

@@ -21,7 +21,6 @@ from specgen.backend.ggml import (
     worker_devices,
 )
 from specgen.backend.llama import (
-    BACKEND_SAMPLING,
     LlamaModel,
     ModelOptions,
     Vocabulary,
@@ -32,7 +31,6 @@ from specgen.backend.mtp import supports_mtp
 from specgen.backend.runtime import decode_seconds, library_version, supports_rpc, system_info
 
 __all__ = [
-    "BACKEND_SAMPLING",
     "LOCAL_HEAD_PATTERN",
     "RPC_REBUILD",
     "Device",

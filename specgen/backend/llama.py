@@ -52,6 +52,10 @@ BACKEND_SAMPLING = hasattr(llama_cpp, "llama_set_sampler") and hasattr(
 _PARTIAL = llama_cpp.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY  # the recurrent (and SWA) state alone
 
 
+def _backend_sampling_default() -> bool:
+    return os.environ.get("SPECGEN_BACKEND_SAMPLING") != "0"
+
+
 @dataclass(frozen=True)
 class ModelOptions:
     """How to load one model. ``n_ctx=0`` means min(4096, the model's training context).
@@ -72,11 +76,7 @@ class ModelOptions:
     mtp: bool = False  # load the GGUF's MTP (nextn) layers, for an MtpHead to draft with
     # Rows as their top-k from llama.cpp's backend sampling where asked (``sample_top_k``);
     # SPECGEN_BACKEND_SAMPLING=0 turns it off (llama.cpp calls it experimental).
-    backend_sampling: bool = field(default_factory=lambda: _backend_sampling_default())
-
-
-def _backend_sampling_default() -> bool:
-    return os.environ.get("SPECGEN_BACKEND_SAMPLING") != "0"
+    backend_sampling: bool = field(default_factory=_backend_sampling_default)
 
 
 def backend_sampling() -> str:

@@ -77,10 +77,9 @@ class ModelDrafter:
     ) -> Proposal:
         """Up to ``k`` guesses; after each, ``follow`` may finish the run with free guesses."""
         model, out = self.model, Proposal()
-        # Whole rows where a mask, a bias or p_min's softmax (greedy) reads the vocabulary.
-        whole = self._constraint is not None or self._bias is not None
-        whole = whole or (sampling.greedy and self.p_min > 0)
-        model.sample_top_k(row_top_k(sampling, whole, model.rows_on_device))
+        model.sample_top_k(
+            draft_top_k(sampling, self.p_min, self._constraint, self._bias, model.rows_on_device)
+        )
         if self._unread is not None:
             started = self.clock()
             reuse_prefix_cache(model, *self._unread)
@@ -125,6 +124,19 @@ class ModelDrafter:
 
     def end(self, tokens: Sequence[int]) -> None:
         """The draft's cache keeps its text for the next generation's shared prefix."""
+
+
+def draft_top_k(
+    sampling: SamplingParams,
+    p_min: float,
+    constraint: Constraint | None,
+    bias: LogitBias | None,
+    on_device: bool,
+) -> int:
+    """How a draft's rows are read (``core.sampling.row_top_k``): whole where a mask, a bias or
+    ``p_min``'s softmax under greedy reads the vocabulary."""
+    whole = constraint is not None or bias is not None or (sampling.greedy and p_min > 0)
+    return row_top_k(sampling, whole, on_device)
 
 
 def draw_guesses(

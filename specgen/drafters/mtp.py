@@ -17,9 +17,9 @@ from typing import Protocol
 import numpy as np
 
 from specgen.core.constraint import Constraint
-from specgen.core.sampling import Row, SamplingParams, row_top_k
+from specgen.core.sampling import Row, SamplingParams
 from specgen.drafters.base import Candidate, FollowUp, Proposal
-from specgen.drafters.model import draw_guesses
+from specgen.drafters.model import draft_top_k, draw_guesses
 from specgen.grammar import LogitBias
 from specgen.stats import Clock
 
@@ -84,9 +84,9 @@ class MtpDrafter:
         follow: FollowUp | None = None,
     ) -> Proposal:
         out, head = Proposal(), self.head
-        whole = self._constraint is not None or self._bias is not None
-        whole = whole or (sampling.greedy and self.p_min > 0)
-        head.sample_top_k(row_top_k(sampling, whole, head.rows_on_device))
+        head.sample_top_k(
+            draft_top_k(sampling, self.p_min, self._constraint, self._bias, head.rows_on_device)
+        )
         # What the head reads first is the prompt's end (prompt time, as a draft model's
         # prompt pass is) or what the target decoded alone (a cost of having been off).
         started = self.clock()
