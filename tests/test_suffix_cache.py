@@ -38,6 +38,17 @@ def test_it_proposes_what_most_documents_went_on_with_after_the_longest_match() 
     assert cache.candidate([4, 3, 2, 1]) is None  # never seen
 
 
+def test_a_match_of_the_whole_window_is_its_own_kind_of_evidence() -> None:
+    cache = SuffixCache()
+    doc = list(range(1, 121))
+    cache.add(doc)
+    resent = cache.candidate(doc[:80])  # 80 tokens back match: all the window looked up
+    assert resent is not None and resent.acceptance_key == "cache64"
+    assert resent.preview == tuple(doc[80:112]) and resent.match_length == 64
+    part = cache.candidate([999, *doc[40:80]])  # 40 tokens match, then the text differs
+    assert part is not None and part.acceptance_key == "cache32" and part.match_length == 40
+
+
 def test_it_stays_within_its_bound_and_keeps_the_documents_that_were_of_use() -> None:
     cache = SuffixCache(max_tokens=100)
     docs = [[d, d, *range(100 * d, 100 * d + 20)] for d in range(8)]  # 22 tokens each

@@ -113,7 +113,8 @@ class SuffixCache:
     def candidate(self, context: Sequence[int], guesses: Sequence[int] = ()) -> Candidate | None:
         """The continuation the documents that end as the text does agree on (None: no match
         of ``KEY`` tokens). Its acceptance key says how long the match is (``cache4``,
-        ``cache8``, ...) and whether several documents back it (``+``)."""
+        ``cache8``, ... ``cache64``: all of the ``LONGEST`` tokens looked up) and whether
+        several documents back it (``+``)."""
         tail = [*context[-LONGEST:], *guesses]
         if len(tail) < KEY or not self._index:
             return None
@@ -153,7 +154,9 @@ class SuffixCache:
             return None
         for _, ident, _ in backing:  # useful: kept longest
             self._docs.move_to_end(ident)
-        bucket = next(b for b in (32, 16, 8, 4) if best >= b)
+        # 64: the whole window looked up matches (a request sent again, a prompt seen before):
+        # greedy, what followed is what follows, and ``-k auto`` learns so apart from cache32.
+        bucket = next(b for b in (LONGEST, 32, 16, 8, 4) if best >= b)
         key = f"cache{bucket}{'+' if len(backing) > 1 else ''}"
         # A match of n tokens backs at most n guesses (SuffixDecoding's rule): a short match
         # that goes wrong fails one short cycle, not a 32-row verify.
