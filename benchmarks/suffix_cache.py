@@ -11,6 +11,13 @@ over the workload (`timings.predicted_n / predicted_ms`, as each server reports 
     python benchmarks/suffix_cache.py [--pair smollm2] [--temperature 0] [-n 128] [--no-peer]
     python benchmarks/suffix_cache.py --memory
     python benchmarks/suffix_cache.py --again [--pair smollm2]
+    python benchmarks/suffix_cache.py --bound [--pair smollm2] [--workload repeating]
+
+``--bound`` runs a workload in one process, greedy, three ways side by side: without the cache,
+with it, and with an oracle in its place that knows the target's answer and guesses, wherever
+the answer goes on as some earlier request's text did, as much of it as that text holds (never
+wrong, no match needed): what no suffix cache, which can only guess text it holds, can beat
+in this loop.
 """
 
 from __future__ import annotations
@@ -245,6 +252,163 @@ def again(pair: str, n: int) -> None:
         sg.pair.target.close()
 
 
+class Recorder:
+    """A cache that guesses nothing and keeps each generation's tokens (prompt and answer)."""
+
+    def __init__(self) -> None:
+        self.docs: list[list[int]] = []
+        self.changed, self.tokens, self.seconds = False, 0, 0.0
+
+    def add(self, tokens: list[int]) -> None:
+        self.docs.append(list(tokens))
+
+    def candidate(self, context: object, guesses: object = ()) -> None:
+        return None
+
+
+class Oracle(Recorder):
+    """The bound on a suffix cache: it knows each request's whole token sequence (a greedy run
+    without the cache recorded them; greedy is the target's own output whatever guesses) and
+    guesses the longest run of what comes next that occurs in the earlier requests' text."""
+
+    def __init__(self, expected: list[list[int]], shortest: int = 1) -> None:
+        super().__init__()
+        self.expected, self.shortest = expected, shortest
+        self.history = ""  # the earlier requests' tokens, one character each, "\0" between
+
+    def add(self, tokens: list[int]) -> None:
+        super().add(tokens)
+        self.history += "\0" + "".join(chr(t + 1) for t in tokens)
+
+    def candidate(self, context: list[int], guesses: list[int] = ()) -> object:
+        from specgen.drafters.base import Candidate
+
+        if len(self.docs) >= len(self.expected):
+            return None
+        doc, seen = self.expected[len(self.docs)], [*context, *guesses]
+        if doc[: len(seen)] != seen:
+            return None  # guesses off the answer (the engine verifies them): no oracle here
+        future = "".join(chr(t + 1) for t in doc[len(seen) : len(seen) + 32])
+        n = 0
+        while n < len(future) and future[: n + 1] in self.history:
+            n += 1
+        if n < max(1, self.shortest):
+            return None
+        tokens = tuple(ord(c) - 1 for c in future[:n])
+        return Candidate("cache", "oracle", n, tokens, match_length=64)
+
+
+class ArgmaxOracle(Recorder):
+    """The bound on a suffix cache when sampling: its guesses are point masses, kept with the
+    target's probability of them, so none does better than the target's likeliest token at
+    each step. This one guesses the target's greedy continuation (a copy of the target computes
+    it) wherever it is asked, whether earlier text holds it or not; its own time is left out."""
+
+    def __init__(self, target: str, length: int = 12) -> None:
+        from specgen.backend import ModelOptions
+        from specgen.pair import BACKEND
+
+        super().__init__()
+        self.model = BACKEND.load(Path(target), ModelOptions(n_ctx=4096, n_threads=2), False)
+        self.length, self.fed, self.seconds = length, [], 0.0
+        self._last: tuple[tuple[int, ...], object] = ((), None)
+
+    def candidate(self, context: list[int], guesses: list[int] = ()) -> object:
+        from specgen.core.sampling import best
+        from specgen.drafters.base import Candidate
+
+        if guesses:
+            return None  # a cycle's first candidate only: not where a model's guesses lead
+        seen = tuple(context)
+        if self._last[0] == seen:
+            return self._last[1]
+        started = time.perf_counter()
+        keep = 0
+        while keep < min(len(self.fed), len(seen) - 1) and self.fed[keep] == seen[keep]:
+            keep += 1
+        self.model.rollback(keep)
+        rows = self.model.decode(list(seen[keep:]))
+        chain: list[int] = []
+        for _ in range(self.length):
+            token = int(best(rows[-1]))
+            chain.append(token)
+            if self.model.is_eog(token):
+                break
+            rows = self.model.decode([token])
+        self.fed = [*seen, *chain[:-1]]
+        found = Candidate("cache", "oracle", len(chain), tuple(chain))
+        self._last = (seen, found)
+        self.seconds += time.perf_counter() - started
+        return found
+
+
+def bound(pair: str, workload: str, n: int, temperature: float = 0.0, shortest: int = 1) -> None:
+    """The workload in one process, greedy, without the cache, with it and with the oracle,
+    request by request (rotating which goes first): tokens/s and where the guesses came from."""
+    from specgen.api import Specgen
+
+    target, draft = pair_files(pair)
+    requests = repeating() if workload == "repeating" else fresh()
+    chat = pair in CHAT
+    ways = {
+        way: Specgen(target=target, draft=draft, threads=2, lookup_cache=way != "off", chat=chat)
+        for way in ("off", "cache", "oracle")
+    }
+
+    def prompt_of(request: object, answer: str) -> object:
+        prompt = request(answer) if callable(request) else request
+        if isinstance(prompt, list) and not chat:
+            return "\n\n".join(str(m["content"]) for m in prompt) + "\n\n"
+        return prompt
+
+    recorder = Recorder()
+    ways["off"].pair.lookup = recorder
+    answer = ""
+    settings = {"max_tokens": n, "temperature": temperature, "seed": 0}
+    if temperature:
+        settings.update(top_k=40, top_p=0.95, min_p=0.05)
+    for request in requests:  # a first pass records what the target answers (and warms up)
+        answer = ways["off"].generate(prompt_of(request, answer), **settings).text
+    ways["off"].pair.lookup = Recorder()  # (its engine, made above, keeps the first one)
+    ways["cache"].pair.lookup.clear()
+    oracle: Recorder = Oracle(recorder.docs, shortest) if not temperature else ArgmaxOracle(target)
+    ways["oracle"].pair.lookup = oracle
+    # The oracle's own time (a copy of the target's decodes) stopped on its pair's clock: it is
+    # no cache's cost, so neither the policy nor the figure sees it.
+    ways["oracle"].pair.clock = lambda: time.perf_counter() - oracle.seconds
+    totals = {way: [0, 0.0] for way in ways}
+    answers = dict.fromkeys(ways, "")
+    names = list(ways)
+    for i, request in enumerate(requests):
+        row = []
+        for way in names[i % 3 :] + names[: i % 3]:
+            result = ways[way].generate(prompt_of(request, answers[way]), **{**settings, "seed": i})
+            stats = result.stats
+            answers[way] = result.text
+            totals[way][0] += stats.n_generated
+            totals[way][1] += stats.gen_seconds
+            sources = ",".join(f"{k} {v.accepted}/{v.drafted}" for k, v in stats.by_source.items())
+            speed = stats.n_generated / stats.gen_seconds
+            row.append(f"{way} {speed:6.1f} ({stats.n_cycles} cycles; {sources})")
+        texts = {answers[w] for w in names}
+        print(
+            f"{pair} {workload} #{i + 1}: "
+            + " | ".join(sorted(row))
+            + ("" if len(texts) == 1 else "  TEXTS DIFFER"),
+            flush=True,
+        )
+    speed = {way: t / s for way, (t, s) in totals.items()}
+    print(
+        f"{pair:8} {workload:10} T={temperature} (oracle's shortest {shortest}), in process: "
+        f"off {speed['off']:6.1f}  cache "
+        f"{speed['cache']:6.1f}  oracle {speed['oracle']:6.1f} tok/s;  cache/off "
+        f"{speed['cache'] / speed['off']:.2f}x, oracle/off {speed['oracle'] / speed['off']:.2f}x",
+        flush=True,
+    )
+    for sg in ways.values():
+        sg.pair.target.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pair", action="append", choices=sorted(PAIRS))
@@ -253,10 +417,21 @@ def main() -> None:
     parser.add_argument("--memory", action="store_true")
     parser.add_argument("--again", action="store_true", help="one request sent three times")
     parser.add_argument("--no-peer", action="store_true", help="leave llama-server out")
+    parser.add_argument("--bound", action="store_true", help="the cache against an oracle")
+    parser.add_argument("--workload", action="append", choices=("repeating", "fresh"))
+    parser.add_argument(
+        "--shortest", type=int, default=1, help="the oracle's shortest run guessed (greedy)"
+    )
     args = parser.parse_args()
     kinds = KINDS[:2] if args.no_peer else KINDS
     if args.memory:
         memory()
+        return
+    if args.bound:
+        for pair in args.pair or sorted(PAIRS):
+            for workload in args.workload or ["repeating"]:
+                for temperature in args.temperature or [0.0]:
+                    bound(pair, workload, args.n, temperature, args.shortest)
         return
     if args.again:
         for pair in args.pair or sorted(PAIRS):
