@@ -12,6 +12,10 @@ over the workload (`timings.predicted_n / predicted_ms`, as each server reports 
     python benchmarks/suffix_cache.py --memory
     python benchmarks/suffix_cache.py --again [--pair smollm2]
     python benchmarks/suffix_cache.py --bound [--pair smollm2] [--workload repeating]
+    python benchmarks/suffix_cache.py --aa [--pair smollm2] [--workload fresh]
+
+``--aa`` sends the workload to two servers alike (both without the cache): the spread one row
+of the table can show when nothing differs.
 
 ``--bound`` runs a workload in one process, greedy, three ways side by side: without the cache,
 with it, and with an oracle in its place that knows the target's answer and guesses, wherever
@@ -144,7 +148,7 @@ def start(kind: str, target: str, draft: str) -> tuple[subprocess.Popen, str]:
             sys.executable, "-m", "specgen", "serve", "--target", target, "--draft", draft,
             "--threads", "2", "-c", "4096", "--port", str(port),
         ]  # fmt: skip
-        if kind == "specgen, no cache":
+        if kind.startswith("specgen, no cache"):
             command += ["--lookup-cache", "off"]
     proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
@@ -418,6 +422,7 @@ def main() -> None:
     parser.add_argument("--again", action="store_true", help="one request sent three times")
     parser.add_argument("--no-peer", action="store_true", help="leave llama-server out")
     parser.add_argument("--bound", action="store_true", help="the cache against an oracle")
+    parser.add_argument("--aa", action="store_true", help="two servers without the cache")
     parser.add_argument("--workload", action="append", choices=("repeating", "fresh"))
     parser.add_argument(
         "--shortest", type=int, default=1, help="the oracle's shortest run guessed (greedy)"
@@ -426,6 +431,18 @@ def main() -> None:
     kinds = KINDS[:2] if args.no_peer else KINDS
     if args.memory:
         memory()
+        return
+    if args.aa:  # two servers alike: how far apart the same setting reads here
+        for pair in args.pair or sorted(PAIRS):
+            for temperature in args.temperature or [0.0, 0.8]:
+                for name in args.workload or ["fresh"]:
+                    requests = repeating() if name == "repeating" else fresh()
+                    twins = (KINDS[1], f"{KINDS[1]}, again")
+                    a, b = workload_speeds(pair, temperature, requests, args.n, twins).values()
+                    print(
+                        f"{pair:8} T={temperature:<4} {name:10} A/A {a:6.1f} {b:6.1f} {a / b:.2f}x",
+                        flush=True,
+                    )
         return
     if args.bound:
         for pair in args.pair or sorted(PAIRS):
