@@ -35,6 +35,18 @@ def test_remembered_verify_costs_follow_the_speed_measured_here() -> None:
     assert PairProfile.restore(remembered).verify(9) == pytest.approx(3.0)  # none measured: as then
 
 
+def test_a_pass_never_costs_more_than_that_many_one_token_steps() -> None:
+    """Costs remembered while something else ran (longer passes at many one-token steps) are
+    held to m steps of one, so ``auto`` goes back to those lengths instead of never again."""
+    busy = {"verify_by_n": {"1": 0.02, "2": 0.03, "4": 0.58, "6": 0.81, "14": 1.17}}
+    costs = PairProfile.restore(busy)
+    assert 0.02 <= costs.verify(2) <= 2 * 0.02  # within the bound
+    assert costs.verify(4) <= 4 * 0.02 + 1e-12 and costs.verify(6) <= 6 * 0.02 + 1e-12
+    assert costs.verify(14) <= 14 * 0.02 + 1e-12
+    honest = PairProfile.restore({"verify_by_n": {"1": 1.0, "5": 2.0, "9": 3.0}})
+    assert honest.verify(9) == pytest.approx(3.0)  # a CPU's line is far inside the bound
+
+
 def test_remembered_costs_need_no_timing_cycles_and_drop_this_process_cold_sample() -> None:
     """Costs kept by an earlier process (a JSON round trip) are trusted at once: the first
     cycle drafts. Each remembered cost then follows this process, whose first (cold) sample
