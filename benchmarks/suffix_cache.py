@@ -17,11 +17,12 @@ over the workload (`timings.predicted_n / predicted_ms`, as each server reports 
 ``--aa`` sends the workload to two servers alike (both without the cache): the spread one row
 of the table can show when nothing differs.
 
-``--bound`` runs a workload in one process, greedy, three ways side by side: without the cache,
+``--bound`` runs a workload in one process, three ways side by side: without the cache,
 with it, and with an oracle in its place that knows the target's answer and guesses, wherever
 the answer goes on as some earlier request's text did, as much of it as that text holds (never
 wrong, no match needed): what no suffix cache, which can only guess text it holds, can beat
-in this loop.
+in this loop. Sampling (``--temperature``), the oracle guesses the target's likeliest token at
+every step, the best a point-mass guess can be, its own time off the clock.
 """
 
 from __future__ import annotations
@@ -126,6 +127,16 @@ def fresh() -> list[object]:
     ]
 
 
+WORKLOADS = {"repeating": repeating, "fresh": fresh}
+# How every sampled request samples (the server's and the API's settings alike).
+SAMPLED = {"top_k": 40, "top_p": 0.95, "min_p": 0.05}
+
+
+def plain_text(conversation: list[dict[str, object]]) -> str:
+    """A conversation as a base model (no chat template) reads it."""
+    return "\n\n".join(str(m["content"]) for m in conversation) + "\n\n"
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -170,14 +181,12 @@ def ask(
     """One request: a chat (the pair's template) or a completion (a base model's raw text)."""
     body: dict[str, object] = {"max_tokens": n, "temperature": temperature, "seed": seed}
     if temperature:
-        body.update(top_k=40, top_p=0.95, min_p=0.05)
+        body.update(SAMPLED)
     if chat:
         messages = request if isinstance(request, list) else [{"role": "user", "content": request}]
         body["messages"] = messages
     else:
-        if isinstance(request, list):  # a base model: the conversation as plain text
-            request = "\n\n".join(str(m["content"]) for m in request) + "\n\n"
-        body["prompt"] = request
+        body["prompt"] = plain_text(request) if isinstance(request, list) else request
     path = "/v1/chat/completions" if chat else "/v1/completions"
     reply = httpx.post(f"{url}{path}", json=body, timeout=600).json()
     choice, timings = reply["choices"][0], reply["timings"]
@@ -314,7 +323,7 @@ class ArgmaxOracle(Recorder):
 
         super().__init__()
         self.model = BACKEND.load(Path(target), ModelOptions(n_ctx=4096, n_threads=2), False)
-        self.length, self.fed, self.seconds = length, [], 0.0
+        self.length, self.fed = length, []
         self._last: tuple[tuple[int, ...], object] = ((), None)
 
     def candidate(self, context: list[int], guesses: list[int] = ()) -> object:
@@ -347,12 +356,13 @@ class ArgmaxOracle(Recorder):
 
 
 def bound(pair: str, workload: str, n: int, temperature: float = 0.0, shortest: int = 1) -> None:
-    """The workload in one process, greedy, without the cache, with it and with the oracle,
-    request by request (rotating which goes first): tokens/s and where the guesses came from."""
+    """The workload in one process, without the cache, with it and with the oracle (greedy:
+    ``Oracle``; sampling: ``ArgmaxOracle``), request by request (rotating which goes first):
+    tokens/s and where the guesses came from."""
     from specgen.api import Specgen
 
     target, draft = pair_files(pair)
-    requests = repeating() if workload == "repeating" else fresh()
+    requests = WORKLOADS[workload]()
     chat = pair in CHAT
     ways = {
         way: Specgen(target=target, draft=draft, threads=2, lookup_cache=way != "off", chat=chat)
@@ -361,16 +371,14 @@ def bound(pair: str, workload: str, n: int, temperature: float = 0.0, shortest: 
 
     def prompt_of(request: object, answer: str) -> object:
         prompt = request(answer) if callable(request) else request
-        if isinstance(prompt, list) and not chat:
-            return "\n\n".join(str(m["content"]) for m in prompt) + "\n\n"
-        return prompt
+        return plain_text(prompt) if isinstance(prompt, list) and not chat else prompt
 
     recorder = Recorder()
     ways["off"].pair.lookup = recorder
     answer = ""
     settings = {"max_tokens": n, "temperature": temperature, "seed": 0}
     if temperature:
-        settings.update(top_k=40, top_p=0.95, min_p=0.05)
+        settings.update(SAMPLED)
     for request in requests:  # a first pass records what the target answers (and warms up)
         answer = ways["off"].generate(prompt_of(request, answer), **settings).text
     ways["off"].pair.lookup = Recorder()  # (its engine, made above, keeps the first one)
@@ -392,8 +400,8 @@ def bound(pair: str, workload: str, n: int, temperature: float = 0.0, shortest: 
             totals[way][0] += stats.n_generated
             totals[way][1] += stats.gen_seconds
             sources = ",".join(f"{k} {v.accepted}/{v.drafted}" for k, v in stats.by_source.items())
-            speed = stats.n_generated / stats.gen_seconds
-            row.append(f"{way} {speed:6.1f} ({stats.n_cycles} cycles; {sources})")
+            rate = stats.n_generated / stats.gen_seconds
+            row.append(f"{way} {rate:6.1f} ({stats.n_cycles} cycles; {sources})")
         texts = {answers[w] for w in names}
         print(
             f"{pair} {workload} #{i + 1}: "
@@ -436,7 +444,7 @@ def main() -> None:
         for pair in args.pair or sorted(PAIRS):
             for temperature in args.temperature or [0.0, 0.8]:
                 for name in args.workload or ["fresh"]:
-                    requests = repeating() if name == "repeating" else fresh()
+                    requests = WORKLOADS[name]()
                     twins = (KINDS[1], f"{KINDS[1]}, again")
                     a, b = workload_speeds(pair, temperature, requests, args.n, twins).values()
                     print(
@@ -457,7 +465,8 @@ def main() -> None:
     rows = []
     for pair in args.pair or sorted(PAIRS):
         for temperature in args.temperature or [0.0, 0.8]:
-            for name, requests in (("repeating", repeating()), ("fresh", fresh())):
+            for name, workload in WORKLOADS.items():
+                requests = workload()
                 speeds = workload_speeds(pair, temperature, requests, args.n, kinds)
                 cache, off = speeds[KINDS[0]], speeds[KINDS[1]]
                 peer = speeds.get(KINDS[2])
