@@ -21,8 +21,8 @@ from specgen.bench.prompts import BUILTIN_KINDS, BUILTIN_PROMPTS
 from specgen.core.sampling import DEFAULT_SAMPLING
 from specgen.engine import CycleDone, Finished, GenerationConfig, SpeculativeEngine
 from specgen.lookahead import CostBook
-from specgen.pair import PairOptions, load_pair
-from specgen.session import prompt_tokens
+from specgen.session.generate import prompt_tokens
+from specgen.session.pair import PairOptions, load_pair
 
 
 def main() -> None:

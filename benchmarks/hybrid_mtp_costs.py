@@ -35,7 +35,7 @@ import llama_cpp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from specgen.backend import LlamaModel, ModelOptions  # noqa: E402
+from specgen.backend import LlamaModel, ModelOptions, attach_mtp  # noqa: E402
 from specgen.core.sampling import SamplingParams  # noqa: E402
 from specgen.drafters import make_drafter  # noqa: E402
 from specgen.engine import Finished, GenerationConfig, SpeculativeEngine  # noqa: E402
@@ -101,7 +101,7 @@ def main() -> None:
     # 1. One MTP step / one target step, beside a two-layer draft model (each one token after
     #    a 64-token context that grows by one a step).
     model = target()
-    head = model.attach_mtp()
+    head = attach_mtp(model)
     plain = target(mtp=False)
     draft = LlamaModel(draft_file, ModelOptions(n_ctx=n_ctx, n_threads=args.threads))
     for which in (model, plain, draft):
@@ -220,14 +220,14 @@ def main() -> None:
     draft_model = LlamaModel(draft_file, ModelOptions(n_ctx=n_ctx, n_threads=args.threads))
     ways = {
         "alone": (lambda m: None, 0),
-        "mtp auto": (lambda m: make_drafter(None, False, head=m.attach_mtp(), target=m), "auto"),
+        "mtp auto": (lambda m: make_drafter(None, False, head=attach_mtp(m), target=m), "auto"),
         "mtp+ngram auto": (
-            lambda m: make_drafter(None, True, head=m.attach_mtp(), target=m),
+            lambda m: make_drafter(None, True, head=attach_mtp(m), target=m),
             "auto",
         ),
         "hybrid draft auto": (lambda m: make_drafter(draft_model, False), "auto"),
         "ngram auto": (lambda m: make_drafter(None, True), "auto"),
-        "mtp K=2": (lambda m: make_drafter(None, False, head=m.attach_mtp(), target=m), 2),
+        "mtp K=2": (lambda m: make_drafter(None, False, head=attach_mtp(m), target=m), 2),
     }
     engines = {name: engine_for(of, k) for name, (of, k) in ways.items()}
     by_way: dict[str, list[float]] = {name: [] for name in ways}

@@ -41,8 +41,8 @@ from specgen.lookahead import (
     LookaheadPolicy,
     PairProfile,
 )
-from specgen.pair import PairOptions, load_pair
-from specgen.session import prompt_tokens
+from specgen.session.generate import prompt_tokens
+from specgen.session.pair import PairOptions, load_pair
 
 MODEL = Candidate("model", "model", 1_000_000)
 

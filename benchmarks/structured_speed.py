@@ -17,10 +17,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from specgen import grammar  # noqa: E402
 from specgen.core.sampling import SamplingParams  # noqa: E402
 from specgen.engine import Finished, GenerationConfig  # noqa: E402
-from specgen.pair import PairOptions, load_pair  # noqa: E402
+from specgen.session.pair import PairOptions, load_pair  # noqa: E402
+from specgen.structured import grammar  # noqa: E402
 
 SCHEMA = {
     "type": "object",

@@ -49,7 +49,7 @@ PAIRS = {"smollm2": "smollm2-135m-demo", "gemma": "gemma3-270m-demo"}
 
 def pair_files(pair: str) -> tuple[str, str]:
     """The target and draft files of a demo pair, from the registry and this machine's cache."""
-    from specgen.registry import Registry, cached
+    from specgen.models.registry import Registry, cached
 
     named = Registry.load().pairs[PAIRS[pair]]
     files = [cached(spec) for _, spec in named.members()]
@@ -319,7 +319,7 @@ class ArgmaxOracle(Recorder):
 
     def __init__(self, target: str, length: int = 12) -> None:
         from specgen.backend import ModelOptions
-        from specgen.pair import BACKEND
+        from specgen.session.pair import BACKEND
 
         super().__init__()
         self.model = BACKEND.load(Path(target), ModelOptions(n_ctx=4096, n_threads=2), False)

@@ -16,8 +16,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from specgen.api import Settings, Specgen  # noqa: E402
-from specgen.session import Result  # noqa: E402
-from specgen.tools import ToolChoice, tools_from_request  # noqa: E402
+from specgen.session.generate import Result  # noqa: E402
+from specgen.structured.tools import ToolChoice, tools_from_request  # noqa: E402
 
 TOOLS = [
     {

@@ -22,11 +22,11 @@ from typing import Any
 from specgen.core.sampling import DEFAULT_SAMPLING, SamplingParams
 from specgen.engine import DEFAULT_MAX_TOKENS, GenerationConfig, TextChunk
 from specgen.errors import UsageError
-from specgen.grammar import Grammar, LogitBias, from_request
 from specgen.lookahead import Lookahead
-from specgen.pair import Pair, PairOptions
-from specgen.session import Prompt, Result
-from specgen.tools import Plan, Tool, ToolChoice, syntax_for
+from specgen.session.generate import Prompt, Result
+from specgen.session.pair import Pair, PairOptions
+from specgen.structured.grammar import Grammar, LogitBias, from_request
+from specgen.structured.tools import Plan, Tool, ToolChoice, syntax_for
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ class Settings:
     min_p: float = DEFAULT_SAMPLING.min_p
     seed: int | None = None
     stop: tuple[str, ...] = ()
-    constraint: Grammar | None = None  # what the output must match (``specgen.grammar``)
+    constraint: Grammar | None = None  # what the output must match (``specgen.structured.grammar``)
     logit_bias: LogitBias | None = None  # added to the target's logits and the draft's
     logprobs: int | None = None  # each token's log-probability, with this many alternatives
     keep_text: tuple[tuple[int, bytes], ...] = ()  # special tokens printed as their text
@@ -94,8 +94,8 @@ class Specgen:
         rpc_local_head: bool = True,
         lookup_cache: bool | str | Path = True,
     ) -> None:
-        from specgen.choice import decide
-        from specgen.pair import open_pair
+        from specgen.session.decide import decide
+        from specgen.session.pair import open_pair
 
         decision = decide(
             pair,
@@ -131,7 +131,7 @@ class Specgen:
 
     def wants_chat(self, prompt: Prompt, system: str | None = None) -> bool:
         """Whether a prompt is rendered with the chat template (messages always are)."""
-        from specgen.session import wants_chat
+        from specgen.session.generate import wants_chat
 
         if not isinstance(prompt, str):
             return True
@@ -151,7 +151,7 @@ class Specgen:
         """Text pieces (``TextChunk``) as they are accepted, then the ``Result``; ``tools``
         (OpenAI's shape) go to the chat template (``tool_plan`` says which, and how the
         answer reads)."""
-        from specgen.session import stream
+        from specgen.session.generate import stream
 
         use_chat = self.wants_chat(prompt, system) if chat is None else chat
         for item in stream(
@@ -171,8 +171,8 @@ class Specgen:
 
     def tool_plan(self, tools: Sequence[Tool], choice: ToolChoice, parallel: bool = True) -> Plan:
         """How this target calls ``tools``: the syntax its chat template teaches, with the
-        markers its vocabulary holds as special tokens (``specgen.tools``)."""
-        from specgen.session import special_tokens
+        markers its vocabulary holds as special tokens (``specgen.structured.tools``)."""
+        from specgen.session.generate import special_tokens
 
         syntax = syntax_for(self.pair.target.chat_template())
         markers = special_tokens(self.pair.target, syntax.markers) if tools else {}

@@ -46,7 +46,6 @@ from specgen.drafters import (
     reuse_prefix_cache,
 )
 from specgen.errors import PromptTooLong
-from specgen.grammar import Grammar, LogitBias
 from specgen.lookahead import (
     DEFAULT_LOOKAHEAD,
     CostBook,
@@ -55,7 +54,8 @@ from specgen.lookahead import (
     effective_lookahead,
     policy_for,
 )
-from specgen.stats import Clock, Stats
+from specgen.stats import Clock, Stats, StopReason
+from specgen.structured.grammar import Grammar, LogitBias
 
 # New tokens per generation unless told otherwise (run, batches, the API, the server).
 DEFAULT_MAX_TOKENS = 256
@@ -70,7 +70,7 @@ class GenerationConfig:
     max_tokens: int = DEFAULT_MAX_TOKENS
     stop: tuple[str, ...] = ()
     seed: int | None = None
-    grammar: Grammar | None = None  # what the output must match (``specgen.grammar``)
+    grammar: Grammar | None = None  # what the output must match (``specgen.structured.grammar``)
     logit_bias: LogitBias | None = None  # added to the target's logits and the draft's
     # Log-probabilities of each generated token (and of the ``logprobs`` likeliest there):
     # None for none; from the target's own rows, which the verify pass has computed anyway.
@@ -149,7 +149,7 @@ class CycleDone:
 
 @dataclass(frozen=True)
 class Finished:
-    reason: str  # "eog", "max_tokens", "stop", "context_full"
+    reason: StopReason
     stats: Stats
 
 
@@ -162,8 +162,8 @@ class SpeculativeEngine:
     What varies is passed in. ``costs`` are what ``-k auto`` measures (seconds per guess, the
     verify pass by length), facts of the machine, the models and the mode (greedy or sampled):
     the engine keeps them from one generation to the next, and a caller that keeps them between
-    processes passes them in (``specgen.pair``). ``clock`` times the cycles (a test passes a fake
-    clock that its fake models advance); the random generator comes from each run's seed.
+    processes passes them in (``specgen.session.pair``). ``clock`` times the cycles (a test passes
+    a fake clock that its fake models advance); the random generator comes from each run's seed.
     """
 
     def __init__(
@@ -449,7 +449,7 @@ class _Emitter:
     def __init__(self, target: Model, config: GenerationConfig) -> None:
         self.target, self.max_tokens = target, config.max_tokens
         self.decoder, self.stopper = StreamDecoder(), StopMatcher(config.stop)
-        self.reason: str | None = None
+        self.reason: StopReason | None = None
         self.kept = dict(config.keep_text)
 
     def tokens(self, new: list[int], stats: Stats) -> str:

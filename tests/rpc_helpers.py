@@ -19,7 +19,7 @@ def wait_for_worker(
     endpoint: str, proc: subprocess.Popen | None = None, timeout: float = 60.0
 ) -> None:
     """Until the worker answers its handshake (it has started listening)."""
-    from specgen.rpc import hello, parse_endpoint
+    from specgen.host.rpc import hello, parse_endpoint
 
     deadline = time.monotonic() + timeout
     while True:

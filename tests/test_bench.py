@@ -21,8 +21,8 @@ from specgen.bench.report import summarize
 from specgen.bench.sweep import parse_lookaheads, sweep
 from specgen.core.speculative import expected_tokens
 from specgen.errors import UserError
-from specgen.grammar import any_json_object
 from specgen.stats import SourceStats, Stats
+from specgen.structured.grammar import any_json_object
 from tests.conftest import FakePair, with_models_cache
 from tests.invoke import specgen_here
 
@@ -422,7 +422,7 @@ def test_an_adaptive_row_says_when_its_draft_cost_rests_on_a_few_guesses() -> No
 
     from rich.console import Console
 
-    from specgen.bench_view import render
+    from specgen.cli.bench_report import render
 
     def cannot_pay(prompt: int, k, seed: int) -> Stats:
         stats = adaptive_runner(prompt, k, seed)
@@ -446,8 +446,8 @@ def test_the_table_fits_80_columns_without_cutting_a_header() -> None:
 
     from rich.console import Console
 
-    from specgen.bench_view import render
-    from specgen.memo import variant_options
+    from specgen.cli.bench_report import render
+    from specgen.session.memo import variant_options
 
     runs = sweep(adaptive_runner, 2, [1, 2, 3, 4, 6, 8, "auto", "ngram", "hybrid"], 1, seed=0)
     report = summarize(runs, kinds=["story", "rewrite"])

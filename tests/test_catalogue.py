@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from specgen.registry import Registry
+from specgen.models.registry import Registry
 from tests.invoke import specgen_here
 from tests.tiny_models import write_header, write_qwen35
 
@@ -52,7 +52,7 @@ def test_the_catalogue_has_the_2026_pairs_and_keeps_the_old_ones() -> None:
 
 
 def test_an_mtp_pair_resolves_to_its_hub_spec_and_drafts_with_the_head() -> None:
-    from specgen.choice import decide
+    from specgen.session.decide import decide
 
     decision = decide("qwen3.6-27b-mtp")
     assert decision.mtp and decision.draft is None and decision.lookahead == "auto"
@@ -145,7 +145,7 @@ def test_models_list_tells_pairs_apart_at_80_columns() -> None:
 
 
 def test_doctor_says_how_a_hybrid_target_rolls_back_and_what_it_cost(tmp_path: Path) -> None:
-    from specgen.cli_doctor import advice
+    from specgen.cli.doctor import advice
 
     target = write_qwen35(tmp_path / "mtp.gguf", mtp=True)
     home = Path(os.environ["SPECGEN_HOME"])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from specgen.chat import ChatTemplateError, conversation, render_chat
+from specgen.session.chat import ChatTemplateError, conversation, render_chat
 
 CHATML = (
     "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + "

@@ -185,7 +185,7 @@ def test_stop_string(fake_pair: FakePair) -> None:
 
 
 def test_chat_template(fake_pair: FakePair) -> None:
-    from specgen.chat import render_chat
+    from specgen.session.chat import render_chat
     from tests.fakes import CHAT_TEMPLATE, FakeModel
 
     record = run_json(fake_pair, "What is 2+2?", "--chat", "--system", "You are terse.")

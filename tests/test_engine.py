@@ -154,7 +154,7 @@ def test_rows_from_the_backend_or_whole_give_the_same_tokens(sampling: SamplingP
 
 def test_whole_rows_where_something_reads_the_whole_vocabulary() -> None:
     """Log-probabilities, a logit bias, and a draft's p_min under greedy read whole rows."""
-    from specgen.grammar import LogitBias
+    from specgen.structured.grammar import LogitBias
 
     target, draft = pair()
     _, _, done = run(spec(target, draft), GenerationConfig(lookahead=3, logprobs=2, seed=1))

@@ -213,7 +213,8 @@ def test_disk_full_while_converting_leaves_no_file(
 ) -> None:
     import shutil
 
-    from specgen import backend, fetch
+    from specgen import backend
+    from specgen.models import fetch
 
     src = tmp_path / "model.gguf"
     src.write_bytes(b"GGUF" + b"\0" * 1000)
@@ -277,7 +278,7 @@ def test_models_list_never_splits_a_name_at_80_columns() -> None:
     lines = done.stdout.splitlines()
     assert all(len(line) <= 80 for line in lines)
     rows = lines[1:]
-    from specgen.registry import Registry
+    from specgen.models.registry import Registry
 
     # one line per built-in pair: nothing wrapped onto a second line
     assert len(rows) == len(Registry.load().pairs)

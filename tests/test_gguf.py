@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from specgen import gguf
+from specgen.models import gguf
 
 KEYS = st.text(st.characters(min_codepoint=33, max_codepoint=0x2FF), min_size=1, max_size=24)
 SCALARS = st.one_of(

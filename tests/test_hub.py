@@ -366,8 +366,8 @@ def test_a_full_disk_while_downloading(
 
     from huggingface_hub import constants, file_download
 
-    from specgen import hub as specgen_hub
     from specgen.errors import UserError
+    from specgen.models import hub as specgen_hub
 
     hub.add("org/big-GGUF", {"big.gguf": BIG})
     cache = home.parent / "hf" / "hub"
@@ -486,7 +486,7 @@ def test_a_2026_pair_resolves_to_its_pinned_hub_file(hub: FakeHub, home: Path, t
     name has other bytes in the repo without the MTP block. Against a loopback Hub holding a
     tiny qwen35 with an MTP block under that name: its header is read from the pinned revision
     and shows the head; pulling it refuses bytes that are not the pinned ones."""
-    from specgen.registry import Registry
+    from specgen.models.registry import Registry
     from tests.tiny_models import write_qwen35
 
     spec = Registry.load().pairs["qwen3.6-27b-mtp"].target

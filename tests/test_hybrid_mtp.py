@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specgen.backend import LlamaModel, ModelOptions
+from specgen.backend import LlamaModel, ModelOptions, attach_mtp
 from specgen.core.sampling import SamplingParams, warp
 from specgen.drafters import make_drafter
 from specgen.engine import GenerationConfig, SpeculativeEngine
@@ -76,7 +76,7 @@ def test_mtp_head_alone_and_beside_ngrams_is_the_target_alone(
 ) -> None:
     target = load(tiny["mtp"], WAYS[way], mtp=True)
     expected = alone(target)
-    head = target.attach_mtp()
+    head = attach_mtp(target)
     assert alone(target) == expected, "reading with the head changes nothing"
     for ngram in (False, True):
         for k in LOOKAHEADS:
@@ -173,7 +173,7 @@ def test_mtp_guesses_keep_the_target_distribution(tiny: dict[str, Path], on_devi
         p2[a] = warp(target.decode([*PROMPT, a], 1)[0].copy(), sampling).dense(target.n_vocab)
     expected = np.array([p1.prob(a) * p2[a] for a in p1.ids.tolist()])
     target.reset()
-    head = target.attach_mtp()
+    head = attach_mtp(target)
     engine = SpeculativeEngine(target, make_drafter(None, False, head=head, target=target))
     n, rows = 1500, {a: i for i, a in enumerate(p1.ids.tolist())}
     counts, rejected = np.zeros_like(expected), 0
@@ -192,7 +192,7 @@ def test_the_heads_rows_from_the_backend_give_the_same_q(tiny: dict[str, Path]) 
     """The MTP head's guesses' q, from its whole rows and from its backend top-k, agree."""
     sampling = SamplingParams(temperature=1.0, top_k=12, top_p=0.95, min_p=0.02)
     target = load(tiny["mtp"], 8, mtp=True)
-    head = target.attach_mtp()
+    head = attach_mtp(target)
     target.decode(PROMPT, 1)
     head.catch_up()
     whole = [head.start(5).copy(), head.step(7).copy()]
@@ -215,7 +215,7 @@ def test_the_head_reads_at_most_its_window_of_a_long_prompt(tiny: dict[str, Path
     target = load(tiny["mtp"], 8, mtp=True)
     config = GenerationConfig(lookahead=0, sampling=GREEDY, max_tokens=24)
     expected, _ = run_to_end(SpeculativeEngine(target), config, prompt)
-    head = target.attach_mtp()
+    head = attach_mtp(target)
     target.reset()
     target.decode(prompt, 1)
     assert head.catch_up() == READ_WINDOW and head.catch_up() == 0

@@ -134,12 +134,12 @@ def test_a_build_without_the_staging_functions_is_one_line(
 def test_an_mtp_context_on_a_model_loaded_without_its_layers_is_refused(
     files: dict[str, Path],
 ) -> None:
-    from specgen.backend import LlamaModel, ModelOptions
+    from specgen.backend import LlamaModel, ModelOptions, attach_mtp
     from specgen.errors import BackendError
 
     model = LlamaModel(files["mtp"], ModelOptions(n_ctx=128, n_threads=1, mtp=False))
     with pytest.raises(BackendError, match="loaded without MTP layers"):
-        model.attach_mtp()
+        attach_mtp(model)
 
 
 @pytest.mark.parametrize(

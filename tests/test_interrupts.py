@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from specgen.interrupts import interruptible
+from specgen.host.interrupts import interruptible
 
 
 def test_the_call_s_result_and_error_come_back() -> None:
@@ -27,7 +27,7 @@ def test_the_call_s_result_and_error_come_back() -> None:
 
 def test_ctrl_c_during_the_call_ends_the_process_at_once_with_one_line() -> None:
     code = (
-        "import time; from specgen.interrupts import interruptible\n"
+        "import time; from specgen.host.interrupts import interruptible\n"
         "def call():\n    print('ready', flush=True)\n    time.sleep(60)\n"
         "interruptible(call, 'waiting for nothing')\nprint('finished')"
     )

@@ -9,7 +9,7 @@ import pytest
 from specgen.core.sampling import SamplingParams, warp
 from specgen.drafters import HybridDrafter, ModelDrafter
 from specgen.engine import GenerationConfig, SpeculativeEngine
-from specgen.grammar import LogitBias
+from specgen.structured.grammar import LogitBias
 from tests.fakes import FakeModel, run_to_end
 from tests.invoke import specgen_here
 from tests.stats_helpers import pooled_chisquare_pvalue

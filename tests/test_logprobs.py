@@ -13,7 +13,7 @@ import pytest
 from specgen.core.sampling import SamplingParams
 from specgen.drafters import HybridDrafter, ModelDrafter
 from specgen.engine import CycleDone, GenerationConfig, SpeculativeEngine
-from specgen.grammar import LogitBias
+from specgen.structured.grammar import LogitBias
 from tests.fakes import FakeModel
 from tests.invoke import specgen_here
 

@@ -14,8 +14,8 @@ from specgen.drafters import TARGET_ALONE
 from specgen.engine import GenerationConfig
 from specgen.errors import UsageError, UserError
 from specgen.lookahead import AdaptiveLookahead, PairProfile
-from specgen.pair import PairOptions, load_pair
-from specgen.session import stream
+from specgen.session.generate import stream
+from specgen.session.pair import PairOptions, load_pair
 from tests.conftest import FakePair
 from tests.fakes import write_fake
 
@@ -75,7 +75,7 @@ def test_auto_remembers_its_costs_for_the_next_process(fake_pair: FakePair) -> N
 def test_a_draft_that_does_not_fit_is_refused_and_a_fit_is_checked_once(
     fake_pair: FakePair, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from specgen import compat
+    from specgen.models import compat
 
     wide = write_fake(tmp_path / "wide.gguf", n_vocab=300)  # sizes 284 apart: llama.cpp's rule
     with pytest.raises(
@@ -90,7 +90,7 @@ def test_a_draft_that_does_not_fit_is_refused_and_a_fit_is_checked_once(
 
 
 def test_one_decision_for_models_k_and_drafting(fake_pair: FakePair) -> None:
-    from specgen.choice import ALONE_NOTE, decide
+    from specgen.session.decide import ALONE_NOTE, decide
 
     name = fake_pair.named()
     pair = decide(name)
@@ -115,7 +115,7 @@ def test_one_decision_for_models_k_and_drafting(fake_pair: FakePair) -> None:
 
 
 def test_what_bench_found_is_the_k_unless_the_command_says_otherwise(fake_pair: FakePair) -> None:
-    from specgen.choice import decide
+    from specgen.session.decide import decide
 
     name = fake_pair.named()
     memo = decide(name).memo

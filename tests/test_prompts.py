@@ -11,7 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from specgen.errors import UserError
-from specgen.prompts import (
+from specgen.models.registry import Registry
+from specgen.session.prompts import (
     BadLine,
     BatchPrompt,
     combine,
@@ -21,7 +22,6 @@ from specgen.prompts import (
     strip_final_newline,
     unescape,
 )
-from specgen.registry import Registry
 
 
 @pytest.mark.parametrize(

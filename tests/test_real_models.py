@@ -153,7 +153,7 @@ def test_f16_target_differs_only_at_float_near_ties(smollm2_draft: Path) -> None
     A greedy speculative run may then leave the target-alone path, but only where the target's
     two best logits are within float noise of each other; everywhere else it is exact.
     """
-    from specgen.fetch import derive
+    from specgen.models.fetch import derive
 
     target = LlamaModel(derive(smollm2_draft, "F16"), ModelOptions(n_ctx=512, n_threads=2))
     draft = LlamaModel(smollm2_draft, ModelOptions(n_ctx=512, n_threads=2))

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from specgen import compat
 from specgen.errors import UserError
-from specgen.registry import ModelSpec, Registry
+from specgen.models import compat
+from specgen.models.registry import ModelSpec, Registry
 from tests.conftest import with_models_cache
 
 REQUIRED = {
@@ -147,8 +147,8 @@ def test_models_toml_ships_in_the_wheel(tmp_path: Path) -> None:
 
     wheel = next(tmp_path.glob("specgen-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
-    assert "specgen/models.toml" in names
-    text = zipfile.ZipFile(wheel).read("specgen/models.toml").decode()
+    assert "specgen/models/models.toml" in names
+    text = zipfile.ZipFile(wheel).read("specgen/models/models.toml").decode()
     assert text == (Path(__file__).parents[1] / "models.toml").read_text()
 
 
@@ -240,7 +240,7 @@ def test_models_check_command(smollm2_draft: Path, gemma_target: Path) -> None:
 
 
 def test_a_pair_may_draft_by_ngrams_or_turn_hybrid_drafting_off(tmp_path: Path) -> None:
-    from specgen.choice import choose
+    from specgen.session.choice import choose
 
     user = tmp_path / "models.toml"
     user.write_text(

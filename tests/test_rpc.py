@@ -20,9 +20,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from specgen import cli, rpc
+from specgen import cli
 from specgen.cli import app
 from specgen.errors import UsageError
+from specgen.host import rpc
 from tests.conftest import free_port, with_models_cache
 from tests.rpc_helpers import CountingProxy, wait_for_worker, worker
 
@@ -149,8 +150,8 @@ def test_pairs_may_name_workers_and_rpc_none_runs_here(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from specgen.backend import runtime
-    from specgen.choice import choose
-    from specgen.registry import Registry
+    from specgen.models.registry import Registry
+    from specgen.session.choice import choose
 
     home = Path(os.environ["SPECGEN_HOME"])
     (home / "models.toml").write_text(
@@ -195,8 +196,9 @@ def test_a_build_without_rpc_says_how_to_rebuild(
 def test_a_worker_beyond_loopback_warns_that_the_protocol_is_open(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from specgen import backend, cli_worker
+    from specgen import backend
     from specgen.backend import runtime
+    from specgen.cli import worker as cli_worker
 
     monkeypatch.setattr(runtime, "supports_rpc", lambda: True)  # whatever this build has
     monkeypatch.setattr(cli_worker, "_check_port_free", lambda endpoint: None)
@@ -477,7 +479,7 @@ def test_bench_measures_the_verify_over_the_workers(
 
 def test_bench_s_pasteable_command_keeps_the_workers() -> None:
     from specgen.bench.report import BenchSetting, Report
-    from specgen.bench_view import _workers_option
+    from specgen.cli.bench_report import _workers_option
 
     def option(workers: tuple[str, ...], local_head: bool = True) -> str:
         setting = BenchSetting("p", None, {}, None, {}, {}, workers, local_head)

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from specgen import selftest
 from specgen.errors import CpuUnsupported
+from specgen.models import selftest
 
 DIES_OF_SIGILL = [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGILL)"]
 PASSES = [sys.executable, "-c", "pass"]
@@ -92,7 +92,7 @@ def test_the_real_self_test_passes_here(
 
 
 def test_doctor_json_and_its_advice() -> None:
-    from specgen.cli_doctor import advice
+    from specgen.cli.doctor import advice
 
     done = subprocess.run(
         [sys.executable, "-m", "specgen", "doctor", "--json", "--hub-timeout", "1"],

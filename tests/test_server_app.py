@@ -273,7 +273,7 @@ class Held:
         tools=None,
     ) -> Iterator[object]:
         from specgen.engine import TextChunk
-        from specgen.session import Result
+        from specgen.session.generate import Result
         from specgen.stats import Stats
 
         stats = Stats(lookahead=4, seed=0)
@@ -320,7 +320,7 @@ def test_a_full_queue_answers_503_and_a_request_that_goes_away_cancels() -> None
 
 def test_the_python_api_generates_as_run_does(generator, fake_pair: FakePair) -> None:
     from specgen.engine import TextChunk
-    from specgen.session import Result
+    from specgen.session.generate import Result
 
     result = generator.generate("What is the capital?", temperature=0, max_tokens=16)
     assert isinstance(result, Result) and result.stats.n_generated == 16
@@ -338,9 +338,9 @@ def test_the_python_api_generates_as_run_does(generator, fake_pair: FakePair) ->
 
 def test_serve_takes_the_k_bench_found(fake_pair: FakePair) -> None:
     from specgen.api import Specgen
-    from specgen.choice import choose
-    from specgen.memo import memo_path
-    from specgen.registry import Registry
+    from specgen.models.registry import Registry
+    from specgen.session.choice import choose
+    from specgen.session.memo import memo_path
 
     choice = choose(Registry.load(), None, str(fake_pair.target), str(fake_pair.draft))
     memo = memo_path(choice, 2, -1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from specgen import store
+from specgen.host import store
 
 
 def test_a_record_is_read_or_the_default(tmp_path: Path) -> None:

@@ -12,13 +12,13 @@ import jsonschema
 import numpy as np
 import pytest
 
-from specgen import grammar
 from specgen.backend import LlamaModel
 from specgen.core.constraint import masked
 from specgen.core.sampling import SamplingParams, warp
 from specgen.drafters import HybridDrafter, ModelDrafter, NgramDrafter
 from specgen.engine import GenerationConfig, SpeculativeEngine
-from specgen.session import prompt_tokens
+from specgen.session.generate import prompt_tokens
+from specgen.structured import grammar
 from tests.fakes import run_to_end
 from tests.invoke import specgen_here
 from tests.stats_helpers import pooled_chisquare_pvalue

@@ -147,7 +147,7 @@ def test_cache_guesses_keep_the_target_distribution(lookahead) -> None:
 
 
 def test_two_vocabularies_never_share_a_cache(tmp_path: Path, fake_pair, monkeypatch) -> None:
-    from specgen.pair import PairOptions, load_pair, vocabulary_tag
+    from specgen.session.pair import PairOptions, load_pair, vocabulary_tag
     from tests.fakes import write_fake
 
     small, large = FakeModel(n_vocab=16), FakeModel(n_vocab=32)

@@ -9,9 +9,9 @@ import random
 
 import pytest
 
-from specgen import tools as T
-from specgen.chat import render_chat
 from specgen.errors import UsageError
+from specgen.session.chat import render_chat
+from specgen.structured import tools as T
 
 WEATHER = T.Tool(
     "get_weather",
@@ -244,10 +244,9 @@ def test_a_template_without_tools_gets_them_described_and_the_history_as_text() 
 @pytest.fixture(scope="module")
 def vocab(smollm2_draft):
     from specgen.backend import LlamaModel, ModelOptions
-    from specgen.backend.grammar import tokenizer_for
 
     model = LlamaModel(smollm2_draft, ModelOptions(n_ctx=64, n_threads=1))
-    return model, tokenizer_for(model)
+    return model, model.tokenizer()
 
 
 def accepts(vocab, grammar, text: str, markers=None) -> bool:
@@ -306,7 +305,7 @@ def test_llama3_and_generic_grammars(vocab) -> None:
 
 
 def test_markers_the_vocabulary_holds_as_special_tokens_must_be_those_tokens(vocab) -> None:
-    from specgen.session import special_tokens
+    from specgen.session.generate import special_tokens
 
     model, _ = vocab
     found = special_tokens(model, ["<|im_start|>", "<tool_call>", "hello"])

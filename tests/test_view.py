@@ -8,8 +8,8 @@ import re
 import sys
 import threading
 
+from specgen.cli.live import stats_text
 from specgen.stats import SourceStats, Stats
-from specgen.view import stats_text
 from tests.conftest import FakePair
 
 

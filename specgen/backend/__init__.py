@@ -3,6 +3,9 @@
 - ``llama``: a GGUF loaded (``LlamaModel``) or its vocabulary alone (``Vocabulary``): tokenize,
   decode with chosen logits rows, roll back the cache; llama.cpp's quantizer;
 - ``ggml``: devices, llama.cpp's RPC backend (workers), and where a model's layers go;
+- ``rows``: a decode's rows as their top-k from llama.cpp's backend sampling;
+- ``mtp``: a model's own MTP head, following its decodes (``attach_mtp``);
+- ``grammar``: llguidance's tokenizer for a vocabulary;
 - ``runtime``: llama.cpp's process-wide state (logs, backends) and what the build is.
 
 It knows nothing of speculation: the engine decides what to decode and which rows to read.
@@ -27,6 +30,7 @@ from specgen.backend.llama import (
     backend_sampling,
     quantize,
 )
+from specgen.backend.mtp import attach as attach_mtp
 from specgen.backend.mtp import supports_mtp
 from specgen.backend.runtime import decode_seconds, library_version, supports_rpc, system_info
 
@@ -37,6 +41,7 @@ __all__ = [
     "LlamaModel",
     "ModelOptions",
     "Vocabulary",
+    "attach_mtp",
     "backend_sampling",
     "decode_seconds",
     "library_version",

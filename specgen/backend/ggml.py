@@ -2,7 +2,7 @@
 
 The bindings expose none of this. Symbols are resolved through libllama's own handle: the wheel
 ships three copies of libggml, and loading another would map a second ggml with its own
-registry. A worker is probed in Python (``specgen.rpc``) before ggml connects to it, since ggml
+registry. A worker is probed in Python (``specgen.host.rpc``) before ggml connects to it, since ggml
 aborts the process on any failure; once workers are attached, an abort that could not be
 prevented (a worker that died mid-run) ends the process with one line.
 """
@@ -18,11 +18,11 @@ from typing import Any
 
 import llama_cpp
 
-from specgen import rpc
 from specgen.backend import runtime
 from specgen.backend.runtime import init_backend
 from specgen.errors import UserError
-from specgen.machine import default_threads
+from specgen.host import rpc
+from specgen.host.machine import default_threads
 
 _DEV_CPU, _DEV_GPU, _DEV_IGPU = 0, 1, 2
 _GPU_TYPES = (_DEV_GPU, _DEV_IGPU)

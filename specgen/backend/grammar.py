@@ -10,42 +10,35 @@ the grammar: it may come exactly where the grammar is complete.
 from __future__ import annotations
 
 import warnings
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import llama_cpp
 
 from specgen.errors import UserError
 
-if TYPE_CHECKING:
-    from specgen.backend.llama import Vocabulary
 
-
-def tokenizer_for(model: Vocabulary) -> Any:
-    """llguidance's ``LLTokenizer`` for this model's vocabulary (built once, kept on it)."""
-    cached = getattr(model, "_llg_tokenizer", None)
-    if cached is not None:
-        return cached
+def tokenizer_for(vocab: llama_cpp.llama_vocab_p, ends: list[int], name: str) -> Any:
+    """llguidance's ``LLTokenizer`` for a llama.cpp vocabulary whose end-of-generation tokens
+    are ``ends`` (``name``: the model file, for the messages). The caller keeps it."""
     try:
         from llguidance.llamacpp import lltokenizer_from_vocab
     except ImportError as err:  # pragma: no cover - a dependency of specgen
         raise UserError(
             "structured output needs llguidance: pip install 'llguidance>=1.9.1'"
         ) from err
-    ends = [t for t in range(model.n_vocab) if llama_cpp.llama_vocab_is_eog(model._vocab, t)]
     if not ends:
         raise UserError(
-            f"{model.path.name} has no end-of-generation token, which a grammar needs to end "
+            f"{name} has no end-of-generation token, which a grammar needs to end "
             f"on: structured output cannot run on it"
         )
     with warnings.catch_warnings():
         # llguidance asks each token's attributes by a name llama-cpp-python deprecated.
         warnings.simplefilter("ignore", DeprecationWarning)
         try:
-            tokenizer = lltokenizer_from_vocab(model._vocab, eos_token=ends)
+            tokenizer = lltokenizer_from_vocab(vocab, eos_token=ends)
         except ValueError as err:  # a vocabulary llguidance cannot tokenize with
             raise UserError(
-                f"llguidance cannot build a tokenizer for {model.path.name}'s vocabulary "
+                f"llguidance cannot build a tokenizer for {name}'s vocabulary "
                 f"({err}): structured output cannot run on it"
             ) from err
-    model._llg_tokenizer = tokenizer  # type: ignore[attr-defined]
     return tokenizer

@@ -29,26 +29,23 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 import llama_cpp
 import numpy as np
 
 from specgen.backend.ggml import place_on_workers, supports_gpu_offload
+from specgen.backend.grammar import tokenizer_for
+from specgen.backend.rows import BACKEND_SAMPLING, TopKRows
 from specgen.backend.runtime import decode, init_backend, library_version
-from specgen.core.sampling import Rows, TopK
+from specgen.core.sampling import Rows
 from specgen.errors import BackendError, ContextFull
-from specgen.machine import default_threads
+from specgen.host.machine import default_threads
 
 if TYPE_CHECKING:
-    from specgen.backend.mtp import MtpHead
-    from specgen.grammar import Grammar, Matcher
+    from specgen.structured.grammar import Grammar, Matcher
 
 _ALL_LAYERS = 2**31 - 1
-# llama.cpp's backend sampling ([EXPERIMENTAL] there): llama-cpp-python 0.3.36 binds it.
-BACKEND_SAMPLING = hasattr(llama_cpp, "llama_set_sampler") and hasattr(
-    llama_cpp, "llama_get_sampled_candidates_ith"
-)
 _PARTIAL = llama_cpp.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY  # the recurrent (and SWA) state alone
 
 
@@ -109,58 +106,14 @@ class _Checkpoint:
     since: list[int] = field(default_factory=list)  # tokens decoded after it
 
 
-class TopKRows:
-    """llama.cpp's backend sampling on one context (sequence 0): each output row's top-k,
-    taken in the graph, read back as ``TopK`` rows."""
+class DecodeListener(Protocol):
+    """What follows every decode of a model (an MTP head reads the target's hidden states):
+    told of each decoded chunk, of each cut back, of a reset, and closed with the model."""
 
-    def __init__(self, ctx: llama_cpp.llama_context_p, n_vocab: int, enabled: bool, name: str):
-        self._ctx, self.n_vocab, self.enabled, self.name = ctx, n_vocab, enabled, name
-        self.k = 0
-        self._chain: llama_cpp.llama_sampler_p | None = None
-
-    def set(self, k: int) -> int:
-        """Rows' top-k from the next decode on (0: whole rows); the k in effect."""
-        k = min(k, self.n_vocab)
-        if k == self.k or not self.enabled:
-            return self.k
-        old = self._chain
-        if old is not None:
-            llama_cpp.llama_set_sampler(self._ctx, 0, None)
-        self._chain, self.k = None, 0
-        if k > 0:
-            chain = llama_cpp.llama_sampler_chain_init(
-                llama_cpp.llama_sampler_chain_default_params()
-            )
-            llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_top_k(k))
-            # A chain is initialised for one context once: a new one each time it is set.
-            if llama_cpp.llama_set_sampler(self._ctx, 0, chain):
-                self._chain, self.k = chain, k
-            else:
-                llama_cpp.llama_sampler_free(chain)
-        if old is not None:
-            llama_cpp.llama_sampler_free(old)
-        return self.k
-
-    def rows(self, n_logits: int) -> list[TopK]:
-        """The last decode's last ``n_logits`` rows: llama.cpp keeps them a row of ``n_vocab``
-        apart, in output order, the first ``k`` of each filled (copies: the buffer is reused)."""
-        ctx, k, n = self._ctx, self.k, self.n_vocab
-        first = -n_logits
-        if llama_cpp.llama_get_sampled_candidates_count_ith(ctx, first) != k:
-            raise BackendError(f"llama.cpp's backend sampling gave no rows for {self.name}")
-        ids = np.ctypeslib.as_array(
-            llama_cpp.llama_get_sampled_candidates_ith(ctx, first), shape=(n_logits, n)
-        )[:, :k].copy()
-        logits = np.ctypeslib.as_array(
-            llama_cpp.llama_get_sampled_logits_ith(ctx, first), shape=(n_logits, n)
-        )[:, :k].copy()
-        return [TopK(ids[i], logits[i], n) for i in range(n_logits)]
-
-    def close(self) -> None:
-        """Free the chain; the context that held it is freed first (or detaches it here)."""
-        if self._chain is not None:
-            llama_cpp.llama_sampler_free(self._chain)
-            self._chain = None
+    def read(self, tokens: list[int], start: int) -> None: ...
+    def cut(self, n_past: int) -> None: ...
+    def reset(self) -> None: ...
+    def close(self) -> None: ...
 
 
 class Vocabulary:
@@ -199,6 +152,11 @@ class Vocabulary:
         self._pieces: dict[int, bytes] = {}
 
     # -- facts about the vocabulary -----------------------------------------------------------
+    @property
+    def vocab_ptr(self) -> llama_cpp.llama_vocab_p:
+        """llama.cpp's vocabulary handle (for llguidance's tokenizer)."""
+        return self._vocab
+
     @property
     def vocab_type(self) -> int:
         return int(llama_cpp.llama_vocab_type(self._vocab))
@@ -327,7 +285,8 @@ class LlamaModel(Vocabulary):
         self.rollbacks = RollbackCounts()
         self._checkpoint: _Checkpoint | None = None
         self._last_decode = 0  # where the last decode began
-        self.head: MtpHead | None = None  # the MTP head reading every decode, once attached
+        self.head: DecodeListener | None = None  # e.g. an MTP head (``backend.mtp.attach``)
+        self._tokenizer: Any = None  # llguidance's, built on the first grammar
         self.backend_sampling = BACKEND_SAMPLING and options.backend_sampling
         self._rows = TopKRows(ctx, self.n_vocab, self.backend_sampling, self.path.name)
         # Where its rows are computed: llama.cpp offloads the output layer first, so on a GPU
@@ -494,20 +453,32 @@ class LlamaModel(Vocabulary):
             self.head.reset()
 
     def constrain(self, grammar: Grammar) -> Matcher:
-        """A fresh grammar state for one generation on this model (``specgen.grammar``)."""
-        from specgen.backend.grammar import tokenizer_for
-        from specgen.grammar import Matcher
+        """A fresh grammar state for one generation on this model
+        (``specgen.structured.grammar``)."""
+        from specgen.structured.grammar import Matcher
 
-        return Matcher(tokenizer_for(self), grammar.compiled(), self.n_vocab)
+        return Matcher(self.tokenizer(), grammar.compiled(), self.n_vocab)
 
-    def attach_mtp(self) -> MtpHead:
-        """The model's own MTP head, drafting from a second context on these weights; from
-        now on it reads every decode of this model (``specgen.backend.mtp``)."""
-        from specgen.backend.mtp import MtpHead
+    def tokenizer(self) -> Any:
+        """llguidance's tokenizer for this vocabulary (built on the first grammar, then kept)."""
+        if self._tokenizer is None:
+            ends = [t for t in range(self.n_vocab) if self.is_eog(t)]
+            self._tokenizer = tokenizer_for(self.vocab_ptr, ends, self.path.name)
+        return self._tokenizer
 
-        if self.head is None:
-            self.head = MtpHead(self)
-        return self.head
+    def listen(self, head: DecodeListener) -> None:
+        """From now on ``head`` follows every decode, cut and reset of this model."""
+        self.head = head
+
+    @property
+    def model_ptr(self) -> llama_cpp.llama_model_p:
+        """llama.cpp's model handle (for a second context on the same weights)."""
+        return self._model
+
+    @property
+    def ctx_ptr(self) -> llama_cpp.llama_context_p:
+        """llama.cpp's context handle of this model's sequence."""
+        return self._ctx
 
     def close(self) -> None:
         head = getattr(self, "head", None)

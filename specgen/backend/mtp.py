@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 import llama_cpp
 import numpy as np
 
-from specgen.backend.llama import TopKRows
+from specgen.backend.rows import TopKRows
 from specgen.backend.runtime import decode
 from specgen.errors import BackendError
 
@@ -88,7 +88,7 @@ class MtpHead:
         ext = staging_api()
         self._ext, self.target = ext, target
         self.n_vocab = target.n_vocab
-        self.n_embd = int(llama_cpp.llama_model_n_embd_out(target._model))
+        self.n_embd = int(llama_cpp.llama_model_n_embd_out(target.model_ptr))
         params = llama_cpp.llama_context_default_params()
         params.n_ctx = target.n_ctx
         params.n_batch = target.n_batch
@@ -97,15 +97,15 @@ class MtpHead:
         params.n_threads_batch = target.n_threads
         params.ctx_type = llama_cpp.LLAMA_CONTEXT_TYPE_MTP
         params.n_rs_seq = 0
-        params.ctx_other = target._ctx
-        ctx = llama_cpp.llama_init_from_model(target._model, params)
+        params.ctx_other = target.ctx_ptr
+        ctx = llama_cpp.llama_init_from_model(target.model_ptr, params)
         if not ctx:
             raise BackendError(f"llama.cpp could not create an MTP context for {target.path.name}")
         self._ctx = ctx
         self._mem = llama_cpp.llama_get_memory(ctx)
         self.rows_on_device = target.rows_on_device
         self._rows = TopKRows(ctx, self.n_vocab, target.backend_sampling, "the MTP head")
-        ext.llama_set_embeddings_nextn(target._ctx, True, False)  # h for every target token
+        ext.llama_set_embeddings_nextn(target.ctx_ptr, True, False)  # h for every target token
         ext.llama_set_embeddings_nextn(ctx, True, True)  # h for output rows only
         self._batch = llama_cpp.llama_batch_init(target.n_batch, self.n_embd, 1)
         self._tokens = (llama_cpp.llama_token * target.n_batch)()
@@ -131,7 +131,7 @@ class MtpHead:
         """The target just decoded ``tokens`` from position ``start``: keep them, each with the
         hidden state of the position before it, for the head to read (``catch_up``)."""
         n = len(tokens)
-        ptr = self._ext.llama_get_embeddings_nextn(self.target._ctx)
+        ptr = self._ext.llama_get_embeddings_nextn(self.target.ctx_ptr)
         if not ptr:
             raise BackendError("llama.cpp returned no hidden states for the MTP head")
         h = np.ctypeslib.as_array(ptr, shape=(n, self.n_embd))
@@ -253,3 +253,13 @@ class MtpHead:
             self._ctx = None
         if getattr(self, "_rows", None) is not None:  # after the context that held its chain
             self._rows.close()
+
+
+def attach(target: LlamaModel) -> MtpHead:
+    """The target's own MTP head, drafting from a second context on its weights; from now on
+    it reads every decode of the target (one head a model: a second call returns the first)."""
+    if isinstance(target.head, MtpHead):
+        return target.head
+    head = MtpHead(target)
+    target.listen(head)
+    return head

@@ -7,7 +7,7 @@ the target alone beside them, explain the figures, recommend one.
 - ``prompts``: the built-in prompts and prompt files;
 - ``export``: JSON, CSV and a chart.
 
-The CLI (``specgen.cli_bench``) only renders a report and shows progress; what bench found is
-remembered for ``run`` and ``serve`` in ``specgen.memo``. Import from the modules themselves:
-this package loads none of them, so the command line starts without the engine.
+The CLI (``specgen.cli.bench``) only renders a report and shows progress; what bench found is
+remembered for ``run`` and ``serve`` in ``specgen.session.memo``. Import from the modules
+themselves: this package loads none of them, so the command line starts without the engine.
 """

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from specgen.errors import UserError
-from specgen.grammar import Grammar, json_schema
+from specgen.structured.grammar import Grammar, json_schema
 
 # The built-in prompts, each with its kind: the kinds answer "which drafter for which task".
 # "rewrite" and "extract" prompts carry a passage the answer copies from (prompt lookup's home
@@ -108,7 +108,7 @@ def load_prompts(path: Path) -> tuple[list[str], list[Grammar | None]]:
     """One prompt per line (``\\n`` for a newline inside one), or JSON lines with a "prompt"
     field and optionally what the answer must match, as ``specgen run`` reads them; blank lines
     are skipped. The prompts, and each one's grammar (None: free text)."""
-    from specgen.prompts import BadLine, parse_record, unescape
+    from specgen.session.prompts import BadLine, parse_record, unescape
 
     try:
         lines = path.read_text(encoding="utf-8").splitlines()

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 
 from specgen.bench.sweep import Run, variant_order
 from specgen.core.speculative import expected_tokens, predicted_speedup
-from specgen.memo import Variant, variant_name
+from specgen.session.memo import Finding, Variant, variant_name
 
 # Where the model's prediction and the measured speedup part by more than this share, the
 # report names the cost that explains it.
@@ -116,6 +116,13 @@ class Report:
 
     def best(self) -> KReport | None:
         return next((r for r in self.per_k if r.variant == self.recommended), None)
+
+    def finding(self) -> Finding:
+        """What this report found best, as the bench memo keeps it."""
+        best, temperature = self.best(), self.temperature or 0.0
+        if best is None:
+            return Finding(temperature)
+        return Finding(temperature, best.variant, best.speedup, best.cost_ratio)
 
     def meta(self) -> dict[str, object]:
         """What the report was measured on and with, as the JSON's ``meta``."""

@@ -15,21 +15,21 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from specgen import store
 from specgen.bench.report import BenchSetting, Report, summarize
 from specgen.bench.sweep import Run, RunOne, sweep
 from specgen.core.sampling import DEFAULT_SAMPLING, SamplingParams
 from specgen.drafters import Drafter, Model, SuffixCache, make_drafter
 from specgen.engine import Finished, GenerationConfig, SpeculativeEngine
-from specgen.grammar import Grammar
+from specgen.host import store
 from specgen.lookahead import CostBook
-from specgen.memo import Variant
-from specgen.pair import Pair
-from specgen.session import prompt_tokens, wants_chat
+from specgen.session.generate import prompt_tokens, wants_chat
+from specgen.session.memo import Variant
+from specgen.session.pair import Pair
 from specgen.stats import Stats
+from specgen.structured.grammar import Grammar
 
 if TYPE_CHECKING:
-    from specgen.choice import Choice
+    from specgen.session.choice import Choice
 
 
 class SweepWatcher(Protocol):
@@ -201,7 +201,7 @@ class BenchSession:
     def setting(self) -> BenchSetting:
         """What this bench runs on and with: the models, its parameters, the machine."""
         from specgen import backend
-        from specgen.machine import cpu_name
+        from specgen.host.machine import cpu_name
 
         pair, choice = self.pair, self.choice
         target, draft = pair.target, pair.draft

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from specgen.errors import UserError
 from specgen.lookahead import MAX_LOOKAHEAD
-from specgen.memo import Variant
+from specgen.session.memo import Variant
 from specgen.stats import Stats
 
 # What bench measures beside fixed K's: the draft model with -k auto, prompt lookup alone, both

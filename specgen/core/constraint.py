@@ -1,9 +1,9 @@
 """What a grammar constraint offers the loop, and how a mask meets the logits.
 
-A ``Constraint`` is one generation's grammar state (``specgen.grammar.Matcher`` over llguidance
-is one): which tokens may come next, how much of a draft it allows, which tokens it forces. The
-mask is applied to the logits before top-k, top-p, min-p and temperature (llama.cpp's and
-llama-cpp-python's order), to the target's rows and the draft's alike, so the output follows
+A ``Constraint`` is one generation's grammar state (``specgen.structured.grammar.Matcher`` over
+llguidance is one): which tokens may come next, how much of a draft it allows, which tokens it
+forces. The mask is applied to the logits before top-k, top-p, min-p and temperature (llama.cpp's
+and llama-cpp-python's order), to the target's rows and the draft's alike, so the output follows
 the target's distribution restricted by the grammar, exactly.
 """
 
@@ -34,7 +34,7 @@ class Constraint(Protocol):
 
 
 class Bias(Protocol):
-    """Numbers added to some logits (``specgen.grammar.LogitBias``)."""
+    """Numbers added to some logits (``specgen.structured.grammar.LogitBias``)."""
 
     def apply(self, logits: np.ndarray) -> np.ndarray:
         """``logits`` with the biases added (a new array)."""

@@ -19,10 +19,10 @@ import numpy as np
 
 from specgen.core.constraint import Constraint
 from specgen.core.sampling import Dist, Rows, SamplingParams
-from specgen.grammar import LogitBias
+from specgen.structured.grammar import LogitBias
 
 if TYPE_CHECKING:
-    from specgen.grammar import Grammar
+    from specgen.structured.grammar import Grammar
 
 
 class Model(Protocol):

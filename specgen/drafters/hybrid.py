@@ -13,7 +13,7 @@ from specgen.drafters.base import Candidate, Proposal
 from specgen.drafters.model import ModelDrafter
 from specgen.drafters.mtp import MtpDrafter
 from specgen.drafters.ngram import NgramDrafter
-from specgen.grammar import LogitBias
+from specgen.structured.grammar import LogitBias
 
 # With a fixed K, a hybrid trusts an n-gram match of at least this many tokens over the model.
 HYBRID_MIN_MATCH = 3

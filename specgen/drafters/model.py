@@ -17,8 +17,8 @@ from specgen.drafters.base import (
     Proposal,
     reuse_prefix_cache,
 )
-from specgen.grammar import LogitBias
 from specgen.stats import Clock
+from specgen.structured.grammar import LogitBias
 
 # A draft model that fell behind (speculation off, or n-grams drafting) reads at most this many
 # of the tokens it missed, the latest.

@@ -20,8 +20,8 @@ from specgen.core.constraint import Constraint
 from specgen.core.sampling import Row, SamplingParams
 from specgen.drafters.base import Candidate, FollowUp, Proposal
 from specgen.drafters.model import draft_top_k, draw_guesses
-from specgen.grammar import LogitBias
 from specgen.stats import Clock
+from specgen.structured.grammar import LogitBias
 
 
 class Head(Protocol):

@@ -10,28 +10,29 @@ choice is a function of the text so far, like the guesses themselves.
   most expected tokens per second, from acceptance by position (``acceptance``) and the costs
   (``costs``), exploring now and then a source it left alone (``explore``).
 
-This module is also the one home of the K a user may ask for (``check_lookahead``) and of the
-rule that a generation with no drafter runs the target alone (``effective_lookahead``).
+The K a user may ask for (``check_lookahead``) and the rule that a generation with no drafter
+runs the target alone (``effective_lookahead``) live in ``specgen.core.lookahead``; they are
+re-exported here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
 
+from specgen.core.lookahead import (
+    DEFAULT_LOOKAHEAD,
+    LOOKAHEAD_RANGE,
+    MAX_LOOKAHEAD,
+    Lookahead,
+    check_lookahead,
+    effective_lookahead,
+    is_lookahead,
+    parse_lookahead,
+)
 from specgen.drafters.base import TARGET_ALONE, Candidate, NgramTail, Plan
 from specgen.lookahead.adaptive import AUTO_MAX_LOOKAHEAD, AdaptiveLookahead
 from specgen.lookahead.costs import CostBook, PairProfile
 
-# A lookahead as asked for: a fixed K, or "auto" (chosen before each cycle from past cycles).
-Lookahead = int | Literal["auto"]
-# The largest K anyone may ask for (the CLI, models.toml, the API and bench share it).
-MAX_LOOKAHEAD = 64
-# K when nothing else says (a named pair's own, and what bench found, come first): auto, which
-# matched or beat the best fixed K on the demo pairs and never runs much slower than the target
-# alone.
-DEFAULT_LOOKAHEAD: Lookahead = "auto"
-LOOKAHEAD_RANGE = f"'auto' or a K from 0 to {MAX_LOOKAHEAD}"
 # A recurrent or hybrid target keeps llama.cpp's per-token snapshots of its state for this many
 # tokens (n_rs_seq), so a rollback of up to that many guesses costs no checkpoint; each costs one
 # more copy of the state in memory. Auto is capped to it; a fixed K gets that many, up to
@@ -59,38 +60,6 @@ __all__ = [
     "policy_for",
     "snapshots_for",
 ]
-
-
-def check_lookahead(value: object, what: str = "lookahead (K)") -> Lookahead:
-    """``value`` as a lookahead: "auto" or a whole number from 0 to MAX_LOOKAHEAD; ValueError
-    (naming ``what``) otherwise."""
-    if value == "auto":
-        return "auto"
-    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_LOOKAHEAD:
-        return value
-    raise ValueError(f"{what} must be {LOOKAHEAD_RANGE}")
-
-
-def is_lookahead(value: object) -> bool:
-    """Whether ``value`` is a lookahead one may ask for (``check_lookahead``)."""
-    try:
-        check_lookahead(value)
-    except ValueError:
-        return False
-    return True
-
-
-def parse_lookahead(text: str) -> Lookahead:
-    """``"auto"`` or a whole number from 0 to MAX_LOOKAHEAD, as typed; ValueError otherwise."""
-    if text.strip().lower() == "auto":
-        return "auto"
-    return check_lookahead(int(text))
-
-
-def effective_lookahead(lookahead: Lookahead, drafts: bool) -> Lookahead:
-    """The lookahead a generation runs at: what was asked for, or 0 (the target alone) where
-    nothing drafts."""
-    return lookahead if drafts else 0
 
 
 def snapshots_for(lookahead: Lookahead, mtp: bool = False) -> int:

@@ -2,8 +2,8 @@
 
 Costs are facts of the machine, the models and the way of decoding (greedy or sampled), so they
 outlive a generation: an engine keeps a ``CostBook`` (one ``PairProfile`` per mode) and
-``specgen.pair`` keeps it between processes (``snapshot``/``restore``, whose JSON keys are the
-file format). Each cost is a ``Timing``: a forgetting mean that knows where its figure came from
+``specgen.session.pair`` keeps it between processes (``snapshot``/``restore``, whose JSON keys are
+the file format). Each cost is a ``Timing``: a forgetting mean that knows where its figure came from
 (measured in this process, or remembered from an earlier one).
 """
 

@@ -35,8 +35,8 @@ from specgen.server.openai import (
     event,
 )
 from specgen.server.queue import GenerationQueue, Generator, Job
-from specgen.session import Prompt, Result
-from specgen.tools import Delta, Plan
+from specgen.session.generate import Prompt, Result
+from specgen.structured.tools import Delta, Plan
 
 MAX_BODY = 1 << 20
 # How often a non-streaming request looks for its client having gone away.

@@ -9,17 +9,23 @@ from typing import Any, Literal
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from specgen import grammar as grammars
 from specgen.api import Settings
 from specgen.engine import MAX_TOP_LOGPROBS, TokenLogprob
 from specgen.errors import UsageError, lookup
-from specgen.grammar import LogitBias
-from specgen.prompts import MAX_SEED
-from specgen.stats import Stats
-from specgen.tools import Tool, ToolCall, ToolChoice, choice_from_request, tools_from_request
+from specgen.session.prompts import MAX_SEED
+from specgen.stats import Stats, StopReason
+from specgen.structured import grammar as grammars
+from specgen.structured.grammar import LogitBias
+from specgen.structured.tools import (
+    Tool,
+    ToolCall,
+    ToolChoice,
+    choice_from_request,
+    tools_from_request,
+)
 
 # How a generation's stop reason reads as an OpenAI finish_reason.
-FINISH = {
+FINISH: dict[StopReason, str] = {
     "eog": "stop",
     "stop": "stop",
     "max_tokens": "length",
@@ -65,7 +71,7 @@ class SamplingRequest(BaseModel):
     stop: str | list[str] | None = None
     stream: bool = False
     n: int = Field(default=1, ge=1, le=1)
-    # What the output must match (``specgen.grammar.from_request``): OpenAI's, and
+    # What the output must match (``specgen.structured.grammar.from_request``): OpenAI's, and
     # llama-server's json_schema and grammar, and Ollama's format.
     response_format: dict[str, Any] | None = None
     json_schema: dict[str, Any] | None = None
@@ -315,7 +321,7 @@ def chunk_choice(
 
 def finish_reason(stats: Stats, called: bool = False) -> str:
     """OpenAI's finish_reason: ``tool_calls`` when the answer ended with calls in it."""
-    reason = FINISH.get(stats.stop_reason or "", "stop")
+    reason = FINISH[stats.stop_reason] if stats.stop_reason else "stop"
     return "tool_calls" if called and reason == "stop" else reason
 
 

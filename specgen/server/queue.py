@@ -16,8 +16,8 @@ from typing import Any, Protocol
 from specgen.api import Settings
 from specgen.engine import TextChunk
 from specgen.server.openai import ApiError
-from specgen.session import Prompt, Result
-from specgen.tools import Plan, Tool, ToolChoice
+from specgen.session.generate import Prompt, Result
+from specgen.structured.tools import Plan, Tool, ToolChoice
 
 
 class Generator(Protocol):

@@ -1,0 +1,293 @@
+"""``specgen bench``: the K sweep on the user's own machine, rendered as a table and a chart.
+
+The sweep, the report and what is remembered are library code (``specgen.bench``,
+``specgen.session.memo``); the report is drawn by ``specgen.cli.bench_report``; this module shows
+progress and prints.
+"""
+
+from __future__ import annotations
+
+import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeRemainingColumn,
+)
+
+from specgen.bench.report import Report
+from specgen.bench.sweep import DEFAULT_VARIANTS, LOOKUP_VARIANTS
+from specgen.cli.bench_report import remembered_note, render
+from specgen.core.sampling import DEFAULT_SAMPLING
+from specgen.errors import Interrupted
+from specgen.session.memo import Variant
+
+if TYPE_CHECKING:
+    from specgen.session.pair import Pair
+    from specgen.structured.grammar import Grammar
+from specgen.cli.options import (
+    CtxOpt,
+    DraftOpt,
+    DraftPMinOpt,
+    GpuLayersOpt,
+    LocalHeadOpt,
+    MtpOpt,
+    PairOpt,
+    RpcOpt,
+    SeedOpt,
+    TargetOpt,
+    ThreadsOpt,
+    VerboseOpt,
+)
+from specgen.cli.output import out
+
+
+def bench(
+    pair: PairOpt = None,
+    target: TargetOpt = None,
+    draft: DraftOpt = None,
+    mtp: MtpOpt = None,
+    lookaheads: Annotated[
+        str,
+        typer.Option(
+            "--lookahead",
+            "-k",
+            metavar="LIST",
+            help="What to measure, comma-separated: fixed K's "
+            "of the draft model, 'auto' (the draft model, K chosen each cycle), 'ngram' (prompt "
+            "lookup alone) and 'hybrid' (both); K=0, the target alone, always runs.",
+        ),
+    ] = DEFAULT_VARIANTS,
+    draft_p_min: DraftPMinOpt = 0.0,
+    prompts_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--prompts",
+            metavar="FILE",
+            help="Prompts, one per line or JSON lines with a "
+            '"prompt" field (default: a built-in set of thirteen).',
+            show_default=False,
+        ),
+    ] = None,
+    max_tokens: Annotated[
+        int, typer.Option("--max-tokens", "-n", min=4, help="New tokens per run.")
+    ] = 64,
+    repeats: Annotated[
+        int, typer.Option("--repeats", "-r", min=1, help="Times to run the whole sweep.")
+    ] = 1,
+    temperature: Annotated[
+        float | None,
+        typer.Option(
+            "--temperature",
+            "--temp",
+            min=0.0,
+            help="Measure at this temperature only (with "
+            "run's --top-k/--top-p/--min-p); default: both greedy (0) and run's default, "
+            f"{DEFAULT_SAMPLING.temperature}, with a recommendation for each.",
+            show_default=False,
+        ),
+    ] = None,
+    seed: SeedOpt = None,
+    json_path: Annotated[
+        Path | None,
+        typer.Option(
+            "--json",
+            metavar="FILE",
+            help="Write every figure, the machine and the parameters as JSON here.",
+            show_default=False,
+        ),
+    ] = None,
+    csv_path: Annotated[
+        Path | None,
+        typer.Option(
+            "--csv", metavar="FILE", help="Write the per-K table as CSV here.", show_default=False
+        ),
+    ] = None,
+    plot_path: Annotated[
+        Path | None,
+        typer.Option(
+            "--plot",
+            metavar="FILE",
+            help="Write a PNG chart of speedup against K (needs specgen[plot]).",
+            show_default=False,
+        ),
+    ] = None,
+    threads: ThreadsOpt = 0,
+    gpu_layers: GpuLayersOpt = -1,
+    ctx_size: CtxOpt = 0,
+    rpc: RpcOpt = None,
+    rpc_local_head: LocalHeadOpt = True,
+    verbose: VerboseOpt = False,
+) -> None:
+    """Measure the pair on this machine: sweep K, compare with the target alone, recommend K.
+
+    What it finds best is remembered: `specgen run` and `serve` use it for these models here.
+    """
+    from specgen.bench.prompts import (
+        BUILTIN_KINDS,
+        BUILTIN_PROMPTS,
+        builtin_grammars,
+        load_prompts,
+    )
+    from specgen.bench.runner import BenchSession
+    from specgen.bench.sweep import parse_lookaheads
+    from specgen.errors import UsageError
+    from specgen.lookahead import snapshots_for
+    from specgen.session.decide import decide
+    from specgen.session.memo import remember
+    from specgen.session.pair import PairOptions, open_pair
+
+    variants = parse_lookaheads(lookaheads)
+    kinds: list[str] | None
+    if prompts_file:
+        (prompts, grammars), kinds = load_prompts(prompts_file), None
+    else:
+        prompts, kinds, grammars = BUILTIN_PROMPTS, BUILTIN_KINDS, builtin_grammars()
+    # Every row but K=0 needs the draft model loaded, whatever K the pair itself runs at.
+    decision = decide(
+        pair,
+        target,
+        draft,
+        ngram=False,
+        mtp=mtp,
+        lookahead="auto",
+        rpc=rpc,
+        threads=threads,
+        gpu_layers=gpu_layers,
+    )
+    choice = decision.choice
+    if choice.draft is None and not choice.mtp:
+        if lookaheads == DEFAULT_VARIANTS:
+            variants = list(LOOKUP_VARIANTS)  # a target alone can still draft by prompt lookup
+        elif any(k not in LOOKUP_VARIANTS for k in variants):
+            raise UsageError(
+                "bench needs a draft model for K's, auto and hybrid: name a pair, "
+                "or both --target and --draft (or -k ngram,cache)"
+            )
+    # A recurrent target keeps snapshots for the largest K swept, as `run -k K` would.
+    fixed = [k for k in variants if isinstance(k, int)]
+    snapshots = max([snapshots_for("auto", choice.mtp), *(snapshots_for(k) for k in fixed)])
+    loaded = open_pair(
+        decision,
+        PairOptions.for_both(ctx_size, threads, gpu_layers, verbose, rpc_local_head),
+        snapshots=snapshots,
+    )
+    if kinds is not None:  # the built-in prompts
+        prompts, kinds, grammars = _constrained_if_possible(loaded, prompts, kinds, grammars)
+    session = BenchSession(
+        loaded,
+        choice,
+        prompts,
+        kinds,
+        variants,
+        max_tokens=max_tokens,
+        repeats=repeats,
+        seed=seed if seed is not None else 0,
+        draft_p_min=draft_p_min,
+        prompts_file=prompts_file,
+        local_head=rpc_local_head,
+        grammars=grammars,
+    )
+    settings = [temperature] if temperature is not None else [0.0, DEFAULT_SAMPLING.temperature]
+    reports, interrupted = session.all(settings, _ProgressBar(len(prompts), repeats))
+    if not reports:
+        out.warning("interrupted before anything was measured; nothing written")
+        raise Interrupted()
+    for report in reports:
+        out.show(
+            render(
+                report,
+                decision.name,
+                loaded.target.path,
+                loaded.draft.path if loaded.draft else None,
+                mtp=loaded.mtp,
+            )
+        )
+    session.remember_costs()
+    if not interrupted:
+        remember(
+            decision.memo,
+            [report.finding() for report in reports],
+            datetime.date.today().isoformat(),
+        )
+        out.show(remembered_note(reports))
+    _write_outputs(reports, json_path, csv_path, plot_path)
+    if interrupted:
+        out.warning("interrupted: the tables above hold what was measured so far (partial)")
+        raise Interrupted()
+
+
+class _ProgressBar:
+    """The sweep's progress on stderr: one bar per sampling setting, the run in progress."""
+
+    def __init__(self, prompts: int, repeats: int) -> None:
+        self.prompts, self.repeats = prompts, repeats
+        self._bar: Progress | None = None
+        self._task: TaskID | None = None
+
+    def started(self, temperature: float, total: int) -> None:
+        self._bar = Progress(
+            TextColumn(f"[bold]bench[/] T={temperature} {{task.description}}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeRemainingColumn(),
+            console=out.err,
+            transient=True,
+        )
+        self._bar.start()
+        self._task = self._bar.add_task("warm-up", total=total)
+
+    def running(self, repeat: int, prompt: int, variant: Variant) -> None:
+        assert self._bar is not None and self._task is not None
+        if self._bar.tasks[self._task].description != "warm-up":
+            self._bar.advance(self._task)
+        self._bar.update(
+            self._task,
+            description=f"prompt {prompt + 1}/{self.prompts} "
+            f"K={variant}" + (f" repeat {repeat + 1}" if self.repeats > 1 else ""),
+        )
+
+    def ended(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
+
+
+def _write_outputs(
+    reports: list[Report], json_path: Path | None, csv_path: Path | None, plot_path: Path | None
+) -> None:
+    from specgen.bench.export import write_csv, write_json, write_plot
+
+    if json_path:
+        write_json(reports, json_path)
+    if csv_path:
+        write_csv(reports, csv_path)
+    if plot_path:
+        write_plot(reports[-1], plot_path)
+    for path in (json_path, csv_path, plot_path):
+        if path:
+            out.note(f"wrote {path}")
+
+
+def _constrained_if_possible(
+    loaded: Pair, prompts: list[str], kinds: list[str], grammars: list[Grammar | None]
+) -> tuple[list[str], list[str], list[Grammar | None]]:
+    """The built-in prompts, less the constrained ones where the target cannot run a grammar
+    (a vocabulary without an end of generation, or one llguidance cannot read): said on
+    stderr, and the rest measured."""
+    from specgen.errors import UserError
+
+    try:
+        for found in {g for g in grammars if g is not None}:
+            loaded.target.constrain(found)
+    except UserError as err:
+        out.warning(f"the constrained prompts are left out: {err}")
+        keep = [i for i, g in enumerate(grammars) if g is None]
+        return [prompts[i] for i in keep], [kinds[i] for i in keep], [None] * len(keep)
+    return prompts, kinds, grammars

@@ -1,0 +1,282 @@
+"""Command-line options shared by several commands, declared once as ``Annotated`` aliases."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, cast
+
+import typer
+
+from specgen.lookahead import LOOKAHEAD_RANGE, Lookahead, parse_lookahead
+from specgen.session.prompts import MAX_SEED
+
+MODELS, SAMPLING, OUTPUT, PERFORMANCE = "Models", "Sampling", "Output", "Performance"
+WORKERS = "Workers (RPC)"
+HELP = {"help_option_names": ["-h", "--help"]}
+# llama.cpp rounds a context up to a multiple of 256 tokens; below that it silently uses 256.
+MIN_CTX = 256
+
+
+def readable_help_placeholders() -> None:
+    """Help shows click's placeholders (TEXT, INTEGER, or an option's own metavar like SPEC)
+    rather than Typer's Python types (``<str>``, ``<bool>``, ``<list[str]>``); flags and
+    arguments (already named by their metavar) show none."""
+    from typer.core import TyperArgument, TyperOption
+
+    names = {"str": "TEXT", "int": "INTEGER", "float": "FLOAT", "Path": "PATH"}
+
+    def option(self: TyperOption, ctx: typer.Context) -> str | None:
+        if self.is_flag or self.count:
+            return None
+        if self.metavar:
+            return self.metavar
+        bare = self.bare_type().removeprefix("list[").removesuffix("]")
+        return names.get(bare, bare.upper())
+
+    # Typer has no setting for this: its own method is replaced, on purpose, for all commands.
+    TyperOption.display_type_rich = option  # type: ignore[method-assign,assignment]
+    TyperArgument.display_type_rich = lambda self, ctx: None  # type: ignore[method-assign]
+
+
+def _ctx_size(value: int) -> int:
+    if value and value < MIN_CTX:
+        raise typer.BadParameter(
+            f"{value} is below llama.cpp's smallest context, {MIN_CTX} "
+            f"tokens (0: the model's own, up to 4096)"
+        )
+    return value
+
+
+def lookahead_of(value: str | None) -> Lookahead | None:
+    """A --lookahead value as its parser made it (declared as text: Typer has no Union types)."""
+    return cast("Lookahead | None", value)
+
+
+def _lookahead(text: str) -> Lookahead:
+    try:
+        return parse_lookahead(text)
+    except ValueError as err:
+        raise typer.BadParameter(f"{text!r} is not {LOOKAHEAD_RANGE}") from err
+
+
+PairOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--pair",
+        "-p",
+        metavar="NAME",
+        help="A named draft/target pair from models.toml "
+        "(default: the default pair; see `specgen models list`).",
+        show_default=False,
+        rich_help_panel=MODELS,
+    ),
+]
+TargetOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--target",
+        "-m",
+        metavar="SPEC",
+        help="Target model: a GGUF path, org/repo:file.gguf, "
+        "or PAIR:target; with no --pair, your own target (alone, or with --draft).",
+        show_default=False,
+        rich_help_panel=MODELS,
+    ),
+]
+DraftOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--draft",
+        "-md",
+        metavar="SPEC",
+        help="Draft model: a GGUF path, org/repo:file.gguf, "
+        "or PAIR:draft (needs --target or --pair); 'ngram' to draft by prompt lookup with no "
+        "draft model; 'mtp' to draft with the target's own MTP head (files named so: ./ngram, "
+        "./mtp).",
+        show_default=False,
+        rich_help_panel=MODELS,
+    ),
+]
+# Typer has no Union types: the parser turns the text into a Lookahead (an int, or "auto"),
+# which the command reads back with lookahead_of.
+LookaheadOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--lookahead",
+        "-k",
+        parser=_lookahead,
+        metavar="K|auto",
+        help="Guesses per cycle, K: a number (0: the target alone), or 'auto' to choose K before "
+        "each cycle from the acceptance and costs measured so far, turning speculation off when it "
+        "cannot pay (default: the pair's own).",
+        show_default=False,
+        rich_help_panel=MODELS,
+    ),
+]
+NgramOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--ngram/--no-ngram",
+        help="Also draft by prompt lookup beside the draft model (hybrid): "
+        "free guesses where the text repeats its input (default: the pair's own setting).",
+        show_default=False,
+        rich_help_panel=MODELS,
+    ),
+]
+LookupCacheOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--lookup-cache",
+        metavar="FILE|off",
+        help="Keep prompt lookup's cache of earlier requests (prompts and outputs, for guesses "
+        "across requests) in FILE between runs; 'off': no cache (default: in memory for this "
+        "process, wherever prompt lookup drafts).",
+        show_default=False,
+        rich_help_panel=MODELS,
+    ),
+]
+
+
+def lookup_cache_of(value: str | None) -> tuple[bool, Path | None]:
+    """``--lookup-cache``: whether prompt lookup keeps a cache across requests, and its file."""
+    if value is None:
+        return True, None
+    if value.strip().lower() in ("off", "none", "no"):
+        return False, None
+    return True, Path(value).expanduser()
+
+
+MtpOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--mtp/--no-mtp",
+        help="Draft with the target's own MTP head (layers in its GGUF; no draft model). By "
+        "default a target that has one drafts with it when no draft model is given.",
+        show_default=False,
+        rich_help_panel=MODELS,
+    ),
+]
+DraftPMinOpt = Annotated[
+    float,
+    typer.Option(
+        "--draft-p-min",
+        min=0.0,
+        max=0.99,
+        help="Stop drafting a cycle when the draft's top "
+        "probability falls below this (0: always draft K). Exactness is kept.",
+        rich_help_panel=MODELS,
+    ),
+]
+TemperatureOpt = Annotated[
+    float,
+    typer.Option(
+        "--temperature",
+        "--temp",
+        min=0.0,
+        help="Sampling temperature; 0 is greedy.",
+        rich_help_panel=SAMPLING,
+    ),
+]
+TopKOpt = Annotated[
+    int,
+    typer.Option(
+        "--top-k", min=0, help="Keep the k most likely tokens (0: off).", rich_help_panel=SAMPLING
+    ),
+]
+TopPOpt = Annotated[
+    float,
+    typer.Option(
+        "--top-p",
+        min=0.0,
+        max=1.0,
+        help="Nucleus: smallest set with this mass (above 0).",
+        rich_help_panel=SAMPLING,
+    ),
+]
+MinPOpt = Annotated[
+    float,
+    typer.Option(
+        "--min-p",
+        min=0.0,
+        max=1.0,
+        help="Drop tokens below min-p x the best (below 1).",
+        rich_help_panel=SAMPLING,
+    ),
+]
+SeedOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--seed",
+        "-s",
+        min=0,
+        max=MAX_SEED,
+        help="Random seed (default: random; printed with the stats).",
+        show_default=False,
+        rich_help_panel=SAMPLING,
+    ),
+]
+MaxTokensOpt = Annotated[
+    int,
+    typer.Option(
+        "--max-tokens",
+        "-n",
+        min=1,
+        help="Stop after this many new tokens.",
+        rich_help_panel=SAMPLING,
+    ),
+]
+ThreadsOpt = Annotated[
+    int,
+    typer.Option(
+        "--threads",
+        "-t",
+        min=0,
+        help="CPU threads for both models (0: physical cores).",
+        rich_help_panel=PERFORMANCE,
+    ),
+]
+CtxOpt = Annotated[
+    int,
+    typer.Option(
+        "--ctx-size",
+        "-c",
+        min=0,
+        callback=_ctx_size,
+        help="Context window in tokens, from "
+        f"{MIN_CTX} (rounded up to a multiple of {MIN_CTX}; 0: min(4096, trained)).",
+        rich_help_panel=PERFORMANCE,
+    ),
+]
+GpuLayersOpt = Annotated[
+    int,
+    typer.Option(
+        "--gpu-layers",
+        "-ngl",
+        help="Layers of each model to offload to the GPU (-1: all; ignored by CPU builds).",
+        rich_help_panel=PERFORMANCE,
+    ),
+]
+VerboseOpt = Annotated[
+    bool, typer.Option("--verbose", "-v", help="Show llama.cpp's own logs.", rich_help_panel=OUTPUT)
+]
+RpcOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--rpc",
+        metavar="HOST:PORT,...",
+        help="Put the target's layers on these `specgen worker`s "
+        "(llama.cpp RPC; the draft stays on this machine); 'none': run here even where the pair "
+        "names workers (default: the pair's own).",
+        show_default=False,
+        rich_help_panel=WORKERS,
+    ),
+]
+LocalHeadOpt = Annotated[
+    bool,
+    typer.Option(
+        "--rpc-local-head/--no-rpc-local-head",
+        help="With --rpc, keep the target's output layer on "
+        "this machine, so each verify sends kilobytes instead of a logit row per token.",
+        rich_help_panel=WORKERS,
+    ),
+]

@@ -1,0 +1,163 @@
+"""``specgen serve``: the OpenAI-compatible server (``specgen.server``) from the command line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from specgen.cli.options import (
+    CtxOpt,
+    DraftOpt,
+    DraftPMinOpt,
+    GpuLayersOpt,
+    LocalHeadOpt,
+    LookaheadOpt,
+    LookupCacheOpt,
+    MtpOpt,
+    NgramOpt,
+    PairOpt,
+    RpcOpt,
+    TargetOpt,
+    ThreadsOpt,
+    VerboseOpt,
+    lookahead_of,
+    lookup_cache_of,
+)
+from specgen.cli.output import out
+from specgen.engine import DEFAULT_MAX_TOKENS
+from specgen.errors import UserError
+
+if TYPE_CHECKING:
+    import uvicorn
+
+    from specgen.server.queue import GenerationQueue
+
+SERVER = "Server"
+
+
+def serve(
+    pair: PairOpt = None,
+    target: TargetOpt = None,
+    draft: DraftOpt = None,
+    lookahead: LookaheadOpt = None,
+    ngram: NgramOpt = None,
+    lookup_cache: LookupCacheOpt = None,
+    mtp: MtpOpt = None,
+    draft_p_min: DraftPMinOpt = 0.0,
+    host: Annotated[
+        str,
+        typer.Option(
+            "--host",
+            metavar="ADDRESS",
+            help="Address to listen on (0.0.0.0: every interface).",
+            rich_help_panel=SERVER,
+        ),
+    ] = "127.0.0.1",
+    port: Annotated[
+        int,
+        typer.Option("--port", min=0, max=65535, help="Port to listen on.", rich_help_panel=SERVER),
+    ] = 8080,
+    api_key: Annotated[
+        str | None,
+        typer.Option(
+            "--api-key",
+            metavar="KEY",
+            envvar="SPECGEN_API_KEY",
+            help="Require 'Authorization: "
+            "Bearer KEY' on /v1/ (default: $SPECGEN_API_KEY; none: open).",
+            show_default=False,
+            rich_help_panel=SERVER,
+        ),
+    ] = None,
+    queue: Annotated[
+        int,
+        typer.Option(
+            "--queue",
+            min=0,
+            help="Requests that may wait while one generates; past that, 503.",
+            rich_help_panel=SERVER,
+        ),
+    ] = 8,
+    max_tokens: Annotated[
+        int,
+        typer.Option(
+            "--max-tokens",
+            "-n",
+            min=1,
+            help="New tokens per request when it does not say.",
+            rich_help_panel=SERVER,
+        ),
+    ] = DEFAULT_MAX_TOKENS,
+    threads: ThreadsOpt = 0,
+    gpu_layers: GpuLayersOpt = -1,
+    ctx_size: CtxOpt = 0,
+    rpc: RpcOpt = None,
+    rpc_local_head: LocalHeadOpt = True,
+    verbose: VerboseOpt = False,
+) -> None:
+    """Serve the pair over an OpenAI-compatible HTTP API (chat, completions, metrics)."""
+    try:
+        import uvicorn
+
+        from specgen.server import create_app
+    except ImportError as error:
+        raise UserError("specgen serve needs its extra: pip install 'specgen[server]'") from error
+    from specgen.api import Specgen
+
+    generator = Specgen(
+        pair,
+        target,
+        draft,
+        lookahead=lookahead_of(lookahead),
+        ngram=ngram,
+        mtp=mtp,
+        n_ctx=ctx_size,
+        threads=threads,
+        gpu_layers=gpu_layers,
+        draft_p_min=draft_p_min,
+        verbose=verbose,
+        progress=True,
+        from_bench=True,
+        rpc=rpc,
+        rpc_local_head=rpc_local_head,
+        lookup_cache=_lookup(lookup_cache),
+    )
+    if generator.note:
+        out.note(generator.note)
+    for note in generator.pair.notes:
+        out.warning(note)
+    app = create_app(generator, api_key=api_key, max_queue=queue, default_max_tokens=max_tokens)
+    where = f"http://{host}:{port}/v1"
+    out.note(
+        f"specgen serve: {generator.name} (K={generator.lookahead}) at {where}"
+        + ("" if api_key else "; no API key")
+        + "; Ctrl-C to stop",
+        style=None,
+    )
+    _server(
+        uvicorn.Config(
+            app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=10
+        ),
+        app.state.queue,
+    ).run()
+
+
+def _server(config: uvicorn.Config, queue: GenerationQueue) -> uvicorn.Server:
+    """uvicorn's server, told to end in-flight generations at once when asked to stop (Ctrl-C,
+    SIGTERM), so their streams close with a final event instead of running to the end."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            queue.draining.set()
+            super().handle_exit(sig, frame)
+
+    return Server(config)
+
+
+def _lookup(value: str | None) -> bool | Path:
+    enabled, file = lookup_cache_of(value)
+    return file if file is not None else enabled

@@ -1,0 +1,207 @@
+"""What a model is, from its GGUF header alone: attention, hybrid or recurrent; MTP heads; MoE.
+
+``specgen models info`` / ``models check`` / ``doctor`` show it before anything loads, and
+``specgen.session.pair`` checks it before llama.cpp sees the file, since some files make llama.cpp
+abort the process instead of failing (``load_problem``). Pure: it reads a ``gguf.Header``.
+
+The rules are llama.cpp's (0.3.36): a qwen35 layer i is full attention when ``(i + 1) %
+full_attention_interval == 0`` (default 4), unless ``attention.recurrent_layers`` lists them;
+hybrids of the Mamba kind mark their recurrent layers with no KV heads; a GGUF carries MTP
+layers when the tensor ``blk.{block_count - 1}.nextn.eh_proj.weight`` exists.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from specgen.models.gguf import Header
+
+# Gated-DeltaNet + attention (Qwen3.5 / 3.6 / 3.8, Qwen3-Next).
+DELTANET_ARCHS = ("qwen35", "qwen35moe", "qwen3next")
+# Every layer recurrent.
+RECURRENT_ARCHS = ("mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7")
+# Mamba or short-convolution layers beside attention, marked by no KV heads.
+MAMBA_HYBRID_ARCHS = (
+    "nemotron_h", "nemotron_h_moe", "jamba", "granitehybrid", "falcon-h1", "lfm2", "lfm2moe",
+    "plamo2",
+)  # fmt: skip
+# Whose recurrent state llama.cpp can roll back by per-token snapshots (llama-arch.cpp,
+# llm_arch_supports_rs_rollback); the others roll back by checkpoint only.
+SNAPSHOT_ARCHS = ("qwen35", "qwen35moe", "nemotron_h", "nemotron_h_moe", "lfm2", "lfm2moe")
+# A mixture of experts that runs at most this share of its experts per token: a draft model
+# cannot pay for itself there, since the target's step is already cheap.
+FEW_ACTIVE_EXPERTS = 1 / 8
+STATE_ITEM_BYTES = 4  # llama.cpp keeps recurrent states in F32
+
+Kind = Literal["attention", "hybrid", "recurrent"]
+
+
+@dataclass(frozen=True)
+class Layout:
+    architecture: str
+    n_layers: int  # the trunk (MTP blocks apart)
+    recurrent_layers: int | None  # None: a hybrid whose header does not say which layers
+    mtp_layers: int  # MTP (nextn) blocks with their weights
+    mtp_declared: int  # what nextn_predict_layers says
+    experts: int = 0
+    experts_used: int = 0
+    state_bytes: int | None = None  # the recurrent state of one sequence, where known
+
+    @property
+    def kind(self) -> Kind:
+        if self.architecture in RECURRENT_ARCHS:
+            return "recurrent"
+        if self.architecture in DELTANET_ARCHS + MAMBA_HYBRID_ARCHS:
+            return "hybrid"
+        return "attention"
+
+    @property
+    def attention_layers(self) -> int | None:
+        if self.recurrent_layers is None:
+            return None
+        return self.n_layers - self.recurrent_layers
+
+    @property
+    def snapshots(self) -> bool:
+        """Whether llama.cpp rolls this recurrent state back by snapshots (else checkpoints)."""
+        return self.architecture in SNAPSHOT_ARCHS
+
+    @property
+    def few_active_experts(self) -> bool:
+        """A mixture of experts with few active parameters (Qwen3.6-35B-A3B, gpt-oss)."""
+        return self.experts > 0 and self.experts_used / self.experts <= FEW_ACTIVE_EXPERTS
+
+    def rollback(self, window: int) -> str:
+        """How a rollback is done, in words, with ``window`` snapshots asked for."""
+        if self.kind == "attention":
+            return "cut the KV cache (any length)"
+        if self.snapshots and window > 0:
+            return f"llama.cpp snapshots up to K={window}, a state checkpoint beyond"
+        if self.snapshots:
+            return "a state checkpoint every cycle"
+        return "a state checkpoint every cycle (llama.cpp keeps no snapshots for this architecture)"
+
+    def snapshot_bytes(self, window: int) -> int | None:
+        """The recurrent state memory with ``window`` snapshots: x(1 + window)."""
+        if self.state_bytes is None:
+            return None
+        return self.state_bytes * (1 + (window if self.snapshots else 0))
+
+    def as_dict(self, window: int) -> dict[str, object]:
+        """What ``models info`` shows of the layout, with ``window`` snapshots (``-k auto``)."""
+        return {
+            "kind": self.kind,
+            "layers": self.n_layers,
+            "recurrent_layers": self.recurrent_layers,
+            "attention_layers": self.attention_layers,
+            "mtp_heads": self.mtp_layers,
+            "experts": f"{self.experts_used} of {self.experts}" if self.experts else None,
+            "rollback": self.rollback(window),
+            "state_bytes": self.state_bytes if self.kind != "attention" else None,
+            "snapshot_bytes": self.snapshot_bytes(window) if self.kind != "attention" else None,
+        }
+
+    def describe(self) -> str:
+        """One line: ``hybrid: 6 recurrent + 2 attention layers, 1 MTP head``."""
+        if self.kind == "attention":
+            text = f"attention: {self.n_layers} layers"
+        elif self.recurrent_layers is None:
+            text = f"{self.kind}: {self.n_layers} layers"
+        else:
+            text = (
+                f"{self.kind}: {self.recurrent_layers} recurrent + "
+                f"{self.attention_layers} attention layers"
+            )
+        if self.mtp_layers:
+            text += f", {self.mtp_layers} MTP head{'s' if self.mtp_layers > 1 else ''}"
+        if self.experts:
+            text += f", MoE {self.experts_used} of {self.experts} experts"
+        return text
+
+
+def layout(header: Header) -> Layout:
+    """The layout a header describes."""
+    arch = str(header.get("general.architecture") or "unknown")
+
+    def key(name: str, default: Any = None) -> Any:
+        return header.get(f"{arch}.{name}", default)
+
+    blocks = _int(key("block_count"), 0)
+    declared = _int(key("nextn_predict_layers"), 0)
+    n_layers = max(blocks - declared, 0)
+    if header.tensors is None:
+        mtp = declared
+    else:
+        mtp = declared if f"blk.{blocks - 1}.nextn.eh_proj.weight" in header.tensors else 0
+    recurrent = _recurrent_layers(arch, n_layers, key)
+    return Layout(
+        architecture=arch,
+        n_layers=n_layers,
+        recurrent_layers=recurrent,
+        mtp_layers=mtp,
+        mtp_declared=declared,
+        experts=_int(key("expert_count"), 0),
+        experts_used=_int(key("expert_used_count"), 0),
+        state_bytes=_state_bytes(arch, recurrent, key),
+    )
+
+
+def load_problem(found: Layout, mtp: bool) -> str | None:
+    """Why llama.cpp would abort the process on this file (not fail: abort), or None."""
+    qwen35 = found.architecture in DELTANET_ARCHS[:2]
+    if qwen35 and found.n_layers > 0 and found.recurrent_layers == 0:
+        return (
+            f"this {found.architecture} GGUF has no recurrent (DeltaNet) layer, which makes "
+            f"llama.cpp abort on its first decode; the file is broken or mislabeled"
+        )
+    if qwen35 and found.n_layers > 0 and found.attention_layers == 0:
+        return (
+            f"this {found.architecture} GGUF has no attention layer, which makes llama.cpp "
+            f"abort on its first decode; the file is broken or mislabeled"
+        )
+    if mtp and found.architecture in DELTANET_ARCHS and found.mtp_layers != 1:
+        return (
+            f"llama.cpp's {found.architecture} MTP graph takes exactly one MTP block and this "
+            f"file has {found.mtp_layers}; pass --no-mtp"
+        )
+    return None
+
+
+def _recurrent_layers(arch: str, n_layers: int, key: Any) -> int | None:
+    if arch in RECURRENT_ARCHS:
+        return n_layers
+    if arch in DELTANET_ARCHS:
+        marked = key("attention.recurrent_layers")
+        if isinstance(marked, list):
+            return sum(bool(v) for v in marked[:n_layers])
+        interval = _int(key("full_attention_interval"), 4) or 1
+        return sum((i + 1) % interval != 0 for i in range(n_layers))
+    if arch in MAMBA_HYBRID_ARCHS:
+        heads = key("attention.head_count_kv")
+        if isinstance(heads, list):
+            return sum(int(v) == 0 for v in heads[:n_layers])
+        return None
+    return 0
+
+
+def _state_bytes(arch: str, recurrent: int | None, key: Any) -> int | None:
+    """One sequence's recurrent state, from the SSM sizes (llama.cpp's r and s tensors)."""
+    if not recurrent:
+        return 0 if recurrent == 0 else None
+    d_conv, d_inner = _int(key("ssm.conv_kernel"), 0), _int(key("ssm.inner_size"), 0)
+    d_state, groups = _int(key("ssm.state_size"), 0), _int(key("ssm.group_count"), 0)
+    if not (d_conv and d_inner and d_state):
+        return None
+    if arch in DELTANET_ARCHS:  # Gated DeltaNet: a d_state x d_state matrix per value head
+        heads = _int(key("ssm.time_step_rank"), 0)
+        conv = (d_conv - 1) * (2 * d_state * groups + d_state * heads)
+        ssm = d_state * d_state * heads
+    else:  # Mamba (groups 0) and Mamba-2
+        conv = (d_conv - 1) * (d_inner + 2 * groups * d_state)
+        ssm = d_state * d_inner
+    return (conv + ssm) * STATE_ITEM_BYTES * recurrent
+
+
+def _int(value: Any, default: int) -> int:
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else default

@@ -1,0 +1,143 @@
+"""Many prompts on one loaded pair: one JSON line each, written as each finishes.
+
+UI-free: the caller gives a ``write`` for the JSON lines and an ``on_progress`` for a bar. A bad
+line or a prompt that cannot run (too long, a chat template that refuses it) becomes an error
+line with the error table's message, and the batch goes on; Ctrl-C stops after writing what
+finished (the prompt in flight is not written, so ``--resume`` runs it again).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from specgen.engine import GenerationConfig
+from specgen.errors import describe
+from specgen.session.generate import generate
+from specgen.session.pair import Pair
+from specgen.session.prompts import BadLine, BatchItem, BatchPrompt
+from specgen.stats import Stats
+
+
+@dataclass
+class BatchTally:
+    """What a batch has done so far (for a progress bar and the closing summary)."""
+
+    total: int
+    done: int = 0
+    failed: int = 0
+    skipped: int = 0
+    generated: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    seconds: float = 0.0
+    interrupted: bool = False
+
+    def add(self, stats: Stats) -> None:
+        """One prompt done, with its statistics."""
+        self.done += 1
+        self.generated += stats.n_generated
+        self.drafted += stats.n_drafted
+        self.accepted += stats.n_accepted
+        self.seconds += stats.gen_seconds
+
+    @property
+    def accept_rate(self) -> float | None:
+        return self.accepted / self.drafted if self.drafted else None
+
+    @property
+    def tokens_per_second(self) -> float | None:
+        return self.generated / self.seconds if self.seconds > 0 else None
+
+
+def finished_ids(path: Path) -> set[str]:
+    """Ids with a result (not an error) in an earlier output file, for ``--resume``."""
+    if not path.exists():
+        return set()
+    done = set()
+    with path.open(encoding="utf-8") as fh:
+        for line in fh:
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut short by a crash: its prompt runs again
+            if isinstance(record, dict) and "text" in record and not record.get("error"):
+                done.add(str(record.get("id")))
+    return done
+
+
+def config_for(item: BatchPrompt, base: GenerationConfig) -> GenerationConfig:
+    """The run's settings with the ones this line overrides."""
+    settings = dict(item.settings)
+    sampling = base.sampling
+    if "temperature" in settings:
+        sampling = replace(sampling, temperature=settings.pop("temperature"))
+    return replace(base, sampling=sampling, **settings)
+
+
+def run_batch(
+    pair: Pair,
+    items: Iterable[BatchItem],
+    base: GenerationConfig,
+    *,
+    chat: bool,
+    system: str | None,
+    draft_p_min: float,
+    write: Callable[[dict[str, object]], None],
+    skip: AbstractSet[str] = frozenset(),
+    on_progress: Callable[[BatchTally], None] | None = None,
+    total: int = 0,
+) -> BatchTally:
+    """Generate for every item, calling ``write`` with one record per item as it finishes."""
+    tally = BatchTally(total=total)
+    for item in items:
+        if str(item.id) in skip:
+            tally.skipped += 1
+        elif isinstance(item, BadLine):
+            write({"id": item.id, "line": item.line, "error": item.error})
+            tally.failed += 1
+        elif not _one(pair, item, base, chat, system, draft_p_min, write, tally):
+            break
+        if on_progress is not None:
+            on_progress(tally)
+    return tally
+
+
+def _one(
+    pair: Pair,
+    item: BatchPrompt,
+    base: GenerationConfig,
+    chat: bool,
+    system: str | None,
+    draft_p_min: float,
+    write: Callable[[dict[str, object]], None],
+    tally: BatchTally,
+) -> bool:
+    """Run one prompt and write its line; False when Ctrl-C stopped it."""
+    prompt = item.prompt if item.prompt is not None else list(item.messages or ())
+    try:
+        config = config_for(item, base)
+        result = generate(
+            pair,
+            prompt,
+            config,
+            chat=chat or item.messages is not None,
+            system=item.system or system,
+            draft_p_min=draft_p_min,
+        )
+    except Exception as err:
+        message = describe(err)
+        if message is None:
+            raise  # a bug, not a bad prompt: let the caller's error handling show it
+        write({"id": item.id, "line": item.line, "error": f"line {item.line}: {message}"})
+        tally.failed += 1
+        return True
+    if result.interrupted:
+        tally.interrupted = True
+        return False
+    write({"id": item.id, **result.as_dict()})
+    tally.add(result.stats)
+    return True

@@ -1,0 +1,149 @@
+"""What ``specgen bench`` found best for a pair on this machine, remembered for ``run`` and
+``serve``: one record per models and machine (CPU, llama.cpp build, threads, GPU layers,
+workers), a verdict per kind of sampling (greedy, sampled).
+
+It is also the one home of what a bench row (a *variant*: a fixed K, ``auto``, ``ngram`` or
+``hybrid``) means as a choice of drafting (``variant_choice``) and as ``specgen run`` options
+(``variant_options``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from specgen.core.sampling import SamplingParams
+from specgen.host import store
+from specgen.host.machine import build_id, cpu_flags, default_threads
+from specgen.lookahead import Lookahead, check_lookahead
+from specgen.session.choice import Choice
+
+# A row of a bench: a fixed K of the draft model, or one of the adaptive variants (``auto``, the
+# draft model with K chosen each cycle; ``ngram``, prompt lookup alone; ``hybrid``, both).
+Variant = int | str
+
+
+def memo_path(choice: Choice, threads: int, gpu_layers: int) -> Path:
+    """Where ``specgen bench`` keeps, and ``specgen run`` finds, what was measured for these
+    models on this machine with these threads and GPU layers."""
+    draft = choice.draft.label() if choice.draft else "mtp" if choice.mtp else "-"
+    models = [choice.target.label(), draft]
+    machine: dict[str, object] = {
+        "cpu": platform.processor() or platform.machine(),
+        "flags": cpu_flags(),
+        "logical_cpus": os.cpu_count(),
+        "build": build_id(),
+        "threads": threads or default_threads(),
+        "gpu_layers": gpu_layers,
+    }
+    if choice.workers:  # a verify over the network costs otherwise: K is measured apart
+        machine["workers"] = list(choice.workers)
+    key = store.text_key(json.dumps([models, machine], sort_keys=True, default=str))
+    return store.path("bench", key)
+
+
+def mode_of(temperature: float) -> str:
+    """The kind of sampling a verdict is kept under."""
+    return "greedy" if SamplingParams(temperature=temperature).greedy else "sampled"
+
+
+@dataclass(frozen=True)
+class Finding:
+    """What one bench (one kind of sampling) found best: the variant (0: nothing paid), its
+    speedup over the target alone and its cost ratio (a draft step over a target step)."""
+
+    temperature: float
+    variant: Variant = 0
+    speedup: float = 1.0
+    cost_ratio: float | None = None
+
+
+def remember(path: Path, findings: Sequence[Finding], when: str) -> None:
+    """Keep each sampling mode's best variant for `run` to use by default."""
+    memo = store.read_json(path, {})
+    if not isinstance(memo, dict):
+        memo = {}
+    for found in findings:
+        memo[mode_of(found.temperature)] = {
+            "variant": found.variant,
+            "speedup": found.speedup,
+            "temperature": found.temperature,
+            "date": when,
+            "cost_ratio": found.cost_ratio,
+        }
+    store.write_json(path, memo, indent=1)  # a read-only cache: nothing remembered
+
+
+def recall(path: Path, temperature: float) -> dict[str, object] | None:
+    """What bench found for this sampling mode, or None when it never ran here."""
+    memo = store.read_json(path)
+    found = memo.get(mode_of(temperature)) if isinstance(memo, dict) else None
+    return found if isinstance(found, dict) and "variant" in found else None
+
+
+def variant_name(variant: object) -> str:
+    """How a row is named to a user: ``K=4``, ``auto``, ``ngram``, ``hybrid``."""
+    return f"K={variant}" if isinstance(variant, int) else str(variant)
+
+
+def variant_choice(choice: Choice, variant: object) -> tuple[Choice, Lookahead] | None:
+    """The choice and K that run a bench row on these models (None: not a row bench makes)."""
+    if variant == "ngram":
+        return replace(choice, draft=None, mtp=False, ngram=True), "auto"
+    if variant in ("hybrid", "cache"):  # the cache comes with prompt lookup
+        return replace(choice, ngram=True), "auto"
+    try:
+        return replace(choice, ngram=False), check_lookahead(variant)
+    except ValueError:
+        return None
+
+
+def recall_choice(
+    choice: Choice, path: Path, temperature: float
+) -> tuple[Choice, Lookahead, str] | None:
+    """What `specgen bench` found best for these models here at this kind of sampling, as the
+    choice to use, its K and a note that says where the K came from; None where bench never ran
+    here (or the choice drafts nothing, so there is nothing to pick)."""
+    if not choice.drafts:
+        return None
+    found = recall(path, temperature)
+    picked = None if found is None else variant_choice(choice, found["variant"])
+    if found is None or picked is None:
+        return None
+    speedup = found.get("speedup", 1.0)
+    times = float(speedup) if isinstance(speedup, int | float) else 1.0
+    note = (
+        f"{variant_name(found['variant'])}: what `specgen bench` found best here "
+        f"({found.get('date')}, {times:.2f}x at T={found.get('temperature')}); "
+        f"-k to choose another"
+    )
+    return (*picked, note)
+
+
+def variant_options(
+    variant: Variant,
+    pair: str | None,
+    target: Path | None,
+    draft: Path | None,
+    mtp: bool = False,
+) -> str:
+    """The `specgen run` options that reproduce one bench row (``mtp``: the target's head
+    drafts)."""
+    if pair:
+        models = f"--pair {pair}"
+    else:
+        models = f"--target {shlex.quote(str(target))}"
+        if draft is not None and variant != "ngram":
+            models += f" --draft {shlex.quote(str(draft))}"
+        elif mtp and variant != "ngram":
+            models += " --draft mtp"
+    if variant == "ngram":
+        return f"{models} --draft ngram -k auto"
+    if variant in ("hybrid", "cache"):
+        return f"{models} --ngram -k auto"
+    return f"{models} --no-ngram -k {variant}"

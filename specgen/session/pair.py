@@ -1,0 +1,468 @@
+"""A loaded target/draft pair: the files fetched, the CPU self-tested, both models loaded with
+one context size, the vocabulary check, and the costs ``-k auto`` keeps for them here.
+
+``open_pair`` turns a ``decide.Decision`` into a ``Pair``; ``load_pair`` loads given files.
+Models are made, and time is read, by ``BACKEND`` (llama.cpp and the wall clock; tests swap in
+fakes and a fake clock, as simonw/llm registers its mock model), so everything above the
+backend runs the same on fakes.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+from specgen.drafters import Drafter, Head, Model, SuffixCache, make_drafter
+from specgen.engine import SpeculativeEngine
+from specgen.errors import UserError
+from specgen.host import store
+from specgen.host.interrupts import interruptible
+from specgen.lookahead import AUTO_SNAPSHOTS, CostBook, snapshots_for
+from specgen.models import arch, compat, gguf
+from specgen.stats import Clock
+
+if TYPE_CHECKING:
+    from specgen.backend import ModelOptions
+    from specgen.backend.llama import RollbackCounts
+    from specgen.session.decide import Decision
+
+
+class LoadedModel(Model, compat.VocabView, Protocol):
+    """What a pair needs of a loaded model (``backend.LlamaModel`` has it; so do test fakes)."""
+
+    path: Path
+    n_threads: int
+    description: str
+    recurrent: bool  # a recurrent or hybrid state (``backend.llama``'s rollback ways)
+    rollbacks: RollbackCounts
+
+    def state_bytes(self) -> int: ...
+    def chat_template(self) -> str | None: ...
+    def tokenize(
+        self, text: str, add_special: bool = True, parse_special: bool = True
+    ) -> list[int]: ...
+
+
+def _llama(path: Path, options: ModelOptions, verbose: bool) -> LoadedModel:
+    from specgen.backend import LlamaModel
+
+    return LlamaModel(path, options, verbose=verbose)
+
+
+def _attach_mtp(model: LoadedModel) -> Head:
+    from specgen.backend import LlamaModel, attach_mtp
+
+    assert isinstance(model, LlamaModel), "an MTP head reads a llama.cpp model's hidden states"
+    return attach_mtp(model)
+
+
+@dataclass(frozen=True)
+class Backend:
+    """How a model file becomes a loaded model, and how generation time is read."""
+
+    load: Callable[[Path, ModelOptions, bool], LoadedModel]
+    clock: Clock = time.perf_counter
+    # Seconds spent in the models' decodes so far (None: not known), to tell the loop's own
+    # host work from the models' (``Stats.host_seconds``).
+    busy: Clock | None = None
+    # The target's own MTP head, following its decodes (``backend.mtp``).
+    attach_mtp: Callable[[LoadedModel], Head] = _attach_mtp
+
+
+def _decode_seconds() -> float:
+    from specgen.backend import decode_seconds
+
+    return decode_seconds()
+
+
+# llama.cpp and the wall clock, unless a test swaps in fakes.
+BACKEND = Backend(_llama, busy=_decode_seconds)
+
+
+@dataclass(frozen=True)
+class PairOptions:
+    """Per-model runtime settings; thread counts of 0 mean llama.cpp's default."""
+
+    n_ctx: int = 0
+    target_threads: int = 0
+    draft_threads: int = 0
+    target_gpu_layers: int = -1
+    draft_gpu_layers: int = -1
+    verbose: bool = False
+    workers: tuple[str, ...] = ()  # `specgen worker`s that take the target's offloaded layers
+    local_head: bool = True  # with workers: keep the target's output layer here
+    mtp: bool = False  # draft with the target's own MTP head
+    # A recurrent target's snapshots (``lookahead.snapshots_for``): what K a rollback covers
+    # without a checkpoint.
+    rollback_window: int = AUTO_SNAPSHOTS
+    # Prompt lookup across requests (``drafters.suffix``): on wherever n-grams draft, kept in
+    # ``lookup_file`` between processes when one is given.
+    lookup_cache: bool = True
+    lookup_file: Path | None = None
+
+    @classmethod
+    def for_both(
+        cls,
+        n_ctx: int = 0,
+        threads: int = 0,
+        gpu_layers: int = -1,
+        verbose: bool = False,
+        local_head: bool = True,
+    ) -> PairOptions:
+        """The same threads and GPU layers for the target and the draft."""
+        return cls(n_ctx, threads, threads, gpu_layers, gpu_layers, verbose, local_head=local_head)
+
+
+@dataclass
+class Pair:
+    """Loaded models; ``ngram`` drafts by prompt lookup (alone, or beside the draft model).
+
+    ``costs`` are what ``-k auto`` measured on these models here (seconds per guess, the verify
+    pass by length; greedy and sampled apart). They are kept in ``costs_file`` between
+    processes, so a new run starts from them instead of spending its first cycles timing.
+    ``head`` is the target's own MTP head where it drafts with it (then ``draft`` is None).
+    """
+
+    target: LoadedModel
+    draft: LoadedModel | None
+    ngram: bool = False
+    costs_file: Path | None = None
+    clock: Clock = time.perf_counter
+    head: Head | None = None
+    busy: Clock | None = None  # ``Backend.busy``
+    costs: CostBook = field(init=False)  # loaded from ``costs_file``
+    # What earlier generations read and wrote, for prompt lookup across requests (None: off).
+    lookup: SuffixCache | None = None
+    lookup_file: Path | None = None
+    notes: list[str] = field(default_factory=list)  # said once to the user (a bad cache file)
+    _engines: dict[float, SpeculativeEngine] = field(default_factory=dict, repr=False)
+    _saved: int = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.costs = load_costs(self.costs_file)
+        self._saved = self.costs.observations
+
+    def keep_lookups(self, file: Path | None = None) -> None:
+        """Prompt lookup across requests: a suffix cache of this target's vocabulary, read from
+        ``file`` (and written back to it) where given; a file that cannot be read, or holds
+        another vocabulary's tokens, is left alone with a note."""
+        tag = vocabulary_tag(self.target) if file is not None else ""
+        self.lookup, self.lookup_file = SuffixCache(vocabulary=tag), file
+        if file is not None:
+            problem = self.lookup.load(file)
+            if problem:
+                self.notes.append(problem)
+                self.lookup_file = None  # never overwrite what could not be read
+
+    def remember_costs(self) -> None:
+        """Write the costs for the next process when anything new was measured, how a
+        recurrent target rolled back (``doctor`` shows it), and the lookup cache to its file
+        when it holds anything new (after every generation, so a crash loses at most one)."""
+        self._remember_rollbacks()
+        if self.lookup is not None and self.lookup_file is not None and self.lookup.changed:
+            try:
+                self.lookup.save(self.lookup_file)
+            except OSError as err:
+                raise UserError(
+                    f"cannot write the lookup cache {self.lookup_file}: {err.strerror or err}"
+                ) from err
+        if self.costs_file is None or self.costs.observations == self._saved:
+            return
+        store.write_json(self.costs_file, self.costs.snapshot())
+        self._saved = self.costs.observations
+
+    def _remember_rollbacks(self) -> None:
+        facts = self.rollback_facts().get("target")
+        if not isinstance(facts, dict) or not facts["bounded"] and not facts["checkpoint"]:
+            return
+        store.write_json(rollback_path(self.target.path), facts)
+
+    def drafter(self, draft_p_min: float = 0.0) -> Drafter | None:
+        return make_drafter(
+            self.draft,
+            self.ngram,
+            draft_p_min,
+            self.clock,
+            head=self.head,
+            target=self.target,
+            cache=self.lookup,
+        )
+
+    @property
+    def mtp(self) -> bool:
+        return self.head is not None
+
+    def rollback_facts(self) -> dict[str, object]:
+        """How each recurrent model of the pair rolled back (``--json``, ``doctor``): its
+        snapshots, the state's size and the memory the snapshots take, and the counts."""
+        facts: dict[str, object] = {}
+        for role, model in (("target", self.target), ("draft", self.draft)):
+            if model is None or not model.recurrent:
+                continue
+            state = model.state_bytes()
+            window = model.rollback_window
+            facts[role] = {
+                "snapshots": window,
+                "state_bytes": state,
+                "snapshot_bytes": state * (1 + window),
+                **model.rollbacks.as_dict(),
+            }
+        return facts
+
+    def engine(self, draft_p_min: float = 0.0) -> SpeculativeEngine:
+        """The pair's engine, kept from one generation to the next, so the costs ``-k auto``
+        learns carry over (a batch or a server pays the learning once)."""
+        if draft_p_min not in self._engines:
+            self._engines[draft_p_min] = SpeculativeEngine(
+                self.target,
+                self.drafter(draft_p_min),
+                costs=self.costs,
+                clock=self.clock,
+                busy=self.busy,
+            )
+        return self._engines[draft_p_min]
+
+
+def vocabulary_tag(model: LoadedModel) -> str:
+    """A short key of a vocabulary's token texts: a lookup cache's tokens mean nothing to a
+    model of another vocabulary."""
+    texts = (model.token_text(t).decode("utf-8", "replace") for t in range(model.n_vocab))
+    return store.text_key(str(model.n_vocab), *texts)
+
+
+def rollback_path(target: Path) -> Path:
+    """Where the last run on this target file left how its recurrent state rolled back."""
+    return store.path("rollback", store.file_key(target))
+
+
+def check_fit(target: LoadedModel, draft: LoadedModel) -> None:
+    """Refuse a draft whose vocabulary, as llama.cpp reads it, does not fit the target (the
+    result cached per file pair)."""
+    stamp = _fit_stamp(target.path, draft.path)
+    if stamp.is_file():
+        return
+    verdict = compat.check(target, draft)
+    if not verdict:
+        raise UserError(unfit(verdict, target.path.name, draft.path.name))
+    store.write_text(stamp, f"{target.path}\n{draft.path}\n")  # read-only: check next time
+
+
+def check_headers_fit(
+    target: Path, draft: Path, headers: tuple[gguf.Header | None, gguf.Header | None]
+) -> None:
+    """The vocabulary check on the two files' headers (``read_header``), before any weights
+    load (a 27B target and its draft take a while to load only to be refused), with the
+    families' own advice."""
+    if _fit_stamp(target, draft).is_file():
+        return
+    target_header, draft_header = headers
+    if target_header is None or draft_header is None:
+        return  # llama.cpp reads it, or fails on it, when it loads
+    try:
+        vocabs = (
+            gguf.HeaderVocabulary(target_header, target.name),
+            gguf.HeaderVocabulary(draft_header, draft.name),
+        )
+    except gguf.GGUFError:
+        return
+    verdict = compat.check(*vocabs)
+    if not verdict:
+        t_arch, d_arch = (
+            str(h.get("general.architecture") or "") for h in (target_header, draft_header)
+        )
+        step = compat.advice(verdict, t_arch, d_arch, vocabs[0], vocabs[1])
+        raise UserError(unfit(verdict, target.name, draft.name, step))
+
+
+def unfit(verdict: compat.Fit, target: str, draft: str, advice: str = "") -> str:
+    """What a draft that does not fit its target says: why, and what to do."""
+    step = advice or "pick a draft from the target's model family"
+    return f"draft {draft} cannot serve target {target}: {verdict.reason}; {step}"
+
+
+def _fit_stamp(target: Path, draft: Path) -> Path:
+    return store.path("compat", store.file_key(target, draft), suffix="")
+
+
+def costs_path(target: LoadedModel, draft: LoadedModel | None, options: PairOptions) -> Path:
+    """Where the costs ``-k auto`` measured for these model files on this machine, with these
+    threads, GPU layers and workers, are kept."""
+    from specgen.host.machine import build_id, cpu_flags
+
+    files = [target.path] if draft is None else [target.path, draft.path]
+    machine = [
+        cpu_flags(),
+        build_id(),
+        target.n_threads,
+        draft.n_threads if draft else 0,
+        options.target_gpu_layers,
+        options.draft_gpu_layers,
+        list(options.workers),
+        options.local_head,
+    ]
+    return store.path(
+        "costs", _costs_prefix(files) + store.text_key(json.dumps(machine, default=str))
+    )
+
+
+def _costs_prefix(files: list[Path]) -> str:
+    """The part of a costs file's name that names the model files (the rest: the machine)."""
+    return store.file_key(*files) + "-"
+
+
+def remembered_costs(target: Path, draft: Path | None) -> CostBook | None:
+    """The costs last kept for these files on this machine, whatever the threads and layers
+    (``doctor`` reads them); None where no run kept any."""
+    pattern = store.path(
+        "costs", _costs_prefix([target] if draft is None else [target, draft]) + "*"
+    )
+    kept = sorted(pattern.parent.glob(pattern.name), key=lambda f: f.stat().st_mtime)
+    return load_costs(kept[-1]) if kept else None
+
+
+def load_costs(path: Path | None) -> CostBook:
+    """The costs an earlier process kept at ``path`` (none, or unreadable: start afresh)."""
+    if path is None:
+        return CostBook()
+    try:
+        return CostBook.restore(store.read_json(path, {}))
+    except (ValueError, TypeError, AttributeError):
+        return CostBook()
+
+
+def open_pair(
+    decision: Decision, options: PairOptions, progress: bool = True, snapshots: int | None = None
+) -> Pair:
+    """The pair a decision runs: its files fetched (with progress on stderr where ``progress``)
+    and converted, the CPU self-test passed, both models loaded. A recurrent target keeps the
+    snapshots its K needs (``lookahead.snapshots_for``), or ``snapshots`` (bench: its largest K).
+    """
+    from specgen.models.registry import resolve
+    from specgen.models.selftest import ensure_cpu_works
+
+    target_path = resolve(decision.choice.target, progress=progress)
+    draft_path = resolve(decision.draft, progress=progress) if decision.draft else None
+    ensure_cpu_works([p for p in (target_path, draft_path) if p is not None])
+    window = snapshots_for(decision.lookahead, decision.mtp) if snapshots is None else snapshots
+    return load_pair(
+        target_path,
+        draft_path,
+        replace(options, workers=decision.choice.workers, mtp=decision.mtp, rollback_window=window),
+        ngram=decision.ngram,
+    )
+
+
+def load_pair(
+    target: str | Path, draft: str | Path | None, options: PairOptions, ngram: bool = False
+) -> Pair:
+    """Load both models with the same context size, each with its own threads and GPU layers.
+
+    Loading runs where Ctrl-C ends it at once (``specgen.host.interrupts``).
+    """
+    pair = interruptible(lambda: _load(target, draft, options, ngram), "loading the models")
+    if ngram and options.lookup_cache:
+        pair.keep_lookups(options.lookup_file)
+    return pair
+
+
+def _load(target: str | Path, draft: str | Path | None, options: PairOptions, ngram: bool) -> Pair:
+    from specgen.backend import ModelOptions
+
+    backend = BACKEND
+    target_path = _existing(target, "target")
+    target_header = read_header(target_path)
+    check_loadable(target_path, target_header, "target", options.mtp)
+    if draft is not None and options.mtp:
+        raise UserError("a pair drafts with a draft model or with its target's MTP head, not both")
+    if draft is not None:
+        draft_path = _existing(draft, "draft")
+        draft_header = read_header(draft_path)
+        check_loadable(draft_path, draft_header, "draft", False)
+        check_headers_fit(target_path, draft_path, (target_header, draft_header))
+    target_model = backend.load(
+        target_path,
+        ModelOptions(
+            options.n_ctx,
+            options.target_threads,
+            options.target_gpu_layers,
+            workers=options.workers,
+            local_head=options.local_head,
+            rollback_window=options.rollback_window,
+            mtp=options.mtp,
+        ),
+        options.verbose,
+    )
+    if draft is None:
+        head = backend.attach_mtp(target_model) if options.mtp else None
+        return Pair(
+            target_model,
+            None,
+            ngram,
+            costs_path(target_model, None, options),
+            backend.clock,
+            head=head,
+            busy=backend.busy,
+        )
+    draft_model = backend.load(
+        draft_path,
+        # A draft model drafts one token a decode: its rollbacks span decodes, which snapshots
+        # cannot cover, so a recurrent draft rolls back by checkpoint and keeps none.
+        ModelOptions(target_model.n_ctx, options.draft_threads, options.draft_gpu_layers),
+        options.verbose,
+    )
+    check_fit(target_model, draft_model)
+    return Pair(
+        target_model,
+        draft_model,
+        ngram,
+        costs_path(target_model, draft_model, options),
+        backend.clock,
+        busy=backend.busy,
+    )
+
+
+def read_header(path: Path) -> gguf.Header | None:
+    """A file's GGUF header with its tensor names, read once for every check before loading;
+    None where it cannot be read (llama.cpp then fails on the file with an error)."""
+    try:
+        return gguf.read_local(str(path), tensors=True)
+    except (OSError, gguf.GGUFError):
+        return None
+
+
+def check_loadable(path: Path, header: gguf.Header | None, role: str, mtp: bool) -> None:
+    """Refuse, from its header, a file that would make llama.cpp abort the process, and an MTP
+    head asked of a target without one. A file whose header cannot be read is left to
+    llama.cpp, which fails on it with an error, not an abort."""
+    if header is None:
+        if mtp:
+            raise UserError(f"{path.name}: cannot read its GGUF header to find its MTP layers")
+        return
+    found = arch.layout(header)
+    if mtp and found.mtp_layers == 0:
+        raise UserError(
+            f"{path.name} has no MTP layers (no tensor blk.N.nextn.eh_proj.weight) to draft "
+            f"with; give a --draft model, or --draft ngram"
+        )
+    if role == "draft" and "assistant" in found.architecture:
+        raise UserError(
+            f"{path.name} is a {found.architecture} drafter, which shares the target's cache; "
+            f"llama-cpp-python cannot drive that yet: draft with a small model of the family "
+            f"(Gemma 4 E2B), or --draft ngram"
+        )
+    problem = arch.load_problem(found, mtp)
+    if problem:
+        raise UserError(f"{role} {path.name}: {problem}")
+
+
+def _existing(path: str | Path, role: str) -> Path:
+    resolved = Path(path).expanduser()
+    if resolved.is_dir():
+        raise UserError(f"{role} model {resolved} is a folder: give the path of a .gguf file")
+    if not resolved.is_file():
+        raise UserError(f"{role} model not found: {resolved} (give the path of a .gguf file)")
+    return resolved

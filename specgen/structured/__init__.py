@@ -1,0 +1,1 @@
+"""Structured output: grammars (JSON Schema, regex, Lark) and tool calls."""
