@@ -9,7 +9,9 @@ backend runs the same on fakes.
 
 from __future__ import annotations
 
+import importlib
 import json
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -79,8 +81,22 @@ def _decode_seconds() -> float:
     return decode_seconds()
 
 
-# llama.cpp and the wall clock, unless a test swaps in fakes.
-BACKEND = Backend(_llama, busy=_decode_seconds)
+def chosen_backend() -> Backend:
+    """llama.cpp and the wall clock, unless ``SPECGEN_BACKEND`` names another as
+    ``module:attribute`` (a ``Backend``, or a function that makes one): how a test runs the
+    command line in a subprocess on fakes, as simonw/llm registers its mock model."""
+    named = os.environ.get("SPECGEN_BACKEND")
+    if not named:
+        return Backend(_llama, busy=_decode_seconds)
+    module, _, attribute = named.partition(":")
+    found = getattr(importlib.import_module(module), attribute)
+    backend = found if isinstance(found, Backend) else found()
+    assert isinstance(backend, Backend), f"SPECGEN_BACKEND={named} is not a Backend"
+    return backend
+
+
+# llama.cpp and the wall clock, unless a test swaps in fakes (in-process, or SPECGEN_BACKEND).
+BACKEND = chosen_backend()
 
 
 @dataclass(frozen=True)
