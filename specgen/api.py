@@ -14,64 +14,61 @@ printed, errors are raised (``specgen.errors``), and the caller decides what to 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Set as AbstractSet
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from specgen.core.sampling import DEFAULT_SAMPLING, SamplingParams
-from specgen.engine import DEFAULT_MAX_TOKENS, GenerationConfig, TextChunk
+from specgen.core.sampling import DEFAULT_SAMPLING
+from specgen.engine import GenerationConfig, TextChunk
 from specgen.errors import UsageError
 from specgen.lookahead import Lookahead
+from specgen.session.batch import BatchTally
 from specgen.session.generate import Prompt, Result
 from specgen.session.pair import Pair, PairOptions
-from specgen.structured.grammar import Grammar, LogitBias, from_request
-from specgen.structured.tools import Plan, Tool, ToolChoice, syntax_for
+from specgen.session.prompts import BatchItem
+from specgen.stats import Stats
+from specgen.structured.grammar import LogitBias, from_request
+from specgen.structured.tools import Tool, ToolChoice, ToolPlan, syntax_for
 
-
-@dataclass(frozen=True)
-class Settings:
-    """One request's generation settings (``specgen run``'s defaults)."""
-
-    max_tokens: int = DEFAULT_MAX_TOKENS
-    temperature: float = DEFAULT_SAMPLING.temperature
-    top_k: int = DEFAULT_SAMPLING.top_k
-    top_p: float = DEFAULT_SAMPLING.top_p
-    min_p: float = DEFAULT_SAMPLING.min_p
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    constraint: Grammar | None = None  # what the output must match (``specgen.structured.grammar``)
-    logit_bias: LogitBias | None = None  # added to the target's logits and the draft's
-    logprobs: int | None = None  # each token's log-probability, with this many alternatives
-    keep_text: tuple[tuple[int, bytes], ...] = ()  # special tokens printed as their text
-
-    def config(self, lookahead: Lookahead) -> GenerationConfig:
-        sampling = SamplingParams(self.temperature, self.top_k, self.top_p, self.min_p)
-        return GenerationConfig(
-            lookahead=lookahead,
-            sampling=sampling,
-            max_tokens=self.max_tokens,
-            stop=self.stop,
-            seed=self.seed,
-            grammar=self.constraint,
-            logit_bias=self.logit_bias,
-            logprobs=self.logprobs,
-            keep_text=self.keep_text,
-        )
+# One generation's settings, the one shape from a request to the engine: the sampling, the
+# token limit, stop strings, the seed, a grammar the output must match, the logit bias,
+# log-probabilities, and K where a generation asks for another than the pair's.
+Settings = GenerationConfig
+# ``specgen run``'s defaults.
+DEFAULT_SETTINGS = Settings()
 
 
 class Specgen:
-    """A loaded draft/target pair, ready to generate; one generation at a time.
+    """A loaded draft/target pair, ready to generate: the one library object that ``specgen
+    run``, batches, ``bench`` and ``serve`` all go through. Nothing is printed, unless
+    ``progress``; errors are raised (``specgen.errors``).
 
-    ``progress`` shows download and conversion progress on stderr (the CLI's ``serve`` does);
-    otherwise nothing is printed. ``from_bench`` takes K (and the way of drafting) from what
-    ``specgen bench`` found best for these models on this machine at sampling temperatures,
-    unless ``lookahead``, ``ngram`` or ``draft="ngram"`` says otherwise (``self.note`` says
-    so). ``rpc`` (``"host:port,..."``) puts the target's layers on `specgen worker`s; a worker
-    that dies mid-generation ends the process with one line (ggml aborts; nothing can be
-    caught). ``lookup_cache``: prompt lookup keeps what earlier generations read and wrote for
-    guesses across requests (False: not; a path: kept in that file between processes, and
-    ``self.pair.notes`` says when it could not be read)."""
+    Args:
+        pair, target, draft: the models (a pair from models.toml, or files and Hub specs);
+            ``draft="ngram"`` drafts by prompt lookup alone.
+        lookahead: K (0: the target alone; ``"auto"``: chosen each cycle); None: what bench
+            found (where ``from_bench``), else the pair's own, else ``auto``.
+        ngram, mtp: prompt lookup beside the draft; the target's own MTP head (None: the pair's).
+        n_ctx, threads, gpu_layers: the context and the target's threads and GPU layers;
+            ``draft_threads`` and ``draft_gpu_layers`` the draft's (None: the same).
+        draft_p_min: the draft model's floor on q: a guess below it ends the draft.
+        chat: chat template or raw text for a text prompt (None: the pair's, else the GGUF's).
+        from_bench: take K (and the way of drafting) from what ``specgen bench`` found best for
+            these models here, at the default temperature (True) or at this one (a float),
+            unless ``lookahead``, ``ngram`` or ``draft="ngram"`` says otherwise; ``self.note``
+            says where K came from (with ``explain_alone``, also that a target with nothing to
+            draft runs alone).
+        keep_draft: load the draft model even at K=0 (bench runs every K on one pair).
+        snapshots: a recurrent target's snapshots (None: what its K needs).
+        rpc, rpc_local_head: put the target's layers on `specgen worker`s (``"host:port,..."``);
+            a worker that dies mid-generation ends the process with one line (ggml aborts).
+        lookup_cache: prompt lookup keeps what earlier generations read and wrote for guesses
+            across requests (False: not; a path: kept in that file between processes, and
+            ``self.pair.notes`` says when it could not be read).
+        progress: show download and conversion progress on stderr.
+    """
 
     def __init__(
         self,
@@ -85,11 +82,16 @@ class Specgen:
         n_ctx: int = 0,
         threads: int = 0,
         gpu_layers: int = -1,
+        draft_threads: int | None = None,
+        draft_gpu_layers: int | None = None,
         draft_p_min: float = 0.0,
         chat: bool | None = None,
         verbose: bool = False,
         progress: bool = False,
-        from_bench: bool = False,
+        from_bench: bool | float = False,
+        explain_alone: bool = False,
+        keep_draft: bool = False,
+        snapshots: int | None = None,
         rpc: str | None = None,
         rpc_local_head: bool = True,
         lookup_cache: bool | str | Path = True,
@@ -97,6 +99,10 @@ class Specgen:
         from specgen.session.decide import decide
         from specgen.session.pair import open_pair
 
+        if from_bench is False:
+            bench_temperature = None
+        else:
+            bench_temperature = DEFAULT_SAMPLING.temperature if from_bench is True else from_bench
         decision = decide(
             pair,
             None if target is None else str(target),
@@ -107,23 +113,39 @@ class Specgen:
             rpc=rpc,
             threads=threads,
             gpu_layers=gpu_layers,
-            bench_temperature=Settings.temperature if from_bench else None,
+            bench_temperature=bench_temperature,
+            explain_alone=explain_alone,
+            keep_draft=keep_draft,
         )
-        options = replace(
-            PairOptions.for_both(n_ctx, threads, gpu_layers, verbose, rpc_local_head),
+        options = PairOptions(
+            n_ctx=n_ctx,
+            target_threads=threads,
+            draft_threads=threads if draft_threads is None else draft_threads,
+            target_gpu_layers=gpu_layers,
+            draft_gpu_layers=gpu_layers if draft_gpu_layers is None else draft_gpu_layers,
+            verbose=verbose,
+            local_head=rpc_local_head,
             lookup_cache=lookup_cache is not False,
             lookup_file=None if isinstance(lookup_cache, bool) else Path(lookup_cache),
+            draft_p_min=draft_p_min,
         )
         self.decision = decision
         self.choice = decision.choice
         self.note = decision.note
-        self.pair: Pair = open_pair(decision, options, progress=progress)
-        self.lookahead: Lookahead = decision.lookahead
-        self.draft_p_min = draft_p_min
+        self.pair: Pair = open_pair(decision, options, progress=progress, snapshots=snapshots)
         self.target_path = self.pair.target.path
         self.draft_path = self.pair.draft.path if self.pair.draft else None
         self._chat = chat
         self.last: Result | None = None
+
+    @property
+    def lookahead(self) -> Lookahead:
+        """K for every generation that does not ask for another (the loaded pair's)."""
+        return self.pair.lookahead
+
+    @property
+    def draft_p_min(self) -> float:
+        return self.pair.draft_p_min
 
     @property
     def name(self) -> str:
@@ -140,27 +162,28 @@ class Specgen:
     def stream_events(
         self,
         prompt: Prompt,
-        settings: Settings = Settings(),
+        settings: Settings = DEFAULT_SETTINGS,
         *,
         system: str | None = None,
         reuse_prefix: bool = False,
         cancelled: Callable[[], bool] | None = None,
         chat: bool | None = None,
         tools: Sequence[dict[str, Any]] | None = None,
+        stats: Stats | None = None,
     ) -> Iterator[TextChunk | Result]:
         """Text pieces (``TextChunk``) as they are accepted, then the ``Result``; ``tools``
         (OpenAI's shape) go to the chat template (``tool_plan`` says which, and how the
-        answer reads)."""
+        answer reads); ``stats``: this object's ``new_stats(settings)``, to watch live."""
         from specgen.session.generate import stream
 
         use_chat = self.wants_chat(prompt, system) if chat is None else chat
         for item in stream(
             self.pair,
             prompt,
-            settings.config(self.lookahead),
+            settings,
             chat=use_chat,
             system=system,
-            draft_p_min=self.draft_p_min,
+            stats=stats,
             reuse_prefix=reuse_prefix,
             cancelled=cancelled,
             tools=tools,
@@ -169,14 +192,70 @@ class Specgen:
                 self.last = item
             yield item
 
-    def tool_plan(self, tools: Sequence[Tool], choice: ToolChoice, parallel: bool = True) -> Plan:
+    def new_stats(self, settings: Settings = DEFAULT_SETTINGS) -> Stats:
+        """Empty statistics for one generation with ``settings`` (for a live view to watch)."""
+        return self.pair.engine().new_stats(settings)
+
+    def run(
+        self,
+        prompt: Prompt,
+        settings: Settings = DEFAULT_SETTINGS,
+        *,
+        system: str | None = None,
+        chat: bool | None = None,
+        stats: Stats | None = None,
+        on_text: Callable[[str], None] | None = None,
+    ) -> Result:
+        """One whole generation, ``on_text`` getting each piece as it is accepted; Ctrl-C ends
+        it with the text so far (``Result.interrupted``) instead of raising."""
+        from specgen.session.generate import generate
+
+        use_chat = self.wants_chat(prompt, system) if chat is None else chat
+        result = generate(
+            self.pair, prompt, settings, chat=use_chat, system=system, stats=stats, on_text=on_text
+        )
+        self.last = result
+        return result
+
+    def batch(
+        self,
+        items: Iterable[BatchItem],
+        settings: Settings,
+        *,
+        write: Callable[[dict[str, object]], None],
+        system: str | None = None,
+        chat: bool | None = None,
+        skip: AbstractSet[str] = frozenset(),
+        on_progress: Callable[[BatchTally], None] | None = None,
+        total: int = 0,
+    ) -> BatchTally:
+        """Every item of a batch, one record each to ``write`` as it finishes
+        (``specgen.session.batch``); ``settings`` are each item's defaults."""
+        from specgen.session.batch import run_batch
+
+        use_chat = self.wants_chat("", system) if chat is None else chat
+        return run_batch(
+            self.pair,
+            items,
+            settings,
+            chat=use_chat,
+            system=system,
+            write=write,
+            skip=skip,
+            on_progress=on_progress,
+            total=total,
+        )
+
+    def tool_plan(
+        self, tools: Sequence[Tool], choice: ToolChoice, parallel: bool = True
+    ) -> ToolPlan:
         """How this target calls ``tools``: the syntax its chat template teaches, with the
         markers its vocabulary holds as special tokens (``specgen.structured.tools``)."""
         from specgen.session.generate import special_tokens
 
         syntax = syntax_for(self.pair.target.chat_template())
         markers = special_tokens(self.pair.target, syntax.markers) if tools else {}
-        return Plan(syntax, tuple(tools), choice, parallel, markers)
+        return ToolPlan(syntax, tuple(tools), choice, parallel, markers)
 
     def stream(
         self, prompt: Prompt, *, system: str | None = None, **settings: Any
@@ -196,22 +275,29 @@ class Specgen:
 
 
 CONSTRAINTS = ("json_schema", "grammar", "format", "response_format")
+SAMPLING = ("temperature", "top_k", "top_p", "min_p")
 
 
 def _settings(given: dict[str, Any]) -> Settings:
-    """``Settings`` from keyword arguments; ``stop`` may be one text or several; the output's
-    constraint is ``json_schema`` (a dict or JSON text), ``grammar`` (GBNF), ``format="json"``
-    or ``response_format`` (OpenAI's), at most one."""
+    """``Settings`` from keyword arguments: ``temperature``, ``top_k``, ``top_p``, ``min_p``
+    (the rest as ``run``'s defaults), ``max_tokens``, ``seed``, ``stop`` (one text or
+    several), ``logit_bias`` (a mapping), ``logprobs``, ``lookahead``; the output's constraint
+    is ``json_schema`` (a dict or JSON text), ``grammar`` (GBNF), ``format="json"`` or
+    ``response_format`` (OpenAI's), at most one."""
     stop = given.get("stop")
     if stop is not None:
         given = {**given, "stop": (stop,) if isinstance(stop, str) else tuple(stop)}
+    given = dict(given)
     asked = {k: given.pop(k) for k in CONSTRAINTS if k in given}
     if asked:
-        given = {**given, "constraint": from_request(asked)}
+        given["grammar"] = from_request(asked)
+    sampling = {k: given.pop(k) for k in SAMPLING if k in given}
+    if sampling:
+        given["sampling"] = replace(DEFAULT_SAMPLING, **sampling)
     bias = given.get("logit_bias")
     if isinstance(bias, dict):
         try:
             given = {**given, "logit_bias": LogitBias.from_mapping(bias)}
         except ValueError as err:
             raise UsageError(str(err)) from err
-    return replace(Settings(), **given)
+    return Settings(**given)

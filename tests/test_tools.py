@@ -114,7 +114,7 @@ def test_a_call_that_does_not_parse_comes_back_as_text(family) -> None:
         .replace("</parameter>\n<parameter=days>", "<parameter=days>")  # XML
         .replace("</function>", "", 1)
     )
-    plan = T.Plan(SYNTAX[family], TOOLS, T.ToolChoice("auto"))
+    plan = T.ToolPlan(SYNTAX[family], TOOLS, T.ToolChoice("auto"))
     content, calls = plan.parse(broken)
     assert content is not None and "Par" in content
     assert all(c.name != "get_weather" for c in calls)
@@ -130,7 +130,7 @@ def test_what_streams_is_a_prefix_of_the_whole_answer(family, seed) -> None:
         if generic
         else ANSWERS[family]
     )
-    plan = T.Plan(syntax, TOOLS, T.ToolChoice("auto"))
+    plan = T.ToolPlan(syntax, TOOLS, T.ToolChoice("auto"))
     whole_content, whole_calls = plan.parse(text)
     reader = plan.stream()
     rng = random.Random(seed)
@@ -155,6 +155,52 @@ def test_what_streams_is_a_prefix_of_the_whole_answer(family, seed) -> None:
     assert [c.id for c in reader.calls] == [calls[i]["id"] for i in sorted(calls)]
     if family == "hermes":  # JSON arguments stream in fragments, not only once whole
         assert sum(1 for d in deltas for p in d.tool_calls if p["function"]["arguments"]) > 2
+
+
+RESPONSE = '{"response": "It is \\"sunny\\", 18\\u00b0C \\u2014 and dry."}'
+
+
+@pytest.mark.parametrize("family", [*sorted(ANSWERS), "generic", "llama3"])
+def test_scanning_on_from_where_the_text_settled_reads_as_parsing_it_all_again(family) -> None:
+    syntax = {"generic": T.Generic(), "llama3": T.Llama3()}.get(family) or SYNTAX[family]
+    answers = {
+        "generic": [RESPONSE, '{"response": "a bad \\x escape"}'],
+        "llama3": ['<|python_tag|>{"name": "get_time", "parameters": {"zone": "CET"}}'],
+    }.get(family) or [ANSWERS[family], ANSWERS[family].replace("Paris", 'Par"is') + " <tool_c"]
+    for text in answers:
+        at, content, calls = 0, "", []
+        for end in range(len(text) + 1):
+            scan = syntax.scan(text[:end], at, TOOLS)
+            whole = syntax.parse(text[:end], TOOLS, final=False)
+            assert content + scan.parsed.content == whole.content
+            assert calls + scan.parsed.calls == whole.calls
+            if scan.settled > at:
+                at, content = scan.settled, content + scan.parsed.content
+                calls += scan.parsed.calls[: scan.whole]
+
+
+@pytest.mark.parametrize("family", ["hermes", "mistral", "generic"])
+def test_each_streamed_piece_reads_only_the_text_not_yet_settled(family) -> None:
+    """So a stream costs what is new in each piece, not the whole answer again."""
+    if family == "generic":
+        opening = len('{"response": "')  # read again until it is whole; then an escape at most
+        syntax, text, longest = T.Generic(), RESPONSE.replace("dry.", "dry. " * 400), opening
+    else:
+        syntax, text = SYNTAX[family], ANSWERS[family] * 20
+        # a call and its marker, and (without an end marker) the next marker that ends it
+        longest = max(len(block) for block in text.split(syntax.start)) + 2 * len(syntax.start)
+    unread: list[int] = []
+    scan = syntax.scan
+
+    def spy(text: str, at: int, tools):
+        unread.append(len(text) - at)
+        return scan(text, at, tools)
+
+    syntax.scan = spy  # type: ignore[method-assign]
+    reader = T.ToolPlan(syntax, TOOLS, T.ToolChoice("auto")).stream()
+    streamed = [reader.feed(c) for c in text]
+    assert len(unread) == len(text) and max(unread) <= longest < len(text) // 10
+    assert sum(len(d.tool_calls) for d in streamed) >= (0 if family == "generic" else 40)
 
 
 def test_tools_and_tool_choice_are_read_as_openai_sends_them() -> None:
@@ -212,7 +258,7 @@ HISTORY = [
 
 
 def test_a_native_template_gets_the_tools_and_the_calls_as_objects() -> None:
-    plan = T.Plan(T.syntax_for(HERMES_TEMPLATE), TOOLS, T.ToolChoice("auto"))
+    plan = T.ToolPlan(T.syntax_for(HERMES_TEMPLATE), TOOLS, T.ToolChoice("auto"))
     text = render_chat(HERMES_TEMPLATE, plan.messages(HISTORY), tools=plan.template_tools())
     # the schema as plain JSON (Jinja's own tojson would write \u003c for "<")
     assert json.dumps(WEATHER.as_openai()) in text
@@ -225,7 +271,7 @@ def test_a_template_without_tools_gets_them_described_and_the_history_as_text() 
         "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
         "{% endfor %}<|im_start|>assistant\n"
     )
-    plan = T.Plan(T.syntax_for(template), TOOLS, T.ToolChoice("required"))
+    plan = T.ToolPlan(T.syntax_for(template), TOOLS, T.ToolChoice("required"))
     assert plan.template_tools() is None
     messages = plan.messages(HISTORY)
     assert messages[0]["role"] == "system" and "get_weather" in messages[0]["content"]
@@ -272,10 +318,10 @@ def test_each_grammar_takes_its_own_calls_and_refuses_others(vocab, family) -> N
     calls_only = answer.removeprefix("Let me look.")
     if family == "qwen-xml":  # its grammar writes the newline after each block it closes
         calls_only = calls_only.replace("</function>\n</tool_call>\n", "</function>\n</tool_call>")
-    auto = T.Plan(syntax, TOOLS, T.ToolChoice("auto")).grammar()
-    required = T.Plan(syntax, TOOLS, T.ToolChoice("required")).grammar()
-    one = T.Plan(syntax, TOOLS, T.ToolChoice("required"), parallel=False).grammar()
-    named = T.Plan(syntax, TOOLS, T.ToolChoice("named", "get_time")).grammar()
+    auto = T.ToolPlan(syntax, TOOLS, T.ToolChoice("auto")).grammar()
+    required = T.ToolPlan(syntax, TOOLS, T.ToolChoice("required")).grammar()
+    one = T.ToolPlan(syntax, TOOLS, T.ToolChoice("required"), parallel=False).grammar()
+    named = T.ToolPlan(syntax, TOOLS, T.ToolChoice("named", "get_time")).grammar()
     assert accepts(vocab, auto, answer)
     assert accepts(vocab, auto, "No call needed: it is sunny.")
     assert accepts(vocab, required, calls_only)
@@ -293,11 +339,11 @@ def test_each_grammar_takes_its_own_calls_and_refuses_others(vocab, family) -> N
 
 def test_llama3_and_generic_grammars(vocab) -> None:
     call = '{"name": "get_weather", "parameters": {"city": "Paris"}}'
-    llama = T.Plan(T.Llama3(), TOOLS, T.ToolChoice("auto")).grammar()
+    llama = T.ToolPlan(T.Llama3(), TOOLS, T.ToolChoice("auto")).grammar()
     assert accepts(vocab, llama, call) and accepts(vocab, llama, "It is sunny.")
     assert not accepts(vocab, llama, '{"name": "get_weather", "parameters": {}}')
-    generic = T.Plan(T.Generic(), TOOLS, T.ToolChoice("auto")).grammar()
-    required = T.Plan(T.Generic(), TOOLS, T.ToolChoice("required")).grammar()
+    generic = T.ToolPlan(T.Generic(), TOOLS, T.ToolChoice("auto")).grammar()
+    required = T.ToolPlan(T.Generic(), TOOLS, T.ToolChoice("required")).grammar()
     calls = '{"tool_calls": [{"name": "get_time", "arguments": {"zone": "CET"}}]}'
     assert accepts(vocab, generic, calls) and accepts(vocab, required, calls)
     assert accepts(vocab, generic, '{"response": "sunny"}')
@@ -313,7 +359,7 @@ def test_markers_the_vocabulary_holds_as_special_tokens_must_be_those_tokens(voc
     # As if "<tool_call>" were that special token: the grammar then takes the token, not
     # the same text spelt out in pieces.
     markers = {"<tool_call>": 1}
-    grammar = T.Plan(T.Hermes(), TOOLS, T.ToolChoice("required"), markers=markers).grammar()
+    grammar = T.ToolPlan(T.Hermes(), TOOLS, T.ToolChoice("required"), markers=markers).grammar()
     call = '<tool_call>\n{"name": "get_time", "arguments": {"zone": "CET"}}\n</tool_call>'
     assert accepts(vocab, grammar, call, markers)
     assert not accepts(vocab, grammar, call)
@@ -322,11 +368,11 @@ def test_markers_the_vocabulary_holds_as_special_tokens_must_be_those_tokens(voc
 def test_a_tool_schema_that_gives_no_grammar_is_one_line() -> None:
     bad = T.Tool("f", "", {"type": "object", "properties": {"x": {"type": "no-such-type"}}})
     with pytest.raises(UsageError, match="the tools' schemas give no usable grammar"):
-        T.Plan(T.Hermes(), (bad,), T.ToolChoice("required")).grammar()
+        T.ToolPlan(T.Hermes(), (bad,), T.ToolChoice("required")).grammar()
 
 
 def test_a_call_cut_short_by_max_tokens_comes_back_as_the_text_so_far() -> None:
-    plan = T.Plan(T.Hermes(), TOOLS, T.ToolChoice("required"))
+    plan = T.ToolPlan(T.Hermes(), TOOLS, T.ToolChoice("required"))
     cut = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa'
     assert plan.parse(cut) == (cut, [])
 
@@ -336,11 +382,12 @@ def test_a_tool_takes_only_the_arguments_it_declares_unless_its_schema_says_othe
 ) -> None:
     open_tool = T.Tool("f", "", {"type": "object", "properties": {"a": {"type": "integer"}}})
     extra = '<tool_call>\n{"name": "f", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
-    closed = T.Plan(T.Hermes(), (open_tool,), T.ToolChoice("required")).grammar()
+    closed = T.ToolPlan(T.Hermes(), (open_tool,), T.ToolChoice("required")).grammar()
     assert not accepts(vocab, closed, extra)
     assert accepts(vocab, closed, extra.replace(', "b": 2', ""))
     said = T.Tool("f", "", {**open_tool.parameters, "additionalProperties": True})
-    assert accepts(vocab, T.Plan(T.Hermes(), (said,), T.ToolChoice("required")).grammar(), extra)
+    opened = T.ToolPlan(T.Hermes(), (said,), T.ToolChoice("required")).grammar()
+    assert accepts(vocab, opened, extra)
 
 
 WEIRD = [

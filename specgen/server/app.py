@@ -36,7 +36,7 @@ from specgen.server.openai import (
 )
 from specgen.server.queue import GenerationQueue, Generator, Job
 from specgen.session.generate import Prompt, Result
-from specgen.structured.tools import Delta, Plan
+from specgen.structured.tools import Delta, ToolPlan
 
 MAX_BODY = 1 << 20
 # How often a non-streaming request looks for its client having gone away.
@@ -95,7 +95,7 @@ def create_app(
         body: SamplingRequest,
         prompt: Prompt,
         chat: bool,
-        plan: Plan | None = None,
+        plan: ToolPlan | None = None,
     ) -> Response:
         # /v1/completions sends the prompt as it is, as OpenAI's and llama.cpp's servers do
         settings = body.settings(default_max_tokens)
@@ -104,7 +104,7 @@ def create_app(
                 constraint = plan.grammar()
             except UsageError as err:
                 raise ApiError(400, str(err), code="invalid_value") from err
-            settings = replace(settings, constraint=constraint, keep_text=plan.keep_text())
+            settings = replace(settings, grammar=constraint, keep_text=plan.keep_text())
         tools = plan.template_tools() if plan is not None else None
         job = Job(prompt, settings, threading.Event(), chat, tools)
         kind = "chat.completion" if chat else "text_completion"
@@ -178,7 +178,7 @@ async def _sse(
     model: str,
     chat: bool,
     metrics: Metrics,
-    plan: Plan | None = None,
+    plan: ToolPlan | None = None,
 ) -> AsyncIterator[bytes]:
     """Server-sent events: one chunk per piece of text (with tools: content until a call
     begins, then the calls' deltas), a final chunk with the finish reason, usage and timings,

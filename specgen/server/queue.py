@@ -17,7 +17,7 @@ from specgen.api import Settings
 from specgen.engine import TextChunk
 from specgen.server.openai import ApiError
 from specgen.session.generate import Prompt, Result
-from specgen.structured.tools import Plan, Tool, ToolChoice
+from specgen.structured.tools import Tool, ToolChoice, ToolPlan
 
 
 class Generator(Protocol):
@@ -40,7 +40,7 @@ class Generator(Protocol):
 
     def tool_plan(
         self, tools: Sequence[Tool], choice: ToolChoice, parallel: bool = True
-    ) -> Plan: ...
+    ) -> ToolPlan: ...
 
 
 @dataclass

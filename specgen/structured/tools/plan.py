@@ -1,0 +1,139 @@
+"""One request's tools (``ToolPlan``): the syntax its model writes, what the chat template and
+the prompt get, the grammar the output must match, and how the answer is read back, whole or
+as it streams."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from specgen.errors import UsageError
+from specgen.structured.grammar import Grammar, checked
+from specgen.structured.tools.generic import Generic
+from specgen.structured.tools.request import Tool, ToolCall, ToolChoice, new_call_id
+from specgen.structured.tools.stream import ToolStream
+from specgen.structured.tools.syntax import Syntax
+
+
+@dataclass(frozen=True)
+class ToolPlan:
+    """One request's tools: the syntax, what the prompt gets, what the output must match, and
+    how the text is read back. ``markers``: the syntax's markers that the vocabulary holds as
+    single special tokens (text -> token id), which the grammar writes as those tokens and the
+    output keeps as their text."""
+
+    syntax: Syntax
+    tools: tuple[Tool, ...]
+    choice: ToolChoice
+    parallel: bool = True
+    markers: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def active(self) -> bool:
+        return bool(self.tools) and self.choice.mode != "none"
+
+    def keep_text(self) -> tuple[tuple[int, bytes], ...]:
+        """The special-token markers the output prints as their text, so the parser sees them
+        (``GenerationConfig.keep_text``)."""
+        return tuple((token, text.encode()) for text, token in self.markers.items())
+
+    def template_tools(self) -> list[dict[str, Any]] | None:
+        """The ``tools`` the chat template renders (none for ``none`` or the generic form)."""
+        if not self.active or not self.syntax.native:
+            return None
+        return [t.as_openai() for t in self.tools]
+
+    def grammar(self) -> Grammar | None:
+        """What the output must match (compiled once: a bad tool schema is said here)."""
+        if not self.active:
+            return None
+
+        def lit(text: str) -> str:
+            token = self.markers.get(text)
+            return f"<[{token}]>" if token is not None else json.dumps(text)
+
+        try:
+            return checked(
+                Grammar("lark", self.syntax.grammar(self.tools, self.choice, self.parallel, lit))
+            )
+        except UsageError as err:
+            raise UsageError(f"the tools' schemas give no usable grammar: {err}") from err
+
+    def messages(self, messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """The conversation as the chat template takes it: tool calls with their arguments as
+        objects and a null content as "". A template without tools (the generic form) gets them
+        described in the system message, calls written as the JSON the model answers with, and
+        results as the user's turn (one turn for results in a row)."""
+        out: list[dict[str, Any]] = []
+        results: list[bool] = []  # whether out[i] holds tool results
+        for message in messages:
+            item = dict(message)
+            if item.get("content") is None:
+                item["content"] = ""
+            if item.get("tool_calls"):
+                item["tool_calls"] = [_call_for_template(c) for c in item["tool_calls"]]
+            result = item.get("role") == "tool"
+            if not self.syntax.native:
+                item = _as_text(item)
+                if result and results and results[-1]:
+                    out[-1]["content"] += "\n" + item["content"]
+                    continue
+            out.append(item)
+            results.append(result)
+        if self.active and isinstance(self.syntax, Generic):
+            text = self.syntax.instructions(self.tools, self.choice)
+            if out and out[0]["role"] == "system":
+                out[0] = {**out[0], "content": f"{out[0]['content']}\n\n{text}"}
+            else:
+                out.insert(0, {"role": "system", "content": text})
+        return out
+
+    def parse(self, text: str) -> tuple[str | None, list[ToolCall]]:
+        """The final text's content (None when it is only calls) and its calls, with new ids."""
+        if not self.active:
+            return text, []
+        parsed = self.syntax.parse(text, self.tools, final=True)
+        calls = [
+            ToolCall(new_call_id(), c.name, c.arguments)
+            for c in parsed.calls
+            if c.name is not None and c.arguments is not None
+        ]
+        content = parsed.content if parsed.content.strip() or not calls else None
+        return content, calls
+
+    def stream(self) -> ToolStream:
+        return ToolStream(self.syntax, self.tools)
+
+
+def _call_for_template(call: Any) -> dict[str, Any]:
+    """An OpenAI tool call with its arguments as an object (what templates index into)."""
+    if not isinstance(call, dict) or not isinstance(call.get("function"), dict):
+        return call if isinstance(call, dict) else {}
+    function = dict(call["function"])
+    arguments = function.get("arguments")
+    if isinstance(arguments, str):
+        try:
+            function["arguments"] = json.loads(arguments)
+        except json.JSONDecodeError:
+            pass
+    return {**call, "type": call.get("type", "function"), "function": function}
+
+
+def _as_text(item: dict[str, Any]) -> dict[str, Any]:
+    """A message for a template without tools: calls as the generic JSON, results as user text."""
+    if item.get("role") == "tool":
+        name = item.get("name") or item.get("tool_call_id") or "the tool"
+        return {"role": "user", "content": f"The result of {name}: {item['content']}"}
+    calls = item.get("tool_calls")
+    if calls:
+        written = [
+            {"name": c["function"].get("name"), "arguments": c["function"].get("arguments")}
+            for c in calls
+            if c
+        ]
+        text = json.dumps({"tool_calls": written}, ensure_ascii=False)
+        content = f"{item['content']}\n{text}" if item["content"] else text
+        return {"role": item["role"], "content": content}
+    return {"role": item["role"], "content": item["content"]}
