@@ -16,6 +16,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from specgen.api import Settings, Specgen  # noqa: E402
+from specgen.core.sampling import SamplingParams  # noqa: E402
 from specgen.session.generate import Result  # noqa: E402
 from specgen.structured.tools import ToolChoice, tools_from_request  # noqa: E402
 
@@ -60,10 +61,13 @@ ASK = [
 
 
 def one(sg: Specgen, lookahead: object) -> tuple[float, str]:
-    sg.lookahead = lookahead  # type: ignore[assignment]
     plan = sg.tool_plan(tools_from_request(TOOLS), ToolChoice("required"), parallel=False)
     settings = Settings(
-        max_tokens=128, temperature=0, constraint=plan.grammar(), keep_text=plan.keep_text()
+        lookahead=lookahead,  # type: ignore[arg-type]
+        max_tokens=128,
+        sampling=SamplingParams(temperature=0),
+        grammar=plan.grammar(),
+        keep_text=plan.keep_text(),
     )
     result = None
     for item in sg.stream_events(plan.messages(ASK), settings, tools=plan.template_tools()):

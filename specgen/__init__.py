@@ -1,3 +1,3 @@
 """specgen: fast local text generation with speculative decoding on llama.cpp."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -145,7 +145,7 @@ def test_models_list_tells_pairs_apart_at_80_columns() -> None:
 
 
 def test_doctor_says_how_a_hybrid_target_rolls_back_and_what_it_cost(tmp_path: Path) -> None:
-    from specgen.cli.doctor import advice
+    from specgen.checks import advice
 
     target = write_qwen35(tmp_path / "mtp.gguf", mtp=True)
     home = Path(os.environ["SPECGEN_HOME"])

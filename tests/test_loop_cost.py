@@ -46,7 +46,7 @@ def _gpu_machine(share: float, backend_sampling: str = "on") -> dict:
 
 
 def test_doctor_says_where_the_loops_host_work_limits_the_speedup_on_a_gpu() -> None:
-    from specgen.cli.doctor import advice
+    from specgen.checks import advice
 
     tips = " | ".join(advice(_gpu_machine(0.31)))
     assert "31% of each cycle at sampled decoding" in tips and "greedy" not in tips

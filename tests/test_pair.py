@@ -116,6 +116,7 @@ def test_one_decision_for_models_k_and_drafting(fake_pair: FakePair) -> None:
 
 def test_what_bench_found_is_the_k_unless_the_command_says_otherwise(fake_pair: FakePair) -> None:
     from specgen.session.decide import decide
+    from specgen.session.memo import MEMO_VERSION
 
     name = fake_pair.named()
     memo = decide(name).memo
@@ -123,6 +124,7 @@ def test_what_bench_found_is_the_k_unless_the_command_says_otherwise(fake_pair: 
     memo.write_text(
         json.dumps(
             {
+                "schema": MEMO_VERSION,
                 "greedy": {
                     "variant": "ngram",
                     "speedup": 2.5,
@@ -143,5 +145,5 @@ def test_what_bench_found_is_the_k_unless_the_command_says_otherwise(fake_pair: 
     for said in ({"lookahead": 5}, {"ngram": True}, {"draft": "ngram"}):
         assert decide(name, bench_temperature=0.8, **said).note == ""  # the command says how
     assert decide(name).lookahead == "auto"  # bench not asked (the API by default)
-    memo.write_text(json.dumps({"sampled": {"variant": 99}}))  # not a K anyone may ask for
+    memo.write_text(json.dumps({"schema": MEMO_VERSION, "sampled": {"variant": 99}}))  # no K
     assert decide(name, bench_temperature=0.8).note == ""

@@ -92,7 +92,7 @@ def test_the_real_self_test_passes_here(
 
 
 def test_doctor_json_and_its_advice() -> None:
-    from specgen.cli.doctor import advice
+    from specgen.checks import advice
 
     done = subprocess.run(
         [sys.executable, "-m", "specgen", "doctor", "--json", "--hub-timeout", "1"],

@@ -340,14 +340,17 @@ def test_serve_takes_the_k_bench_found(fake_pair: FakePair) -> None:
     from specgen.api import Specgen
     from specgen.models.registry import Registry
     from specgen.session.choice import choose
-    from specgen.session.memo import memo_path
+    from specgen.session.memo import MEMO_VERSION, memo_path
 
     choice = choose(Registry.load(), None, str(fake_pair.target), str(fake_pair.draft))
     memo = memo_path(choice, 2, -1)
     memo.parent.mkdir(parents=True, exist_ok=True)
     memo.write_text(
         json.dumps(
-            {"sampled": {"variant": 3, "speedup": 1.3, "temperature": 0.8, "date": "2026-11-29"}}
+            {
+                "schema": MEMO_VERSION,
+                "sampled": {"variant": 3, "speedup": 1.3, "temperature": 0.8, "date": "2026-11-29"},
+            }
         )
     )
     sg = Specgen(target=fake_pair.target, draft=fake_pair.draft, threads=2, from_bench=True)

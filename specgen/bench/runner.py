@@ -20,11 +20,11 @@ from specgen.bench.sweep import Run, RunOne, sweep
 from specgen.core.sampling import DEFAULT_SAMPLING, SamplingParams
 from specgen.drafters import Drafter, Model, SuffixCache, make_drafter
 from specgen.engine import Finished, GenerationConfig, SpeculativeEngine
-from specgen.host import store
 from specgen.lookahead import CostBook
 from specgen.session.generate import prompt_tokens, wants_chat
 from specgen.session.memo import Variant
 from specgen.session.pair import Pair
+from specgen.session.remembered import save_costs
 from specgen.stats import Stats
 from specgen.structured.grammar import Grammar
 
@@ -60,14 +60,13 @@ class BenchSession:
         max_tokens: int,
         repeats: int,
         seed: int,
-        draft_p_min: float = 0.0,
         prompts_file: Path | None = None,
         local_head: bool = True,
         grammars: Sequence[Grammar | None] | None = None,
     ) -> None:
         self.pair, self.choice, self.kinds, self.variants = pair, choice, kinds, variants
         self.max_tokens, self.repeats, self.seed = max_tokens, repeats, seed
-        self.draft_p_min, self.clock = draft_p_min, pair.clock
+        self.draft_p_min, self.clock = pair.draft_p_min, pair.clock
         self.prompts_file, self.local_head = prompts_file, local_head
         self.chat = wants_chat(pair, choice.chat, None, None)
         self.encoded = [prompt_tokens(pair.target, p, self.chat) for p in prompts]
@@ -94,7 +93,7 @@ class BenchSession:
             return make_drafter(
                 draft,
                 ngram,
-                draft_p_min,
+                self.draft_p_min,
                 self.clock,
                 head if guesses else None,
                 pair.target,
@@ -261,7 +260,7 @@ class BenchSession:
         if self.pair.costs_file is not None and (
             learned.greedy.verify_by_n or learned.sampled.verify_by_n
         ):
-            store.write_json(self.pair.costs_file, learned.snapshot())
+            save_costs(self.pair.costs_file, learned)
 
 
 def sampling_at(temperature: float) -> SamplingParams:

@@ -13,16 +13,16 @@ from dataclasses import dataclass
 
 from specgen.errors import UserError
 from specgen.lookahead import MAX_LOOKAHEAD
-from specgen.session.memo import Variant
+from specgen.session.memo import NAMED_VARIANTS, Variant
 from specgen.stats import Stats
 
 # What bench measures beside fixed K's: the draft model with -k auto, prompt lookup alone, both
 # together, and both with the suffix cache of the prompts run before in the same repeat (as a
 # server or a batch sees them; each with -k auto), in this order after the K's.
-ADAPTIVE_VARIANTS = ("auto", "ngram", "hybrid", "cache")
+ADAPTIVE_VARIANTS = NAMED_VARIANTS
 DEFAULT_VARIANTS = "1,2,3,4,6,8,auto,ngram,hybrid,cache"
 # The rows that draft with no draft model (a target alone can still run them).
-LOOKUP_VARIANTS = ("ngram", "cache")
+LOOKUP_VARIANTS: tuple[Variant, ...] = ("ngram", "cache")
 
 
 def parse_lookaheads(text: str) -> list[Variant]:

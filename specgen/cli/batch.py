@@ -19,9 +19,8 @@ from specgen.cli.output import figure, out
 from specgen.errors import EXIT_FAILED, EXIT_INTERRUPTED, UsageError
 
 if TYPE_CHECKING:
-    from specgen.engine import GenerationConfig
+    from specgen.api import Settings, Specgen
     from specgen.session.batch import BatchTally
-    from specgen.session.pair import Pair
     from specgen.session.prompts import BatchItem
 
 
@@ -58,19 +57,18 @@ def open_output(output: Path | None) -> IO[str]:
 
 
 def run_batch_shown(
-    loaded: Pair,
-    config: GenerationConfig,
+    sg: Specgen,
+    settings: Settings,
     items: list[BatchItem],
     sink: IO[str],
     output: Path | None,
     resume: bool,
     chat: bool,
     system: str | None,
-    draft_p_min: float,
     no_stats: bool,
 ) -> int:
     """Run every prompt; the exit code says whether all went well (1: some failed)."""
-    from specgen.session.batch import finished_ids, run_batch
+    from specgen.session.batch import finished_ids
 
     skip = finished_ids(output) if resume and output is not None else set()
 
@@ -99,13 +97,11 @@ def run_batch_shown(
                 rates=f"accept {rate}  {figure(p.tokens_per_second, '.1f')} tok/s",
             )
 
-        tally = run_batch(
-            loaded,
+        tally = sg.batch(
             items,
-            config,
+            settings,
             chat=chat,
             system=system,
-            draft_p_min=draft_p_min,
             write=write,
             skip=skip,
             on_progress=on_progress,

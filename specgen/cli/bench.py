@@ -129,6 +129,7 @@ def bench(
 
     What it finds best is remembered: `specgen run` and `serve` use it for these models here.
     """
+    from specgen.api import Specgen
     from specgen.bench.prompts import (
         BUILTIN_KINDS,
         BUILTIN_PROMPTS,
@@ -141,7 +142,6 @@ def bench(
     from specgen.lookahead import snapshots_for
     from specgen.session.decide import decide
     from specgen.session.memo import remember
-    from specgen.session.pair import PairOptions, open_pair
 
     variants = parse_lookaheads(lookaheads)
     kinds: list[str] | None
@@ -149,19 +149,11 @@ def bench(
         (prompts, grammars), kinds = load_prompts(prompts_file), None
     else:
         prompts, kinds, grammars = BUILTIN_PROMPTS, BUILTIN_KINDS, builtin_grammars()
-    # Every row but K=0 needs the draft model loaded, whatever K the pair itself runs at.
-    decision = decide(
-        pair,
-        target,
-        draft,
-        ngram=False,
-        mtp=mtp,
-        lookahead="auto",
-        rpc=rpc,
-        threads=threads,
-        gpu_layers=gpu_layers,
-    )
-    choice = decision.choice
+    # Every row but K=0 needs the draft model loaded, whatever K the pair itself runs at; a
+    # recurrent target keeps snapshots for the largest K swept, as `run -k K` would.
+    fixed = [k for k in variants if isinstance(k, int)]
+    probe = decide(pair, target, draft, ngram=False, mtp=mtp, rpc=rpc, keep_draft=True)
+    choice = probe.choice
     if choice.draft is None and not choice.mtp:
         if lookaheads == DEFAULT_VARIANTS:
             variants = list(LOOKUP_VARIANTS)  # a target alone can still draft by prompt lookup
@@ -170,14 +162,25 @@ def bench(
                 "bench needs a draft model for K's, auto and hybrid: name a pair, "
                 "or both --target and --draft (or -k ngram,cache)"
             )
-    # A recurrent target keeps snapshots for the largest K swept, as `run -k K` would.
-    fixed = [k for k in variants if isinstance(k, int)]
     snapshots = max([snapshots_for("auto", choice.mtp), *(snapshots_for(k) for k in fixed)])
-    loaded = open_pair(
-        decision,
-        PairOptions.for_both(ctx_size, threads, gpu_layers, verbose, rpc_local_head),
+    sg = Specgen(
+        pair,
+        target,
+        draft,
+        ngram=False,
+        mtp=mtp,
+        n_ctx=ctx_size,
+        threads=threads,
+        gpu_layers=gpu_layers,
+        draft_p_min=draft_p_min,
+        verbose=verbose,
+        progress=True,
+        keep_draft=True,
         snapshots=snapshots,
+        rpc=rpc,
+        rpc_local_head=rpc_local_head,
     )
+    decision, loaded = sg.decision, sg.pair
     if kinds is not None:  # the built-in prompts
         prompts, kinds, grammars = _constrained_if_possible(loaded, prompts, kinds, grammars)
     session = BenchSession(
@@ -189,7 +192,6 @@ def bench(
         max_tokens=max_tokens,
         repeats=repeats,
         seed=seed if seed is not None else 0,
-        draft_p_min=draft_p_min,
         prompts_file=prompts_file,
         local_head=rpc_local_head,
         grammars=grammars,

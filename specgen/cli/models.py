@@ -234,7 +234,7 @@ def check(
     from specgen.models.gguf import HeaderVocabulary
     from specgen.models.registry import Registry, read_header
     from specgen.session.choice import choose
-    from specgen.session.pair import unfit
+    from specgen.session.fit import unfit
 
     choice = choose(Registry.load(), pair, target, draft)
     if choice.draft is None:

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Annotated, cast
 
 import typer
 
+from specgen.errors import UsageError
 from specgen.lookahead import LOOKAHEAD_RANGE, Lookahead, parse_lookahead
 from specgen.session.prompts import MAX_SEED
+from specgen.structured.grammar import LogitBias
 
 MODELS, SAMPLING, OUTPUT, PERFORMANCE = "Models", "Sampling", "Output", "Performance"
 WORKERS = "Workers (RPC)"
@@ -137,13 +140,14 @@ LookupCacheOpt = Annotated[
 ]
 
 
-def lookup_cache_of(value: str | None) -> tuple[bool, Path | None]:
-    """``--lookup-cache``: whether prompt lookup keeps a cache across requests, and its file."""
+def lookup_cache_of(value: str | None) -> bool | Path:
+    """``--lookup-cache``: whether prompt lookup keeps a cache across requests (a bool), or
+    the file it is kept in (``Specgen``'s ``lookup_cache``)."""
     if value is None:
-        return True, None
+        return True
     if value.strip().lower() in ("off", "none", "no"):
-        return False, None
-    return True, Path(value).expanduser()
+        return False
+    return Path(value).expanduser()
 
 
 MtpOpt = Annotated[
@@ -280,3 +284,44 @@ LocalHeadOpt = Annotated[
         rich_help_panel=WORKERS,
     ),
 ]
+
+
+def read_prompt(argument: str | None, file: Path | None) -> str:
+    """The prompt from the argument, a file (``-``: stdin), or both the argument and piped
+    stdin; the one newline a file or ``echo`` ends with is dropped."""
+    from specgen.session.prompts import combine, read_file, stdin_is_piped, strip_final_newline
+
+    if argument is not None and file is not None:
+        raise UsageError("give the prompt either as an argument or with --file, not both")
+    if file is not None:
+        text: str | None = strip_final_newline(read_file(file))
+    else:
+        piped = sys.stdin.read() if stdin_is_piped() else None
+        text = combine(argument, None if piped is None else strip_final_newline(piped))
+    if text is None:
+        raise UsageError(
+            "no prompt: give one as an argument, with -f FILE, or on stdin "
+            "(e.g. cat prompt.txt | specgen run ...)"
+        )
+    if not text.strip():
+        raise UsageError("the prompt is empty: give some text to continue")
+    return text
+
+
+def logit_bias_of(given: list[str]) -> LogitBias | None:
+    """``--logit-bias ID=BIAS`` options as a LogitBias (None: none given)."""
+    if not given:
+        return None
+    pairs: dict[str, float] = {}
+    for item in given:
+        token, sep, value = item.partition("=")
+        try:
+            if not sep:
+                raise ValueError
+            pairs[token.strip()] = float(value)
+        except ValueError:
+            raise UsageError(f"--logit-bias {item!r}: give ID=BIAS, as 15043=-100") from None
+    try:
+        return LogitBias.from_mapping(pairs)
+    except ValueError as err:
+        raise UsageError(f"--{str(err).replace('_', '-')}") from err

@@ -8,7 +8,6 @@ where: text on stdout, statistics and progress on stderr.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -39,20 +38,19 @@ from specgen.cli.options import (
     TopKOpt,
     TopPOpt,
     VerboseOpt,
+    logit_bias_of,
     lookahead_of,
     lookup_cache_of,
+    read_prompt,
 )
 from specgen.cli.output import out
 from specgen.core.sampling import DEFAULT_SAMPLING
 from specgen.engine import DEFAULT_MAX_TOKENS
 from specgen.errors import EXIT_INTERRUPTED, Interrupted, UsageError
 from specgen.structured import grammar
-from specgen.structured.grammar import LogitBias
 
 if TYPE_CHECKING:
-    from specgen.engine import GenerationConfig
-    from specgen.session.decide import Decision
-    from specgen.session.pair import Pair
+    from specgen.api import Settings, Specgen
 
 BATCH = "Batch"
 
@@ -271,13 +269,8 @@ def run(
     verbose: VerboseOpt = False,
 ) -> None:
     """Generate text from a prompt, with speculative decoding."""
-    from dataclasses import replace
-
+    from specgen.api import Settings, Specgen
     from specgen.core.sampling import SamplingParams
-    from specgen.engine import GenerationConfig
-    from specgen.session.decide import decide
-    from specgen.session.generate import wants_chat
-    from specgen.session.pair import PairOptions, open_pair
     from specgen.session.prompts import unescape
 
     esc = unescape if escapes else (lambda text: text)
@@ -292,123 +285,82 @@ def run(
         items = read_batch(prompt, file, each_line, jsonl)
         sink = open_output(output)
     else:
-        text = _read_prompt(None if prompt is None else esc(prompt), file)
+        text = read_prompt(None if prompt is None else esc(prompt), file)
     try:
         sampling = SamplingParams(temperature, top_k, top_p, min_p)
     except ValueError as err:  # the open ends of the ranges the options already check
         raise UsageError(str(err).replace("top_p", "--top-p").replace("min_p", "--min-p")) from err
-    config = GenerationConfig(
-        lookahead=0,
+    settings = Settings(
         sampling=sampling,
         max_tokens=max_tokens,
         stop=tuple(esc(s) for s in stop or ()),
         seed=seed,
         grammar=grammar.from_options(json_schema, grammar_text, output_format),
-        logit_bias=_logit_bias(logit_bias or []),
+        logit_bias=logit_bias_of(logit_bias or []),
         logprobs=logprobs,
     )
-    options = PairOptions(
-        n_ctx=ctx_size,
-        target_threads=target_threads or threads,
-        draft_threads=draft_threads or threads,
-        target_gpu_layers=gpu_layers if target_gpu_layers is None else target_gpu_layers,
-        draft_gpu_layers=gpu_layers if draft_gpu_layers is None else draft_gpu_layers,
-        verbose=verbose,
-        local_head=rpc_local_head,
-    )
-    keep, lookup_file = lookup_cache_of(lookup_cache)
-    options = replace(options, lookup_cache=keep, lookup_file=lookup_file)
-    decision = decide(
+    system_text = None if system is None else esc(system)
+    sg = Specgen(
         pair,
         target,
         draft,
+        lookahead=lookahead_of(lookahead),
         ngram=ngram,
         mtp=mtp,
-        lookahead=lookahead_of(lookahead),
-        rpc=rpc,
-        threads=options.target_threads,
-        gpu_layers=options.target_gpu_layers,
-        bench_temperature=sampling.temperature,
+        n_ctx=ctx_size,
+        threads=target_threads or threads,
+        gpu_layers=gpu_layers if target_gpu_layers is None else target_gpu_layers,
+        draft_threads=draft_threads or threads,
+        draft_gpu_layers=gpu_layers if draft_gpu_layers is None else draft_gpu_layers,
+        draft_p_min=draft_p_min,
+        chat=chat,
+        verbose=verbose,
+        progress=True,
+        from_bench=sampling.temperature,
         explain_alone=True,
+        rpc=rpc,
+        rpc_local_head=rpc_local_head,
+        lookup_cache=lookup_cache_of(lookup_cache),
     )
-    loaded = open_pair(decision, options)
-    for note in loaded.notes:
+    for note in sg.pair.notes:
         out.warning(note)
-    config = replace(config, lookahead=decision.lookahead)
-    system_text = None if system is None else esc(system)
-    use_chat = wants_chat(loaded, decision.chat, chat, system_text)
+    use_chat = sg.wants_chat("", system_text)
     if batch:
         code = run_batch_shown(
-            loaded,
-            config,
-            items,
-            sink,
-            output,
-            resume,
-            use_chat,
-            system_text,
-            draft_p_min,
-            no_stats,
+            sg, settings, items, sink, output, resume, use_chat, system_text, no_stats
         )
         if code == EXIT_INTERRUPTED:
             raise Interrupted()
         raise typer.Exit(code)
-    _single(decision, loaded, config, text, use_chat, system_text, draft_p_min, json_out, no_stats)
-
-
-def _read_prompt(argument: str | None, file: Path | None) -> str:
-    """The prompt from the argument, a file (``-``: stdin), or both the argument and piped
-    stdin; the one newline a file or ``echo`` ends with is dropped."""
-    from specgen.session.prompts import combine, read_file, stdin_is_piped, strip_final_newline
-
-    if argument is not None and file is not None:
-        raise UsageError("give the prompt either as an argument or with --file, not both")
-    if file is not None:
-        text: str | None = strip_final_newline(read_file(file))
-    else:
-        piped = sys.stdin.read() if stdin_is_piped() else None
-        text = combine(argument, None if piped is None else strip_final_newline(piped))
-    if text is None:
-        raise UsageError(
-            "no prompt: give one as an argument, with -f FILE, or on stdin "
-            "(e.g. cat prompt.txt | specgen run ...)"
-        )
-    if not text.strip():
-        raise UsageError("the prompt is empty: give some text to continue")
-    return text
+    _single(sg, settings, text, use_chat, system_text, json_out, no_stats)
 
 
 def _single(
-    decision: Decision,
-    loaded: Pair,
-    config: GenerationConfig,
+    sg: Specgen,
+    settings: Settings,
     text: str,
     chat: bool,
     system: str | None,
-    draft_p_min: float,
     json_out: bool,
     no_stats: bool,
 ) -> None:
     from specgen.cli.live import StreamView
-    from specgen.session.generate import generate, new_stats
 
-    if decision.note and not (no_stats or json_out):
-        out.note(decision.note)
-    stats = new_stats(loaded, config, draft_p_min)
+    if sg.note and not (no_stats or json_out):
+        out.note(sg.note)
+    stats = sg.new_stats(settings)
     with StreamView(stats, show_stats=not no_stats and not json_out) as view:
-        result = generate(
-            loaded,
+        result = sg.run(
             text,
-            config,
+            settings,
             chat=chat,
             system=system,
-            draft_p_min=draft_p_min,
             stats=stats,
             on_text=None if json_out else view.write,
         )
     if stats.stop_reason == "context_full":
         out.warning(
-            f"stopped: the context window ({loaded.target.n_ctx} tokens) is full; "
+            f"stopped: the context window ({sg.pair.target.n_ctx} tokens) is full; "
             f"raise --ctx-size for longer generations"
         )
     elif not result.text and not result.interrupted:
@@ -421,52 +373,31 @@ def _single(
             f"the model ended its answer before any text (stop: {stats.stop_reason}); {hint}"
         )
     if json_out:
-        out.json({**result.as_dict(), **_run_facts(decision, loaded, config, draft_p_min, chat)})
+        out.json({**result.as_dict(), **_run_facts(sg, settings, chat)})
     if result.interrupted:
         raise Interrupted()
 
 
-def _run_facts(
-    decision: Decision, loaded: Pair, config: GenerationConfig, draft_p_min: float, chat: bool
-) -> dict[str, object]:
+def _run_facts(sg: Specgen, settings: Settings, chat: bool) -> dict[str, object]:
     """What ran, for ``--json``: the models, the settings and the context."""
-    sampling = config.sampling
+    loaded, sampling = sg.pair, settings.sampling
     return {
-        "pair": decision.name,
+        "pair": sg.decision.name,
         "target": str(loaded.target.path),
         "draft": str(loaded.draft.path) if loaded.draft else None,
         "ngram": loaded.ngram,
         "mtp": loaded.mtp,
         "rollback": loaded.rollback_facts(),
         "params": {
-            "lookahead": config.lookahead,
-            "draft_p_min": draft_p_min,
+            "lookahead": loaded.lookahead,
+            "draft_p_min": loaded.draft_p_min,
             "temperature": sampling.temperature,
             "top_k": sampling.top_k,
             "top_p": sampling.top_p,
             "min_p": sampling.min_p,
-            "max_tokens": config.max_tokens,
-            "stop": list(config.stop),
+            "max_tokens": settings.max_tokens,
+            "stop": list(settings.stop),
             "chat": chat,
             "n_ctx": loaded.target.n_ctx,
         },
     }
-
-
-def _logit_bias(given: list[str]) -> LogitBias | None:
-    """``--logit-bias ID=BIAS`` options as a LogitBias (None: none given)."""
-    if not given:
-        return None
-    pairs: dict[str, float] = {}
-    for item in given:
-        token, sep, value = item.partition("=")
-        try:
-            if not sep:
-                raise ValueError
-            pairs[token.strip()] = float(value)
-        except ValueError:
-            raise UsageError(f"--logit-bias {item!r}: give ID=BIAS, as 15043=-100") from None
-    try:
-        return LogitBias.from_mapping(pairs)
-    except ValueError as err:
-        raise UsageError(f"--{str(err).replace('_', '-')}") from err

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Annotated
 
@@ -123,7 +122,7 @@ def serve(
         from_bench=True,
         rpc=rpc,
         rpc_local_head=rpc_local_head,
-        lookup_cache=_lookup(lookup_cache),
+        lookup_cache=lookup_cache_of(lookup_cache),
     )
     if generator.note:
         out.note(generator.note)
@@ -156,8 +155,3 @@ def _server(config: uvicorn.Config, queue: GenerationQueue) -> uvicorn.Server:
             super().handle_exit(sig, frame)
 
     return Server(config)
-
-
-def _lookup(value: str | None) -> bool | Path:
-    enabled, file = lookup_cache_of(value)
-    return file if file is not None else enabled

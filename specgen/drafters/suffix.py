@@ -11,7 +11,8 @@ exact.
 Bounded: past ``max_tokens`` the document least recently useful (matched, or added) goes first.
 A chat that goes on adds its whole history again: a document that begins with an earlier one
 replaces it. Kept in a file on request (``save`` / ``load``): the documents only, tagged with
-the vocabulary they are tokens of, and the index built again on load.
+their format (``VERSION``, in the first line) and the vocabulary they are tokens of, and the
+index built again on load.
 
 Pure: tokens in, candidates out; no model and no llama.cpp.
 """
@@ -35,7 +36,11 @@ LONGEST = 64  # how far back a match is measured
 PER_KEY = 16  # occurrences kept per key (the latest)
 LONE_MATCH = 8  # the shortest match one document alone backs
 DEFAULT_TOKENS = 200_000
-MAGIC = b"SPECGEN-SUFFIX-1\n"
+# The file's format: its first line names it. A file of another number (another specgen's) is
+# left alone, never read and never overwritten, as a corrupt one is.
+VERSION = 1
+_FORMAT = b"SPECGEN-SUFFIX-"
+MAGIC = _FORMAT + b"%d\n" % VERSION
 _MULT = np.uint64(0x9E3779B97F4A7C15)
 
 
@@ -183,13 +188,20 @@ class SuffixCache:
 
     def load(self, file: Path) -> str | None:
         """Read the documents ``save`` wrote, oldest first; what was wrong, if anything (a
-        corrupt file, another vocabulary's), in which case nothing is read."""
+        corrupt file, another format's or another vocabulary's), in which case nothing is
+        read."""
         try:
             data = file.read_bytes()
         except FileNotFoundError:
             return None
         except OSError as err:
             return f"cannot read {file}: {err.strerror or err}"
+        other = _format_of(data)
+        if other is not None and other != str(VERSION):
+            return (
+                f"{file} is a lookup cache of another specgen version (format {other}; this "
+                f"one reads {VERSION}): left alone"
+            )
         try:
             if not data.startswith(MAGIC):
                 raise ValueError("not a specgen lookup cache")
@@ -213,3 +225,12 @@ class SuffixCache:
             start += n
         self.changed = False
         return None
+
+
+def _format_of(data: bytes) -> str | None:
+    """The format a lookup cache file's first line names (None: not a first line of ours)."""
+    head = data[: len(_FORMAT) + 17]
+    number, line_ends, _ = head.removeprefix(_FORMAT).partition(b"\n")
+    if not head.startswith(_FORMAT) or not line_ends:
+        return None
+    return number.decode("ascii", "replace")

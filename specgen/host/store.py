@@ -8,6 +8,11 @@ replaced file is a new key). A record is read whole or not at all (``read_json``
 unreadable is the default) and written whole or not at all (``write_json``: a reader never sees
 half a file). A cache that cannot be written only means the work is done again next time, so
 writes say whether they succeeded and never raise.
+
+Every JSON record carries its format's version, a top-level ``"schema"`` (``write_versioned``;
+each format's number is a constant beside the code that owns it). A record of another version,
+older, newer or none (written before records had one), is never read as this one: it is set
+aside with one line (``read_versioned``) and made anew, as a record that is not JSON is.
 """
 
 from __future__ import annotations
@@ -15,8 +20,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
+
+SCHEMA = "schema"  # the top-level key of a record's format version
 
 
 def cache_root() -> Path:
@@ -95,3 +104,47 @@ def write_text(file: Path, text: str) -> bool:
 def write_json(file: Path, value: Any, indent: int | None = None, sort_keys: bool = False) -> bool:
     """``write_text`` of a JSON value."""
     return write_text(file, json.dumps(value, indent=indent, sort_keys=sort_keys))
+
+
+def write_versioned(
+    file: Path,
+    version: int,
+    data: Mapping[str, Any],
+    indent: int | None = None,
+    sort_keys: bool = False,
+) -> bool:
+    """``write_json`` of a record of format ``version``: ``data`` with ``"schema": version``."""
+    assert SCHEMA not in data, f"{SCHEMA!r} is the format's version, not a key of a record"
+    return write_json(file, {SCHEMA: version, **data}, indent=indent, sort_keys=sort_keys)
+
+
+def read_versioned(
+    file: Path, kind: str, version: int, say: Callable[[str], None] | None = None
+) -> dict[str, Any] | None:
+    """The record ``write_versioned`` kept in ``file`` at this ``version`` (without its
+    ``"schema"``); None where it is missing, not JSON, or of another version. Another version
+    is said in one line, to ``say`` (default: stderr, once per file and version in a process),
+    naming the ``kind`` of record."""
+    found = read_json(file)
+    if found is None:
+        return None  # missing or not JSON: made anew, as it always was
+    kept = found.get(SCHEMA) if isinstance(found, dict) else None
+    if type(kept) is int and kept == version:  # not True, not 1.0
+        return {key: value for key, value in found.items() if key != SCHEMA}
+    mark = "no schema" if kept is None else f"schema {json.dumps(kept)}"
+    (say or _say_once)(
+        f"{file} is a {kind} file of another specgen version ({mark}; this one reads "
+        f"{version}): not used, made anew"
+    )
+    return None
+
+
+_said: set[str] = set()
+
+
+def _say_once(line: str) -> None:
+    """One line on stderr, said once in a process (a record may be read more than once)."""
+    if line not in _said:
+        _said.add(line)
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()

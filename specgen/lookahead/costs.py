@@ -3,8 +3,8 @@
 Costs are facts of the machine, the models and the way of decoding (greedy or sampled), so they
 outlive a generation: an engine keeps a ``CostBook`` (one ``PairProfile`` per mode) and
 ``specgen.session.pair`` keeps it between processes (``snapshot``/``restore``, whose JSON keys are
-the file format). Each cost is a ``Timing``: a forgetting mean that knows where its figure came from
-(measured in this process, or remembered from an earlier one).
+the file format, numbered ``COSTS_VERSION``). Each cost is a ``Timing``: a forgetting mean that
+knows where its figure came from (measured in this process, or remembered from an earlier one).
 """
 
 from __future__ import annotations
@@ -23,6 +23,10 @@ LINE_WEIGHT = 1.0
 SAME_SPEED = 0.25
 
 SpeedCheck = Literal["yes", "no", "unknown"]
+# The costs file's format (``store.write_versioned`` of a ``CostBook.snapshot``): a change to
+# the keys ``snapshot`` writes, or to what they mean, takes the next number, and a file of
+# another number is set aside (its costs are measured afresh).
+COSTS_VERSION = 1
 
 
 @dataclass

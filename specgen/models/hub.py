@@ -33,6 +33,9 @@ from rich.progress import (
 
 from specgen.errors import UserError
 
+# The format of hub-sizes.json (``store.write_versioned``): a size, or when asking failed, by
+# ``repo@revision:file``. Another number is set aside and the sizes asked again.
+HUB_SIZES_VERSION = 1
 _SPLIT = re.compile(r"^(?P<stem>.*)-(?P<index>\d{5})-of-(?P<count>\d{5})\.gguf$")
 _RemoteEntryNotFound = getattr(hf_errors, "RemoteEntryNotFoundError", hf_errors.EntryNotFoundError)
 
@@ -307,9 +310,7 @@ def remote_sizes(
     from specgen.host import store
 
     memo_path = store.cache_root() / "hub-sizes.json"
-    memo = store.read_json(memo_path, {})
-    if not isinstance(memo, dict):
-        memo = {}
+    memo = store.read_versioned(memo_path, "Hub sizes", HUB_SIZES_VERSION) or {}
     key = {f: f"{f[0]}@{f[2] or 'main'}:{f[1]}" for f in files}
     now = time.time()
     memo = {
@@ -337,7 +338,7 @@ def remote_sizes(
         with ThreadPoolExecutor(max_workers=8) as pool:
             for spec, size in pool.map(ask, wanted):
                 memo[key[spec]] = size if size is not None else {"failed_at": now}
-        store.write_json(memo_path, memo, indent=1, sort_keys=True)
+        store.write_versioned(memo_path, HUB_SIZES_VERSION, memo, indent=1, sort_keys=True)
     return {f: memo[key[f]] for f in files if isinstance(memo.get(key[f]), int)}
 
 

@@ -29,6 +29,9 @@ REBUILD = (
     f"llama-cpp-python"
 )
 CHILD_TIMEOUT = 600
+# The format of a cached verdict (``store.write_versioned``): ``CpuVerdict``'s fields. Another
+# number is set aside and the CPU tested again.
+VERDICT_VERSION = 1
 
 
 @dataclass(frozen=True)
@@ -75,9 +78,9 @@ def _stamp(types: list[str]) -> Path:
 
 def cached_verdict(paths: list[Path]) -> CpuVerdict | None:
     """The cached verdict for these files' quantization types, or None if never tested."""
-    found = store.read_json(_stamp(list(quant_types(paths))))
+    found = store.read_versioned(_stamp(list(quant_types(paths))), "CPU self-test", VERDICT_VERSION)
     try:
-        return CpuVerdict(**found) if isinstance(found, dict) else None
+        return CpuVerdict(**found) if found is not None else None
     except TypeError:
         return None
 
@@ -122,7 +125,8 @@ def ensure_cpu_works(paths: list[Path], command: list[str] | None = None) -> Cpu
         )
         if verdict is None:
             return None
-        store.write_json(stamp, asdict(verdict))  # a read-only cache: test again next time
+        # A read-only cache: test again next time.
+        store.write_versioned(stamp, VERDICT_VERSION, asdict(verdict))
     if not verdict.ok:
         raise CpuUnsupported(verdict.message())
     return verdict

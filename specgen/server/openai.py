@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from specgen.api import Settings
+from specgen.core.sampling import DEFAULT_SAMPLING, SamplingParams
 from specgen.engine import MAX_TOP_LOGPROBS, TokenLogprob
 from specgen.errors import UsageError, lookup
 from specgen.session.prompts import MAX_SEED
@@ -63,10 +64,10 @@ class SamplingRequest(BaseModel):
     model: str | None = None
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
-    temperature: float = Field(default=Settings.temperature, ge=0.0, le=10.0)
-    top_p: float = Field(default=Settings.top_p, gt=0.0, le=1.0)
-    top_k: int = Field(default=Settings.top_k, ge=0)
-    min_p: float = Field(default=Settings.min_p, ge=0.0, lt=1.0)
+    temperature: float = Field(default=DEFAULT_SAMPLING.temperature, ge=0.0, le=10.0)
+    top_p: float = Field(default=DEFAULT_SAMPLING.top_p, gt=0.0, le=1.0)
+    top_k: int = Field(default=DEFAULT_SAMPLING.top_k, ge=0)
+    min_p: float = Field(default=DEFAULT_SAMPLING.min_p, ge=0.0, lt=1.0)
     seed: int | None = Field(default=None, ge=0, le=MAX_SEED)
     stop: str | list[str] | None = None
     stream: bool = False
@@ -129,14 +130,11 @@ class SamplingRequest(BaseModel):
             raise ApiError(400, str(err), code="invalid_value") from err
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
         return Settings(
-            constraint=constraint,
+            grammar=constraint,
             logit_bias=bias,
             logprobs=self.wanted_logprobs(),
             max_tokens=self.max_completion_tokens or self.max_tokens or default_max,
-            temperature=self.temperature,
-            top_k=self.top_k,
-            top_p=self.top_p,
-            min_p=self.min_p,
+            sampling=SamplingParams(self.temperature, self.top_k, self.top_p, self.min_p),
             seed=self.seed,
             stop=stop,
         )

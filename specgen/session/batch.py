@@ -85,7 +85,6 @@ def run_batch(
     *,
     chat: bool,
     system: str | None,
-    draft_p_min: float,
     write: Callable[[dict[str, object]], None],
     skip: AbstractSet[str] = frozenset(),
     on_progress: Callable[[BatchTally], None] | None = None,
@@ -99,7 +98,7 @@ def run_batch(
         elif isinstance(item, BadLine):
             write({"id": item.id, "line": item.line, "error": item.error})
             tally.failed += 1
-        elif not _one(pair, item, base, chat, system, draft_p_min, write, tally):
+        elif not _one(pair, item, base, chat, system, write, tally):
             break
         if on_progress is not None:
             on_progress(tally)
@@ -112,7 +111,6 @@ def _one(
     base: GenerationConfig,
     chat: bool,
     system: str | None,
-    draft_p_min: float,
     write: Callable[[dict[str, object]], None],
     tally: BatchTally,
 ) -> bool:
@@ -126,7 +124,6 @@ def _one(
             config,
             chat=chat or item.messages is not None,
             system=item.system or system,
-            draft_p_min=draft_p_min,
         )
     except Exception as err:
         message = describe(err)

@@ -27,11 +27,12 @@ class Decision:
     lookahead: Lookahead
     note: str
     memo: Path
+    keep_draft: bool = False  # load the draft even at K=0 (bench runs every K on one pair)
 
     @property
     def draft(self) -> ModelSpec | None:
-        """The draft model to load: none where the target runs alone."""
-        return self.choice.draft if self.lookahead != 0 else None
+        """The draft model to load: none where the target runs alone (unless ``keep_draft``)."""
+        return self.choice.draft if self.lookahead != 0 or self.keep_draft else None
 
     @property
     def ngram(self) -> bool:
@@ -41,7 +42,7 @@ class Decision:
     @property
     def mtp(self) -> bool:
         """Whether the loaded target drafts with its own MTP head."""
-        return self.choice.mtp and self.lookahead != 0
+        return self.choice.mtp and (self.lookahead != 0 or self.keep_draft)
 
     @property
     def chat(self) -> bool | None:
@@ -68,6 +69,7 @@ def decide(
     gpu_layers: int = -1,
     bench_temperature: float | None = None,
     explain_alone: bool = False,
+    keep_draft: bool = False,
     registry: Registry | None = None,
 ) -> Decision:
     """The one decision of which models, K and drafting a command runs.
@@ -76,7 +78,8 @@ def decide(
     this machine (threads, GPU layers) at ``bench_temperature``'s kind of sampling (None: bench
     is not asked; nor is it where ``--ngram/--no-ngram`` or ``--draft ngram`` says how to draft),
     else the pair's own, else DEFAULT_LOOKAHEAD; and 0 where nothing drafts
-    (``explain_alone``: the note says so when another K was asked for).
+    (``explain_alone``: the note says so when another K was asked for). ``keep_draft`` loads
+    the draft model whatever K is (bench measures every K on one loaded pair).
     """
     choice = choose(registry or Registry.load(), pair, target, draft, ngram, rpc, mtp)
     found = memo.memo_path(choice, threads, gpu_layers)
@@ -88,4 +91,4 @@ def decide(
     k = choice.lookahead if lookahead is None else lookahead
     if not choice.drafts and k != 0 and not note and explain_alone:
         note = ALONE_NOTE
-    return Decision(choice, effective_lookahead(k, choice.drafts), note, found)
+    return Decision(choice, effective_lookahead(k, choice.drafts), note, found, keep_draft)

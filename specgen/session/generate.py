@@ -11,7 +11,6 @@ from typing import Any
 
 from specgen.engine import CycleDone, Finished, GenerationConfig, TextChunk, TokenLogprob
 from specgen.errors import UsageError
-from specgen.lookahead import effective_lookahead
 from specgen.session.chat import conversation, render_chat
 from specgen.session.pair import LoadedModel, Pair
 from specgen.session.prompts import Message
@@ -93,7 +92,6 @@ def stream(
     *,
     chat: bool = False,
     system: str | None = None,
-    draft_p_min: float = 0.0,
     stats: Stats | None = None,
     reuse_prefix: bool = False,
     cancelled: Callable[[], bool] | None = None,
@@ -103,9 +101,9 @@ def stream(
     (``TextChunk``), then the ``Result``. ``cancelled`` is asked after every cycle: when it
     says so, the generation ends there (stop reason ``cancelled``). No terminal code."""
     tokens = prompt_tokens(pair.target, prompt, chat, system, tools)
-    engine = pair.engine(draft_p_min)
+    engine = pair.engine()
     if stats is None:
-        stats = new_stats(pair, config, draft_p_min)
+        stats = engine.new_stats(config)
     pieces: list[str] = []
     found: list[TokenLogprob] = []  # every token's, in order
     pending: list[TokenLogprob] = []  # those of the tokens since the last text
@@ -141,7 +139,6 @@ def generate(
     *,
     chat: bool = False,
     system: str | None = None,
-    draft_p_min: float = 0.0,
     stats: Stats | None = None,
     on_text: Callable[[str], None] | None = None,
     reuse_prefix: bool = False,
@@ -150,7 +147,7 @@ def generate(
     of text as it is accepted; pass ``stats`` to watch the counters live. Ctrl-C ends the
     generation with the text so far (``Result.interrupted``)."""
     if stats is None:
-        stats = new_stats(pair, config, draft_p_min)
+        stats = new_stats(pair, config)
     pieces: list[str] = []
     try:
         for item in stream(
@@ -159,7 +156,6 @@ def generate(
             config,
             chat=chat,
             system=system,
-            draft_p_min=draft_p_min,
             stats=stats,
             reuse_prefix=reuse_prefix,
         ):
@@ -187,11 +183,7 @@ def special_tokens(model: LoadedModel, texts: Sequence[str]) -> dict[str, int]:
     return found
 
 
-def new_stats(pair: Pair, config: GenerationConfig, draft_p_min: float = 0.0) -> Stats:
-    """Empty statistics for a generation with this config (for a live view to watch)."""
-    speculative = pair.engine(draft_p_min).drafter is not None
-    return Stats(
-        lookahead=effective_lookahead(config.lookahead, speculative),
-        seed=config.seed or 0,
-        speculative=speculative,
-    )
+def new_stats(pair: Pair, config: GenerationConfig) -> Stats:
+    """Empty statistics for a generation with this config on the pair's engine (for a live
+    view to watch), made by the engine that will fill them."""
+    return pair.engine().new_stats(config)

@@ -16,6 +16,7 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Literal
 
 from specgen.core.sampling import SamplingParams
 from specgen.host import store
@@ -25,7 +26,13 @@ from specgen.session.choice import Choice
 
 # A row of a bench: a fixed K of the draft model, or one of the adaptive variants (``auto``, the
 # draft model with K chosen each cycle; ``ngram``, prompt lookup alone; ``hybrid``, both).
-Variant = int | str
+Named = Literal["auto", "ngram", "hybrid", "cache"]
+Variant = int | Named
+# The adaptive rows, in the order a bench runs them after the K's.
+NAMED_VARIANTS: tuple[Named, ...] = ("auto", "ngram", "hybrid", "cache")
+# The memo file's format (``store.write_versioned``): one verdict per sampling mode, its keys
+# those ``remember`` writes. Another number is set aside.
+MEMO_VERSION = 1
 
 
 def memo_path(choice: Choice, threads: int, gpu_layers: int) -> Path:
@@ -65,9 +72,7 @@ class Finding:
 
 def remember(path: Path, findings: Sequence[Finding], when: str) -> None:
     """Keep each sampling mode's best variant for `run` to use by default."""
-    memo = store.read_json(path, {})
-    if not isinstance(memo, dict):
-        memo = {}
+    memo = found_here(path)
     for found in findings:
         memo[mode_of(found.temperature)] = {
             "variant": found.variant,
@@ -76,14 +81,20 @@ def remember(path: Path, findings: Sequence[Finding], when: str) -> None:
             "date": when,
             "cost_ratio": found.cost_ratio,
         }
-    store.write_json(path, memo, indent=1)  # a read-only cache: nothing remembered
+    store.write_versioned(path, MEMO_VERSION, memo, indent=1)  # read-only: nothing remembered
 
 
 def recall(path: Path, temperature: float) -> dict[str, object] | None:
     """What bench found for this sampling mode, or None when it never ran here."""
-    memo = store.read_json(path)
-    found = memo.get(mode_of(temperature)) if isinstance(memo, dict) else None
+    found = found_here(path).get(mode_of(temperature))
     return found if isinstance(found, dict) and "variant" in found else None
+
+
+def found_here(path: Path) -> dict[str, dict[str, object]]:
+    """Everything bench found at ``path``, by sampling mode (``doctor`` shows it): nothing
+    where it never ran here, or left a file of another format (said in one line)."""
+    memo = store.read_versioned(path, "bench memo", MEMO_VERSION) or {}
+    return {mode: found for mode, found in memo.items() if isinstance(found, dict)}
 
 
 def variant_name(variant: object) -> str:

@@ -10,7 +10,6 @@ backend runs the same on fakes.
 from __future__ import annotations
 
 import importlib
-import json
 import os
 import time
 from collections.abc import Callable
@@ -23,8 +22,16 @@ from specgen.engine import SpeculativeEngine
 from specgen.errors import UserError
 from specgen.host import store
 from specgen.host.interrupts import interruptible
-from specgen.lookahead import AUTO_SNAPSHOTS, CostBook, snapshots_for
-from specgen.models import arch, compat, gguf
+from specgen.lookahead import (
+    AUTO_SNAPSHOTS,
+    DEFAULT_LOOKAHEAD,
+    CostBook,
+    Lookahead,
+    snapshots_for,
+)
+from specgen.models import compat
+from specgen.session.fit import check_fit, check_headers_fit, check_loadable, header_of
+from specgen.session.remembered import costs_path, load_costs, remember_rollbacks, save_costs
 from specgen.stats import Clock
 
 if TYPE_CHECKING:
@@ -119,6 +126,10 @@ class PairOptions:
     # ``lookup_file`` between processes when one is given.
     lookup_cache: bool = True
     lookup_file: Path | None = None
+    # How the pair drafts: K for every generation that does not ask for another, and the
+    # draft model's floor on q (``drafters.model``: a guess below it ends the draft).
+    lookahead: Lookahead = DEFAULT_LOOKAHEAD
+    draft_p_min: float = 0.0
 
     @classmethod
     def for_both(
@@ -141,6 +152,7 @@ class Pair:
     pass by length; greedy and sampled apart). They are kept in ``costs_file`` between
     processes, so a new run starts from them instead of spending its first cycles timing.
     ``head`` is the target's own MTP head where it drafts with it (then ``draft`` is None).
+    ``lookahead`` and ``draft_p_min`` say how it drafts (``PairOptions``).
     """
 
     target: LoadedModel
@@ -155,11 +167,13 @@ class Pair:
     lookup: SuffixCache | None = None
     lookup_file: Path | None = None
     notes: list[str] = field(default_factory=list)  # said once to the user (a bad cache file)
-    _engines: dict[float, SpeculativeEngine] = field(default_factory=dict, repr=False)
+    lookahead: Lookahead = DEFAULT_LOOKAHEAD
+    draft_p_min: float = 0.0
+    _engine: SpeculativeEngine | None = field(default=None, repr=False)
     _saved: int = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self.costs = load_costs(self.costs_file)
+        self.costs = load_costs(self.costs_file, self.notes.append)
         self._saved = self.costs.observations
 
     def keep_lookups(self, file: Path | None = None) -> None:
@@ -188,20 +202,21 @@ class Pair:
                 ) from err
         if self.costs_file is None or self.costs.observations == self._saved:
             return
-        store.write_json(self.costs_file, self.costs.snapshot())
+        save_costs(self.costs_file, self.costs)
         self._saved = self.costs.observations
 
     def _remember_rollbacks(self) -> None:
         facts = self.rollback_facts().get("target")
         if not isinstance(facts, dict) or not facts["bounded"] and not facts["checkpoint"]:
             return
-        store.write_json(rollback_path(self.target.path), facts)
+        remember_rollbacks(self.target.path, facts)
 
-    def drafter(self, draft_p_min: float = 0.0) -> Drafter | None:
+    def drafter(self) -> Drafter | None:
+        """A fresh drafter over the pair's models, drafting as the pair says."""
         return make_drafter(
             self.draft,
             self.ngram,
-            draft_p_min,
+            self.draft_p_min,
             self.clock,
             head=self.head,
             target=self.target,
@@ -229,18 +244,19 @@ class Pair:
             }
         return facts
 
-    def engine(self, draft_p_min: float = 0.0) -> SpeculativeEngine:
+    def engine(self) -> SpeculativeEngine:
         """The pair's engine, kept from one generation to the next, so the costs ``-k auto``
         learns carry over (a batch or a server pays the learning once)."""
-        if draft_p_min not in self._engines:
-            self._engines[draft_p_min] = SpeculativeEngine(
+        if self._engine is None:
+            self._engine = SpeculativeEngine(
                 self.target,
-                self.drafter(draft_p_min),
+                self.drafter(),
+                lookahead=self.lookahead,
                 costs=self.costs,
                 clock=self.clock,
                 busy=self.busy,
             )
-        return self._engines[draft_p_min]
+        return self._engine
 
 
 def vocabulary_tag(model: LoadedModel) -> str:
@@ -250,104 +266,11 @@ def vocabulary_tag(model: LoadedModel) -> str:
     return store.text_key(str(model.n_vocab), *texts)
 
 
-def rollback_path(target: Path) -> Path:
-    """Where the last run on this target file left how its recurrent state rolled back."""
-    return store.path("rollback", store.file_key(target))
-
-
-def check_fit(target: LoadedModel, draft: LoadedModel) -> None:
-    """Refuse a draft whose vocabulary, as llama.cpp reads it, does not fit the target (the
-    result cached per file pair)."""
-    stamp = _fit_stamp(target.path, draft.path)
-    if stamp.is_file():
-        return
-    verdict = compat.check(target, draft)
-    if not verdict:
-        raise UserError(unfit(verdict, target.path.name, draft.path.name))
-    store.write_text(stamp, f"{target.path}\n{draft.path}\n")  # read-only: check next time
-
-
-def check_headers_fit(
-    target: Path, draft: Path, headers: tuple[gguf.Header | None, gguf.Header | None]
-) -> None:
-    """The vocabulary check on the two files' headers (``read_header``), before any weights
-    load (a 27B target and its draft take a while to load only to be refused), with the
-    families' own advice."""
-    if _fit_stamp(target, draft).is_file():
-        return
-    target_header, draft_header = headers
-    if target_header is None or draft_header is None:
-        return  # llama.cpp reads it, or fails on it, when it loads
-    try:
-        vocabs = (
-            gguf.HeaderVocabulary(target_header, target.name),
-            gguf.HeaderVocabulary(draft_header, draft.name),
-        )
-    except gguf.GGUFError:
-        return
-    verdict = compat.check(*vocabs)
-    if not verdict:
-        t_arch, d_arch = (
-            str(h.get("general.architecture") or "") for h in (target_header, draft_header)
-        )
-        step = compat.advice(verdict, t_arch, d_arch, vocabs[0], vocabs[1])
-        raise UserError(unfit(verdict, target.name, draft.name, step))
-
-
-def unfit(verdict: compat.Fit, target: str, draft: str, advice: str = "") -> str:
-    """What a draft that does not fit its target says: why, and what to do."""
-    step = advice or "pick a draft from the target's model family"
-    return f"draft {draft} cannot serve target {target}: {verdict.reason}; {step}"
-
-
-def _fit_stamp(target: Path, draft: Path) -> Path:
-    return store.path("compat", store.file_key(target, draft), suffix="")
-
-
-def costs_path(target: LoadedModel, draft: LoadedModel | None, options: PairOptions) -> Path:
-    """Where the costs ``-k auto`` measured for these model files on this machine, with these
-    threads, GPU layers and workers, are kept."""
-    from specgen.host.machine import build_id, cpu_flags
-
+def _costs_file(target: LoadedModel, draft: LoadedModel | None, options: PairOptions) -> Path:
     files = [target.path] if draft is None else [target.path, draft.path]
-    machine = [
-        cpu_flags(),
-        build_id(),
-        target.n_threads,
-        draft.n_threads if draft else 0,
-        options.target_gpu_layers,
-        options.draft_gpu_layers,
-        list(options.workers),
-        options.local_head,
-    ]
-    return store.path(
-        "costs", _costs_prefix(files) + store.text_key(json.dumps(machine, default=str))
-    )
-
-
-def _costs_prefix(files: list[Path]) -> str:
-    """The part of a costs file's name that names the model files (the rest: the machine)."""
-    return store.file_key(*files) + "-"
-
-
-def remembered_costs(target: Path, draft: Path | None) -> CostBook | None:
-    """The costs last kept for these files on this machine, whatever the threads and layers
-    (``doctor`` reads them); None where no run kept any."""
-    pattern = store.path(
-        "costs", _costs_prefix([target] if draft is None else [target, draft]) + "*"
-    )
-    kept = sorted(pattern.parent.glob(pattern.name), key=lambda f: f.stat().st_mtime)
-    return load_costs(kept[-1]) if kept else None
-
-
-def load_costs(path: Path | None) -> CostBook:
-    """The costs an earlier process kept at ``path`` (none, or unreadable: start afresh)."""
-    if path is None:
-        return CostBook()
-    try:
-        return CostBook.restore(store.read_json(path, {}))
-    except (ValueError, TypeError, AttributeError):
-        return CostBook()
+    threads = [target.n_threads, draft.n_threads if draft else 0]
+    layers = [options.target_gpu_layers, options.draft_gpu_layers]
+    return costs_path(files, [*threads, *layers, list(options.workers), options.local_head])
 
 
 def open_pair(
@@ -367,7 +290,13 @@ def open_pair(
     return load_pair(
         target_path,
         draft_path,
-        replace(options, workers=decision.choice.workers, mtp=decision.mtp, rollback_window=window),
+        replace(
+            options,
+            workers=decision.choice.workers,
+            mtp=decision.mtp,
+            rollback_window=window,
+            lookahead=decision.lookahead,
+        ),
         ngram=decision.ngram,
     )
 
@@ -390,13 +319,13 @@ def _load(target: str | Path, draft: str | Path | None, options: PairOptions, ng
 
     backend = BACKEND
     target_path = _existing(target, "target")
-    target_header = read_header(target_path)
+    target_header = header_of(target_path)
     check_loadable(target_path, target_header, "target", options.mtp)
     if draft is not None and options.mtp:
         raise UserError("a pair drafts with a draft model or with its target's MTP head, not both")
     if draft is not None:
         draft_path = _existing(draft, "draft")
-        draft_header = read_header(draft_path)
+        draft_header = header_of(draft_path)
         check_loadable(draft_path, draft_header, "draft", False)
         check_headers_fit(target_path, draft_path, (target_header, draft_header))
     target_model = backend.load(
@@ -418,10 +347,12 @@ def _load(target: str | Path, draft: str | Path | None, options: PairOptions, ng
             target_model,
             None,
             ngram,
-            costs_path(target_model, None, options),
+            _costs_file(target_model, None, options),
             backend.clock,
             head=head,
             busy=backend.busy,
+            lookahead=options.lookahead,
+            draft_p_min=options.draft_p_min,
         )
     draft_model = backend.load(
         draft_path,
@@ -435,44 +366,12 @@ def _load(target: str | Path, draft: str | Path | None, options: PairOptions, ng
         target_model,
         draft_model,
         ngram,
-        costs_path(target_model, draft_model, options),
+        _costs_file(target_model, draft_model, options),
         backend.clock,
         busy=backend.busy,
+        lookahead=options.lookahead,
+        draft_p_min=options.draft_p_min,
     )
-
-
-def read_header(path: Path) -> gguf.Header | None:
-    """A file's GGUF header with its tensor names, read once for every check before loading;
-    None where it cannot be read (llama.cpp then fails on the file with an error)."""
-    try:
-        return gguf.read_local(str(path), tensors=True)
-    except (OSError, gguf.GGUFError):
-        return None
-
-
-def check_loadable(path: Path, header: gguf.Header | None, role: str, mtp: bool) -> None:
-    """Refuse, from its header, a file that would make llama.cpp abort the process, and an MTP
-    head asked of a target without one. A file whose header cannot be read is left to
-    llama.cpp, which fails on it with an error, not an abort."""
-    if header is None:
-        if mtp:
-            raise UserError(f"{path.name}: cannot read its GGUF header to find its MTP layers")
-        return
-    found = arch.layout(header)
-    if mtp and found.mtp_layers == 0:
-        raise UserError(
-            f"{path.name} has no MTP layers (no tensor blk.N.nextn.eh_proj.weight) to draft "
-            f"with; give a --draft model, or --draft ngram"
-        )
-    if role == "draft" and "assistant" in found.architecture:
-        raise UserError(
-            f"{path.name} is a {found.architecture} drafter, which shares the target's cache; "
-            f"llama-cpp-python cannot drive that yet: draft with a small model of the family "
-            f"(Gemma 4 E2B), or --draft ngram"
-        )
-    problem = arch.load_problem(found, mtp)
-    if problem:
-        raise UserError(f"{role} {path.name}: {problem}")
 
 
 def _existing(path: str | Path, role: str) -> Path:

@@ -1,0 +1,101 @@
+"""Whether model files may be loaded, and whether a draft fits its target: from the GGUF
+headers before llama.cpp sees the files (some make it abort the process), and from the loaded
+vocabularies after (the verdict cached per file pair)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol
+
+from specgen.errors import UserError
+from specgen.host import store
+from specgen.models import arch, compat, gguf
+
+
+class ModelFile(compat.VocabView, Protocol):
+    """A loaded model's vocabulary and the file it came from."""
+
+    path: Path
+
+
+def check_fit(target: ModelFile, draft: ModelFile) -> None:
+    """Refuse a draft whose vocabulary, as llama.cpp reads it, does not fit the target (the
+    result cached per file pair)."""
+    stamp = _fit_stamp(target.path, draft.path)
+    if stamp.is_file():
+        return
+    verdict = compat.check(target, draft)
+    if not verdict:
+        raise UserError(unfit(verdict, target.path.name, draft.path.name))
+    store.write_text(stamp, f"{target.path}\n{draft.path}\n")  # read-only: check next time
+
+
+def check_headers_fit(
+    target: Path, draft: Path, headers: tuple[gguf.Header | None, gguf.Header | None]
+) -> None:
+    """The vocabulary check on the two files' headers (``header_of``), before any weights
+    load (a 27B target and its draft take a while to load only to be refused), with the
+    families' own advice."""
+    if _fit_stamp(target, draft).is_file():
+        return
+    target_header, draft_header = headers
+    if target_header is None or draft_header is None:
+        return  # llama.cpp reads it, or fails on it, when it loads
+    try:
+        vocabs = (
+            gguf.HeaderVocabulary(target_header, target.name),
+            gguf.HeaderVocabulary(draft_header, draft.name),
+        )
+    except gguf.GGUFError:
+        return
+    verdict = compat.check(*vocabs)
+    if not verdict:
+        t_arch, d_arch = (
+            str(h.get("general.architecture") or "") for h in (target_header, draft_header)
+        )
+        step = compat.advice(verdict, t_arch, d_arch, vocabs[0], vocabs[1])
+        raise UserError(unfit(verdict, target.name, draft.name, step))
+
+
+def unfit(verdict: compat.Fit, target: str, draft: str, advice: str = "") -> str:
+    """What a draft that does not fit its target says: why, and what to do."""
+    step = advice or "pick a draft from the target's model family"
+    return f"draft {draft} cannot serve target {target}: {verdict.reason}; {step}"
+
+
+def _fit_stamp(target: Path, draft: Path) -> Path:
+    return store.path("compat", store.file_key(target, draft), suffix="")
+
+
+def header_of(path: Path) -> gguf.Header | None:
+    """A file's GGUF header with its tensor names, read once for every check before loading;
+    None where it cannot be read (llama.cpp then fails on the file with an error)."""
+    try:
+        return gguf.read_local(str(path), tensors=True)
+    except (OSError, gguf.GGUFError):
+        return None
+
+
+def check_loadable(path: Path, header: gguf.Header | None, role: str, mtp: bool) -> None:
+    """Refuse, from its header, a file that would make llama.cpp abort the process, and an MTP
+    head asked of a target without one. A file whose header cannot be read is left to
+    llama.cpp, which fails on it with an error, not an abort."""
+    if header is None:
+        if mtp:
+            raise UserError(f"{path.name}: cannot read its GGUF header to find its MTP layers")
+        return
+    found = arch.layout(header)
+    if mtp and found.mtp_layers == 0:
+        raise UserError(
+            f"{path.name} has no MTP layers (no tensor blk.N.nextn.eh_proj.weight) to draft "
+            f"with; give a --draft model, or --draft ngram"
+        )
+    if role == "draft" and "assistant" in found.architecture:
+        raise UserError(
+            f"{path.name} is a {found.architecture} drafter, which shares the target's cache; "
+            f"llama-cpp-python cannot drive that yet: draft with a small model of the family "
+            f"(Gemma 4 E2B), or --draft ngram"
+        )
+    problem = arch.load_problem(found, mtp)
+    if problem:
+        raise UserError(f"{role} {path.name}: {problem}")
