@@ -278,7 +278,7 @@ def _self_test() -> dict[str, Any]:
 def _pairs() -> list[PairFacts]:
     from specgen.models.registry import Registry, cached
     from specgen.session.choice import Choice
-    from specgen.session.memo import found_here, memo_path
+    from specgen.session.memo import found_for
     from specgen.session.remembered import remembered_costs, remembered_rollbacks
 
     try:
@@ -292,7 +292,7 @@ def _pairs() -> list[PairFacts]:
         bench: dict[str, Any] = {}
         choice = Choice(pair.target, pair.draft, pair, pair.ngram, mtp=pair.mtp)
         if downloaded:
-            bench = found_here(memo_path(choice, 0, -1))
+            bench = found_for(choice)
         target = files.get("target")
         measured = remembered_rollbacks(target) if target else {}
         if isinstance(measured, dict) and measured.get("checkpoint"):

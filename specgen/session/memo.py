@@ -38,8 +38,6 @@ MEMO_VERSION = 1
 def memo_path(choice: Choice, threads: int, gpu_layers: int) -> Path:
     """Where ``specgen bench`` keeps, and ``specgen run`` finds, what was measured for these
     models on this machine with these threads and GPU layers."""
-    draft = choice.draft.label() if choice.draft else "mtp" if choice.mtp else "-"
-    models = [choice.target.label(), draft]
     machine: dict[str, object] = {
         "cpu": platform.processor() or platform.machine(),
         "flags": cpu_flags(),
@@ -50,8 +48,22 @@ def memo_path(choice: Choice, threads: int, gpu_layers: int) -> Path:
     }
     if choice.workers:  # a verify over the network costs otherwise: K is measured apart
         machine["workers"] = list(choice.workers)
-    key = store.text_key(json.dumps([models, machine], sort_keys=True, default=str))
-    return store.path("bench", key)
+    key = store.text_key(json.dumps(machine, sort_keys=True, default=str))
+    return store.path("bench", f"{_models_key(choice)}-{key}")
+
+
+def _models_key(choice: Choice) -> str:
+    """The part of a memo's name that names the models (the rest: the machine and settings)."""
+    draft = choice.draft.label() if choice.draft else "mtp" if choice.mtp else "-"
+    return store.text_key(json.dumps([choice.target.label(), draft]))
+
+
+def found_for(choice: Choice) -> dict[str, dict[str, object]]:
+    """What bench last found for these models on this machine, with whatever threads, GPU
+    layers or workers it ran (``doctor`` shows it): the newest memo's findings by mode."""
+    pattern = store.path("bench", f"{_models_key(choice)}-*")
+    kept = sorted(pattern.parent.glob(pattern.name), key=lambda f: f.stat().st_mtime)
+    return found_here(kept[-1]) if kept else {}
 
 
 def mode_of(temperature: float) -> str:

@@ -1,0 +1,24 @@
+"""The bench memo: one file per models and machine settings, found by ``run`` for its own
+settings and by ``doctor`` whatever the threads bench ran with."""
+
+from __future__ import annotations
+
+from tests.conftest import FakePair
+
+
+def test_doctor_finds_what_bench_found_at_any_threads(fake_pair: FakePair) -> None:
+    from specgen.models.registry import Registry
+    from specgen.session.choice import choose
+    from specgen.session.memo import Finding, found_for, memo_path, recall, remember
+
+    registry = Registry.load()
+    choice = choose(registry, None, str(fake_pair.target), str(fake_pair.draft))
+    other = choose(registry, None, str(fake_pair.draft), str(fake_pair.draft))
+    one_thread = memo_path(choice, 1, -1)
+    assert one_thread != memo_path(choice, 2, -1)  # run finds only its own settings' verdict
+    remember(one_thread, [Finding(0.0, 4, 1.5, 0.2)], "2026-12-03")
+    assert recall(memo_path(choice, 2, -1), 0.0) is None
+    assert recall(one_thread, 0.0) is not None
+    found = found_for(choice)
+    assert found["greedy"]["variant"] == 4 and found["greedy"]["speedup"] == 1.5
+    assert found_for(other) == {}  # another pair's models see none of it
