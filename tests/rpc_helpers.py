@@ -1,18 +1,20 @@
-"""Workers for tests and benchmarks: a real `specgen worker` on 127.0.0.1, and a byte-counting
-TCP proxy to put in front of one (how many bytes a load and a verify send, each way)."""
+"""Workers for tests and benchmarks: a real `specgen worker` on 127.0.0.1, a byte-counting TCP
+proxy to put in front of one (how many bytes a load and a verify send, each way), and fake
+servers that answer the RPC handshake as a test scripts them."""
 
 from __future__ import annotations
 
-import os
 import socket
+import struct
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from specgen.host import rpc
 from tests.conftest import free_port
+from tests.invoke import specgen_popen
 
 
 def wait_for_worker(
@@ -38,22 +40,16 @@ def wait_for_worker(
 def worker(*extra: str, threads: int = 1) -> Iterator[tuple[str, subprocess.Popen]]:
     """A `specgen worker` subprocess on a free loopback port; stopped on the way out."""
     port = free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "specgen",
-            "worker",
-            "--port",
-            str(port),
-            "--threads",
-            str(threads),
-            *extra,
-        ],
+    proc = specgen_popen(
+        "worker",
+        "--port",
+        str(port),
+        "--threads",
+        str(threads),
+        *extra,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env=dict(os.environ),
     )
     endpoint = f"127.0.0.1:{port}"
     try:
@@ -119,3 +115,36 @@ class CountingProxy:
 
     def close(self) -> None:
         self._server.close()
+
+
+@contextmanager
+def fake_server(answer) -> Iterator[rpc.Endpoint]:
+    """A TCP server whose every connection is handed to ``answer(conn)``."""
+    server = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            held.append(conn)
+            answer(conn)
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        yield rpc.Endpoint("127.0.0.1", server.getsockname()[1])
+    finally:
+        server.close()
+        for conn in held:
+            conn.close()
+
+
+def hello_reply(version: tuple[int, int, int]):
+    def answer(conn: socket.socket) -> None:
+        request = conn.recv(1 + 8 + 24)
+        assert request[0] == 14 and struct.unpack("<Q", request[1:9])[0] == 24
+        conn.sendall(struct.pack("<Q", 28) + bytes(version) + bytes(25))
+
+    return answer

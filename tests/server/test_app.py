@@ -1,0 +1,367 @@
+"""The server's app in this process, over fake models: the official `openai` client and plain
+HTTP through httpx's ASGI transport (no socket), and the queue on its own. The server over
+uvicorn is in test_serve.py (on fakes) and tests/integration/test_server.py (the real demo pair)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import httpx2 as httpx
+import pytest
+
+from tests.conftest import FakePair
+from tests.invoke import specgen_here
+
+openai = pytest.importorskip("openai")
+KEY = "sk-specgen-test"
+
+
+def run_cli(fakes: FakePair, *args: str) -> dict:
+    done = specgen_here("run", *args, *fakes.args("--temperature", "0", "--json"))
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+@pytest.fixture
+def generator(fake_pair: FakePair):
+    from specgen.api import Specgen
+
+    return Specgen(target=fake_pair.target, draft=fake_pair.draft, threads=2)
+
+
+@pytest.fixture
+def app(generator):
+    from specgen.server import create_app
+
+    return create_app(generator, api_key=KEY, max_queue=0)
+
+
+class AppClient:
+    """Requests to the app in this process (no socket), all on one event loop, as a server's
+    requests are: plain HTTP (``request``) or the official async `openai` client (``openai``)."""
+
+    def __init__(self, app) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.http = httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://specgen"
+        )
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        key: str | None = KEY,
+        headers: dict[str, str] | None = None,
+        **kwargs,
+    ) -> httpx.Response:
+        auth = {"Authorization": f"Bearer {key}"} if key else {}
+        return self.loop.run_until_complete(
+            self.http.request(method, path, headers={**auth, **(headers or {})}, **kwargs)
+        )
+
+    def post(self, path: str, **kwargs) -> httpx.Response:
+        return self.request("POST", path, **kwargs)
+
+    def openai(self, work):
+        """``work(client)`` with the official async `openai` client, run to the end."""
+        client = openai.AsyncOpenAI(
+            base_url="http://specgen/v1", api_key=KEY, http_client=self.http, max_retries=0
+        )
+        return self.loop.run_until_complete(work(client))
+
+    def metric(self, name: str) -> float:
+        text = self.request("GET", "/metrics", key=None).text
+        return sum(
+            float(line.split()[-1])
+            for line in text.splitlines()
+            if line.startswith(name + " ") or line.startswith(name + "{")
+        )
+
+    def close(self) -> None:
+        self.loop.run_until_complete(self.http.aclose())
+        self.loop.close()
+
+
+@pytest.fixture
+def http(app) -> Iterator[AppClient]:
+    client = AppClient(app)
+    yield client
+    client.close()
+
+
+def test_greedy_chat_and_completions_equal_specgen_run(http, fake_pair: FakePair) -> None:
+    async def work(client):
+        chat = await client.chat.completions.create(
+            model="x",
+            messages=[{"role": "user", "content": "What is the capital?"}],
+            temperature=0,
+            max_tokens=24,
+        )
+        completion = await client.completions.create(
+            model="x", prompt="The capital is", temperature=0, max_tokens=24
+        )
+        pieces = [
+            c.choices[0].text
+            async for c in await client.completions.create(
+                model="x", prompt="The capital is", temperature=0, max_tokens=24, stream=True
+            )
+        ]
+        streamed = [
+            c.choices[0].delta.content or ""
+            async for c in await client.chat.completions.create(
+                model="x",
+                messages=[{"role": "user", "content": "What is the capital?"}],
+                temperature=0,
+                max_tokens=24,
+                stream=True,
+            )
+            if c.choices
+        ]
+        return chat, completion, pieces, streamed
+
+    chat, completion, pieces, streamed = http.openai(work)
+    assert (
+        chat.choices[0].message.content
+        == run_cli(fake_pair, "What is the capital?", "-n", "24")["text"]
+    )
+    assert chat.choices[0].finish_reason == "length" and chat.object == "chat.completion"
+    assert (
+        completion.choices[0].text
+        == run_cli(fake_pair, "The capital is", "-n", "24", "--raw")["text"]
+    )
+    assert "".join(pieces) == completion.choices[0].text
+    assert "".join(streamed) == chat.choices[0].message.content
+
+
+def test_timings_usage_and_metrics_agree(http) -> None:
+    names = (
+        "specgen_spec_decode_num_draft_tokens_total",
+        "specgen_spec_decode_num_accepted_tokens_total",
+        "specgen_generation_tokens_total",
+        "specgen_spec_decode_num_accepted_tokens_per_pos_total",
+    )
+    before = {name: http.metric(name) for name in names}
+    body = http.post(
+        "/v1/completions",
+        json={"prompt": "Once upon a time", "temperature": 0.7, "seed": 3, "max_tokens": 40},
+    ).json()
+    timings, usage = body["timings"], body["usage"]
+    assert timings["predicted_n"] == usage["completion_tokens"] == 40
+    assert 0 < timings["draft_n_accepted"] <= timings["draft_n"]
+    assert timings["prompt_n"] + timings["cache_n"] == usage["prompt_tokens"]
+    after = {name: http.metric(name) for name in names}
+    assert after[names[2]] - before[names[2]] == usage["completion_tokens"]
+    assert after[names[0]] - before[names[0]] == timings["draft_n"]
+    accepted = after[names[1]] - before[names[1]]
+    assert accepted == timings["draft_n_accepted"]
+    assert after[names[3]] - before[names[3]] == accepted
+    assert http.metric("specgen_request_latency_seconds_count") > 0
+
+
+def test_a_second_chat_turn_reuses_the_first(http) -> None:
+    first = [{"role": "user", "content": "Name a colour."}]
+    answer = http.post(
+        "/v1/chat/completions", json={"messages": first, "temperature": 0, "max_tokens": 16}
+    ).json()
+    reply = answer["choices"][0]["message"]["content"]
+    turn_two = [
+        *first,
+        {"role": "assistant", "content": reply},
+        {"role": "user", "content": "And another one?"},
+    ]
+    two = http.post(
+        "/v1/chat/completions", json={"messages": turn_two, "temperature": 0, "max_tokens": 16}
+    ).json()
+    cached = two["timings"]["cache_n"]
+    assert cached >= answer["usage"]["prompt_tokens"]  # all of turn one's prompt, at least
+    assert two["timings"]["prompt_n"] == two["usage"]["prompt_tokens"] - cached
+    assert two["usage"]["prompt_tokens_details"]["cached_tokens"] == cached
+
+
+def test_bad_requests_get_openai_errors(http) -> None:
+    url = "/v1/chat/completions"
+    hi = [{"role": "user", "content": "hi"}]
+    cases = [
+        (b"{not json", 400, "invalid_json"),
+        (json.dumps({"messages": "hi"}).encode(), 422, "invalid_value"),
+        (json.dumps({"messages": hi, "temperature": "hot"}).encode(), 422, "invalid_value"),
+        (json.dumps({"messages": hi, "top_p": 2}).encode(), 422, "invalid_value"),
+        (
+            json.dumps({"messages": [{"role": "robot", "content": "hi"}]}).encode(),
+            422,
+            "invalid_value",
+        ),
+        (
+            json.dumps({"messages": [{"role": "user", "content": "x" * (2 << 20)}]}).encode(),
+            413,
+            "request_too_large",
+        ),
+        (
+            json.dumps(
+                {"messages": [{"role": "user", "content": "word " * 500}], "max_tokens": 4}
+            ).encode(),
+            400,
+            None,
+        ),
+    ]
+    for body, status, code in cases:
+        response = http.post(url, content=body, headers={"Content-Type": "application/json"})
+        assert response.status_code == status, (body[:60], response.text)
+        error = response.json()["error"]
+        assert error["message"] and (code is None or error["code"] == code)
+    too_long = http.post(url, json={"messages": [{"role": "user", "content": "word " * 500}]})
+    assert "does not fit the context" in too_long.json()["error"]["message"]
+    unknown = http.post(
+        url, json={"messages": hi, "max_tokens": 2, "frequency_penalty": 0, "user": "me"}
+    )
+    assert unknown.status_code == 200  # fields other clients send are ignored
+
+    async def chunks() -> AsyncIterator[bytes]:
+        for _ in range(40):
+            yield b"x" * 65536
+
+    chunked = http.post(
+        url,
+        content=chunks(),  # no Content-Length
+        headers={"Content-Type": "application/json"},
+    )
+    assert chunked.status_code == 413 and chunked.json()["error"]["code"] == "request_too_large"
+    assert http.post(url, key=None, json={"messages": []}).status_code == 401
+    assert http.post(url, key="wrong", json={}).status_code == 401
+    assert http.request("GET", "/health", key=None).status_code == 200  # no key off /v1
+    assert http.request("GET", "/v1/models").json()["data"][0]["object"] == "model"
+
+
+def test_back_to_back_requests_never_find_the_model_busy(http) -> None:
+    """With --queue 0, a request sent the moment the last answer arrived still gets the model:
+    an answer is only sent once its generation has given the model back; an error is an answer
+    too."""
+    for i in range(12):
+        answer = http.post(
+            "/v1/completions", json={"prompt": f"Number {i}:", "max_tokens": 2, "temperature": 0}
+        )
+        assert answer.status_code == 200
+        assert answer.json()["choices"][0]["finish_reason"] in ("length", "stop")
+        refused = http.post("/v1/completions", json={"prompt": "word " * 500})
+        assert refused.status_code == 400, refused.text  # too long for the context, not busy
+
+
+class Held:
+    """A generator whose generations wait, after their first piece, until ``go`` is set, and
+    say how they ended."""
+
+    name = "held"
+
+    def __init__(self) -> None:
+        self.go = threading.Event()
+        self.started = threading.Event()
+        self.ended: list[str] = []
+
+    def stream_events(
+        self,
+        prompt,
+        settings=None,
+        *,
+        system=None,
+        reuse_prefix=False,
+        cancelled=None,
+        chat=None,
+        tools=None,
+    ) -> Iterator[object]:
+        from specgen.engine import TextChunk
+        from specgen.session.generate import Result
+        from specgen.stats import Stats
+
+        stats = Stats(lookahead=4, seed=0)
+        yield TextChunk("first ")
+        self.started.set()
+        for _ in range(200):  # one "cycle" each 10 ms, as a generation checks between cycles
+            if cancelled is not None and cancelled():
+                stats.finish("cancelled")
+                break
+            if self.go.wait(0.01):
+                stats.finish("max_tokens")
+                break
+        self.ended.append(stats.stop_reason or "")
+        yield Result("first ", stats)
+
+
+def test_a_full_queue_answers_503_and_a_request_that_goes_away_cancels() -> None:
+    from specgen.api import Settings
+    from specgen.server.openai import ApiError
+    from specgen.server.queue import GenerationQueue, Job
+
+    held = Held()
+
+    async def main() -> None:
+        queue = GenerationQueue(held, max_queue=0)
+        first = Job("a", Settings(), threading.Event(), False)
+        events = queue.run(first)
+        assert (await anext(events)).text == "first "
+        await asyncio.to_thread(held.started.wait, 5)
+        with pytest.raises(ApiError) as busy:  # one generating, none may wait
+            await anext(queue.run(Job("b", Settings(), threading.Event(), False)))
+        assert busy.value.status == 503 and busy.value.headers["Retry-After"] == "1"
+        await events.aclose()  # the request went away: its generation stops at the next cycle
+        async with queue.lock:  # given back once that generation has ended, not before
+            assert held.ended == ["cancelled"]
+        second = queue.run(Job("c", Settings(), threading.Event(), False))
+        assert (await anext(second)).text == "first "
+        held.go.set()
+        result = await anext(second)
+        assert result.stats.stop_reason == "max_tokens"
+
+    asyncio.run(main())
+
+
+def test_the_python_api_generates_as_run_does(generator, fake_pair: FakePair) -> None:
+    from specgen.engine import TextChunk
+    from specgen.session.generate import Result
+
+    result = generator.generate("What is the capital?", temperature=0, max_tokens=16)
+    assert isinstance(result, Result) and result.stats.n_generated == 16
+    assert result.text == run_cli(fake_pair, "What is the capital?", "-n", "16")["text"]
+    pieces = list(
+        generator.stream(
+            [{"role": "user", "content": "What is the capital?"}], temperature=0, max_tokens=16
+        )
+    )
+    assert "".join(pieces) == result.text and generator.last is not None
+    events = list(generator.stream_events("Once upon a time", chat=False))
+    assert isinstance(events[-1], Result)
+    assert all(isinstance(e, TextChunk) for e in events[:-1])
+
+
+def test_serve_takes_the_k_bench_found(fake_pair: FakePair) -> None:
+    from specgen.api import Specgen
+    from specgen.models.registry import Registry
+    from specgen.session.choice import choose
+    from specgen.session.memo import MEMO_VERSION, memo_path
+
+    choice = choose(Registry.load(), None, str(fake_pair.target), str(fake_pair.draft))
+    memo = memo_path(choice, 2, -1)
+    memo.parent.mkdir(parents=True, exist_ok=True)
+    memo.write_text(
+        json.dumps(
+            {
+                "schema": MEMO_VERSION,
+                "sampled": {"variant": 3, "speedup": 1.3, "temperature": 0.8, "date": "2026-11-29"},
+            }
+        )
+    )
+    sg = Specgen(target=fake_pair.target, draft=fake_pair.draft, threads=2, from_bench=True)
+    assert sg.lookahead == 3 and "specgen bench" in sg.note
+    assert Specgen(target=fake_pair.target, draft=fake_pair.draft, threads=2).lookahead == "auto"
+    assert Path(sg.target_path) == fake_pair.target
+
+
+def test_a_json_body_sent_as_a_form_is_read_as_json(http) -> None:
+    """``curl -d`` sends a JSON body with a form's content type; the API reads it as JSON."""
+    body = json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    reply = http.post("/v1/chat/completions", content=body, headers=form)
+    assert reply.status_code == 200 and reply.json()["choices"][0]["message"]["content"]
