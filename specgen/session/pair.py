@@ -341,33 +341,26 @@ def _load(target: str | Path, draft: str | Path | None, options: PairOptions, ng
         ),
         options.verbose,
     )
+    head, draft_model = None, None
     if draft is None:
         head = backend.attach_mtp(target_model) if options.mtp else None
-        return Pair(
-            target_model,
-            None,
-            ngram,
-            _costs_file(target_model, None, options),
-            backend.clock,
-            head=head,
-            busy=backend.busy,
-            lookahead=options.lookahead,
-            draft_p_min=options.draft_p_min,
+    else:
+        draft_model = backend.load(
+            draft_path,
+            # A draft model drafts one token a decode: its rollbacks span decodes, which
+            # snapshots cannot cover, so a recurrent draft rolls back by checkpoint and keeps
+            # none.
+            ModelOptions(target_model.n_ctx, options.draft_threads, options.draft_gpu_layers),
+            options.verbose,
         )
-    draft_model = backend.load(
-        draft_path,
-        # A draft model drafts one token a decode: its rollbacks span decodes, which snapshots
-        # cannot cover, so a recurrent draft rolls back by checkpoint and keeps none.
-        ModelOptions(target_model.n_ctx, options.draft_threads, options.draft_gpu_layers),
-        options.verbose,
-    )
-    check_fit(target_model, draft_model)
+        check_fit(target_model, draft_model)
     return Pair(
         target_model,
         draft_model,
         ngram,
         _costs_file(target_model, draft_model, options),
         backend.clock,
+        head=head,
         busy=backend.busy,
         lookahead=options.lookahead,
         draft_p_min=options.draft_p_min,
