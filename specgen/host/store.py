@@ -42,6 +42,14 @@ def path(kind: str, key: str, suffix: str = ".json") -> Path:
     return cache_root() / kind / f"{key}{suffix}"
 
 
+def newest(kind: str, prefix: str, suffix: str = ".json") -> Path | None:
+    """The record of ``kind`` whose key starts with ``prefix`` written last (None: none): what
+    was kept for some models whatever the settings that make up the rest of its key."""
+    folder = cache_root() / kind
+    kept = sorted(folder.glob(f"{prefix}*{suffix}"), key=lambda f: f.stat().st_mtime)
+    return kept[-1] if kept else None
+
+
 def text_key(*parts: str) -> str:
     """A short, stable key for a list of texts (cache folder and file names)."""
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]

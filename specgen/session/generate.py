@@ -147,7 +147,7 @@ def generate(
     of text as it is accepted; pass ``stats`` to watch the counters live. Ctrl-C ends the
     generation with the text so far (``Result.interrupted``)."""
     if stats is None:
-        stats = new_stats(pair, config)
+        stats = pair.engine().new_stats(config)
     pieces: list[str] = []
     try:
         for item in stream(
@@ -181,9 +181,3 @@ def special_tokens(model: LoadedModel, texts: Sequence[str]) -> dict[str, int]:
         ):
             found[text] = tokens[0]
     return found
-
-
-def new_stats(pair: Pair, config: GenerationConfig) -> Stats:
-    """Empty statistics for a generation with this config on the pair's engine (for a live
-    view to watch), made by the engine that will fill them."""
-    return pair.engine().new_stats(config)

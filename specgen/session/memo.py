@@ -61,9 +61,8 @@ def _models_key(choice: Choice) -> str:
 def found_for(choice: Choice) -> dict[str, dict[str, object]]:
     """What bench last found for these models on this machine, with whatever threads, GPU
     layers or workers it ran (``doctor`` shows it): the newest memo's findings by mode."""
-    pattern = store.path("bench", f"{_models_key(choice)}-*")
-    kept = sorted(pattern.parent.glob(pattern.name), key=lambda f: f.stat().st_mtime)
-    return found_here(kept[-1]) if kept else {}
+    kept = store.newest("bench", f"{_models_key(choice)}-")
+    return found_here(kept) if kept is not None else {}
 
 
 def mode_of(temperature: float) -> str:

@@ -51,11 +51,8 @@ def _costs_prefix(files: list[Path]) -> str:
 def remembered_costs(target: Path, draft: Path | None) -> CostBook | None:
     """The costs last kept for these files on this machine, whatever the threads and layers
     (``doctor`` reads them); None where no run kept any."""
-    pattern = store.path(
-        "costs", _costs_prefix([target] if draft is None else [target, draft]) + "*"
-    )
-    kept = sorted(pattern.parent.glob(pattern.name), key=lambda f: f.stat().st_mtime)
-    return load_costs(kept[-1]) if kept else None
+    kept = store.newest("costs", _costs_prefix([target] if draft is None else [target, draft]))
+    return load_costs(kept) if kept is not None else None
 
 
 def load_costs(path: Path | None, say: Callable[[str], None] | None = None) -> CostBook:
