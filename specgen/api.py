@@ -8,6 +8,9 @@
         print(piece, end="")
     print(sg.last.stats.accept_rate)
 
+    many = Specgen(pair="smollm2-135m-demo", parallel=4)  # four sequences at once
+    results = many.generate_many(["Hi!", "Name a colour:", "2 + 2 =", "Once"], temperature=0)
+
 The same engine, models and defaults as ``specgen run``, and no terminal code: nothing is
 printed, errors are raised (``specgen.errors``), and the caller decides what to show.
 """
@@ -21,12 +24,13 @@ from pathlib import Path
 from typing import Any
 
 from specgen.core.sampling import DEFAULT_SAMPLING
-from specgen.engine import GenerationConfig, TextChunk
+from specgen.engine import GenerationConfig, SpeculativeEngine, TextChunk
 from specgen.errors import UsageError
 from specgen.lookahead import Lookahead
 from specgen.session.batch import BatchTally
 from specgen.session.generate import Prompt, Result
 from specgen.session.pair import Pair, PairOptions
+from specgen.session.parallel import Slots
 from specgen.session.prompts import BatchItem
 from specgen.stats import Stats
 from specgen.structured.grammar import LogitBias, from_request
@@ -67,6 +71,8 @@ class Specgen:
         lookup_cache: prompt lookup keeps what earlier generations read and wrote for guesses
             across requests (False: not; a path: kept in that file between processes, and
             ``self.pair.notes`` says when it could not be read).
+        parallel: sequences generating at once (``generate_many``, batches, the server):
+            each model's context holds that many, each of ``n_ctx`` tokens.
         progress: show download and conversion progress on stderr.
     """
 
@@ -95,6 +101,7 @@ class Specgen:
         rpc: str | None = None,
         rpc_local_head: bool = True,
         lookup_cache: bool | str | Path = True,
+        parallel: int = 1,
     ) -> None:
         from specgen.session.decide import decide
         from specgen.session.pair import open_pair
@@ -128,7 +135,10 @@ class Specgen:
             lookup_cache=lookup_cache is not False,
             lookup_file=None if isinstance(lookup_cache, bool) else Path(lookup_cache),
             draft_p_min=draft_p_min,
+            parallel=parallel,
         )
+        if parallel < 1:
+            raise UsageError("parallel must be at least 1")
         self.decision = decision
         self.choice = decision.choice
         self.note = decision.note
@@ -170,10 +180,12 @@ class Specgen:
         chat: bool | None = None,
         tools: Sequence[dict[str, Any]] | None = None,
         stats: Stats | None = None,
+        engine: SpeculativeEngine | None = None,
     ) -> Iterator[TextChunk | Result]:
         """Text pieces (``TextChunk``) as they are accepted, then the ``Result``; ``tools``
         (OpenAI's shape) go to the chat template (``tool_plan`` says which, and how the
-        answer reads); ``stats``: this object's ``new_stats(settings)``, to watch live."""
+        answer reads); ``stats``: this object's ``new_stats(settings)``, to watch live;
+        ``engine``: one of ``slots()``'s (default the pair's one)."""
         from specgen.session.generate import stream
 
         use_chat = self.wants_chat(prompt, system) if chat is None else chat
@@ -187,6 +199,7 @@ class Specgen:
             reuse_prefix=reuse_prefix,
             cancelled=cancelled,
             tools=tools,
+            engine=engine,
         ):
             if isinstance(item, Result):
                 self.last = item
@@ -245,6 +258,54 @@ class Specgen:
             on_progress=on_progress,
             total=total,
         )
+
+    def slots(self) -> Slots:
+        """The pair's ``parallel`` slots, for a caller that drives generations side by side
+        itself (the server): ``specgen.session.parallel``."""
+        return Slots(self.pair)
+
+    def generate_many(
+        self,
+        prompts: Sequence[Prompt],
+        *,
+        system: str | None = None,
+        chat: bool | None = None,
+        **settings: Any,
+    ) -> list[Result]:
+        """Every prompt's whole generation, up to ``parallel`` at once (one batched target
+        pass per cycle for all of them); the results in the prompts' order. Each output is
+        what the prompt alone would give (greedy: the same tokens). ``settings`` as
+        ``generate``'s."""
+        from specgen.session.generate import stream
+
+        config = _settings(settings)
+        slots = Slots(self.pair)
+        results: dict[int, Result] = {}
+        waiting = list(enumerate(prompts))
+        waiting.reverse()
+
+        def work(at: int, prompt: Prompt) -> Callable[[SpeculativeEngine], None]:
+            use_chat = self.wants_chat(prompt, system) if chat is None else chat
+
+            def run(engine: SpeculativeEngine) -> None:
+                for item in stream(
+                    self.pair, prompt, config, chat=use_chat, system=system, engine=engine
+                ):
+                    if isinstance(item, Result):
+                        results[at] = item
+
+            return run
+
+        try:
+            while True:
+                while waiting and slots.free:
+                    slots.start(work(*waiting.pop()))
+                if not slots.step() and not waiting:
+                    break
+        finally:
+            slots.close()
+            self.pair.remember_costs()
+        return [results[i] for i in range(len(prompts))]
 
     def tool_plan(
         self, tools: Sequence[Tool], choice: ToolChoice, parallel: bool = True

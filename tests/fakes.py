@@ -15,6 +15,7 @@ llama.cpp) or in a subprocess (``SPECGEN_BACKEND=tests.fakes:fake_backend``, whi
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 import zlib
@@ -74,6 +75,8 @@ class FakeModel:
         backend_sampling: bool = True,
         rows_on_device: bool = True,
         wall_seconds: float = 0.0,
+        n_seq: int = 1,
+        n_batch: int = 512,
     ) -> None:
         self.n_vocab, self.n_ctx = n_vocab, n_ctx
         # As a llama.cpp build with backend sampling: rows come back as their top-k when asked.
@@ -93,6 +96,37 @@ class FakeModel:
         self.cache: list[int] = []
         self.decode_calls: list[tuple[int, int]] = []
         self._rows: dict[tuple[int, ...], np.ndarray] = {}  # logits_after, as computed
+        # Sequences of one context, as llama.cpp's (``backend.LlamaModel.sequence``): each a
+        # fake with a cache of its own; a batch of them costs one decode of all their tokens.
+        self.n_seq, self.n_batch, self.seq = n_seq, n_batch, 0
+        self._views: dict[int, FakeModel] = {}
+        self._gather = [None]  # shared with the views: who gathers decodes
+        self.batches: list[list[tuple[int, int, int]]] = []  # (seq, tokens, rows) per batch
+
+    def sequence(self, seq: int) -> FakeModel:
+        assert 0 <= seq < self.n_seq, f"the context holds {self.n_seq} sequences"
+        if seq == 0:
+            return self
+        if seq not in self._views:
+            view = copy.copy(self)
+            view.seq, view.cache, view.decode_calls = seq, [], []
+            view.top_k = 0
+            self._views[seq] = view
+        return self._views[seq]
+
+    def gather(self, gather) -> None:
+        self._gather[0] = gather
+
+    def decode_together(self, items) -> list:
+        assert sum(len(t) for _, t, _ in items) <= self.n_batch, "one batch at most"
+        assert len({m.seq for m, _, _ in items}) == len(items), "one item a sequence"
+        self.batches.append([(m.seq, len(t), n) for m, t, n in items])
+        self.clock.advance(
+            self.call_seconds + self.token_seconds * sum(len(t) for _, t, _ in items)
+        )
+        if self.wall_seconds:
+            time.sleep(self.wall_seconds)
+        return [m._append(t, n) for m, t, n in items]
 
     @property
     def n_past(self) -> int:
@@ -119,10 +153,17 @@ class FakeModel:
     def decode(self, tokens: list[int], n_logits: int = 1) -> np.ndarray | list[TopK]:
         assert 0 <= n_logits <= len(tokens), "logits can only be asked for decoded rows"
         assert self.n_past + len(tokens) <= self.n_ctx, "decode past the context"
-        self.decode_calls.append((len(tokens), n_logits))
+        gather = self._gather[0]
+        if gather is not None:
+            return gather(self, tokens, n_logits)
         self.clock.advance(self.call_seconds + self.token_seconds * len(tokens))
         if self.wall_seconds:
             time.sleep(self.wall_seconds)
+        return self._append(tokens, n_logits)
+
+    def _append(self, tokens: list[int], n_logits: int) -> np.ndarray | list[TopK]:
+        assert self.n_past + len(tokens) <= self.n_ctx, "decode past the context"
+        self.decode_calls.append((len(tokens), n_logits))
         self.cache.extend(tokens)
         if n_logits == 0:
             return np.empty((0, self.n_vocab), dtype=np.float32)
@@ -243,14 +284,18 @@ def write_fake(path: Path, **params: object) -> Path:
     return path
 
 
-def load_fake(path: Path, n_ctx: int, n_threads: int, clock: FakeClock) -> FakeModel:
-    """The fake a ``write_fake`` file describes, with the context and threads asked for."""
+def load_fake(
+    path: Path, n_ctx: int, n_threads: int, clock: FakeClock, n_seq: int = 1
+) -> FakeModel:
+    """The fake a ``write_fake`` file describes, with the context, threads and sequences asked
+    for."""
     params = json.loads(path.read_text())["fake_model"]
     return FakeModel(
         **{**params, "n_ctx": n_ctx or params.get("n_ctx", 512)},
         path=path,
         n_threads=n_threads or 1,
         clock=clock,
+        n_seq=n_seq,
     )
 
 
@@ -263,7 +308,7 @@ def fake_backend(clock: FakeClock | None = None) -> Backend:
     clock = clock if clock is not None else FakeClock()
 
     def load(path: Path, options: ModelOptions, verbose: bool) -> FakeModel:
-        return load_fake(path, options.n_ctx, options.n_threads, clock)
+        return load_fake(path, options.n_ctx, options.n_threads, clock, options.n_seq)
 
     return Backend(load, clock)
 

@@ -16,6 +16,12 @@ cannot be cut, so it rolls back one of two ways:
   decodes (``keep_rollback_point``), the state is copied first; a rollback restores the copy
   and decodes again the tokens that were kept. It costs that copy and that decode, every time.
 
+Sequences. A context may hold several sequences (``ModelOptions.n_seq``), each with its own
+cache of ``n_ctx`` tokens: the model is sequence 0, ``sequence(i)`` a view of sequence i on the
+same weights and context, and ``decode_together`` decodes several sequences' tokens in one
+batch (one pass over the weights for all of them). Where a scheduler gathers decodes
+(``gather``), a view's ``decode`` is handed to it instead of run at once.
+
 Rows. A decode returns the whole vocabulary's logits per row, or, once ``sample_top_k(k)`` is
 set, each row's k likeliest tokens (``core.sampling.TopK``), taken in the graph by llama.cpp's
 backend sampling: on a GPU the whole row never leaves the device. The engine chooses which
@@ -27,6 +33,7 @@ from __future__ import annotations
 import ctypes
 import os
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
@@ -74,6 +81,8 @@ class ModelOptions:
     # Rows as their top-k from llama.cpp's backend sampling where asked (``sample_top_k``);
     # SPECGEN_BACKEND_SAMPLING=0 turns it off (llama.cpp calls it experimental).
     backend_sampling: bool = field(default_factory=_backend_sampling_default)
+    # Sequences that share the context (``sequence``), each with a cache of n_ctx tokens.
+    n_seq: int = 1
 
 
 def backend_sampling() -> Literal["on", "off", "absent"]:
@@ -116,8 +125,23 @@ class DecodeListener(Protocol):
     def close(self) -> None: ...
 
 
+# A scheduler that gathers decodes: given the model (a sequence), its tokens and how many
+# rows of logits it wants, it returns them once it has decoded them with others'.
+Gather = Callable[[Any, list[int], int], Rows]
+
+
+@dataclass
+class _Shared:
+    """What every sequence of one context shares: who gathers decodes (None: none), and the
+    views made so far (freed with the context)."""
+
+    gather: Gather | None = None
+    views: dict[int, LlamaModel] = field(default_factory=dict)
+
+
 class LlamaModel(Vocabulary):
-    """A loaded model with its own context, KV cache and decode batch (one sequence, id 0)."""
+    """A loaded model with its own context, KV cache and decode batch: sequence 0 of
+    ``n_seq`` (``sequence`` gives the others)."""
 
     def __init__(
         self, path: str | Path, options: ModelOptions = ModelOptions(), verbose: bool = False
@@ -142,8 +166,9 @@ class LlamaModel(Vocabulary):
         n_ctx = options.n_ctx or min(4096, n_train or 4096)
         n_threads = options.n_threads or default_threads()
         params = llama_cpp.llama_context_default_params()
-        params.n_ctx = n_ctx
-        params.n_batch = min(options.n_batch, n_ctx)
+        params.n_ctx = n_ctx * options.n_seq
+        params.n_seq_max = options.n_seq
+        params.n_batch = min(options.n_batch, n_ctx * options.n_seq)
         params.n_ubatch = params.n_batch
         params.n_threads = n_threads
         params.n_threads_batch = n_threads
@@ -159,27 +184,51 @@ class LlamaModel(Vocabulary):
             )
         self._ctx = ctx
         self._mem = llama_cpp.llama_get_memory(ctx)
-        self.n_ctx = int(llama_cpp.llama_n_ctx(ctx))
+        self.n_seq = options.n_seq
+        self.n_ctx = int(llama_cpp.llama_n_ctx_seq(ctx))
         self.n_batch = int(params.n_batch)
         self.n_threads = n_threads
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
-        self.n_past = 0
+        self._shared = _Shared()
         self.description = self._describe()
         # Tokens a rollback may drop at once: any number for an attention model; for a
         # recurrent one, llama.cpp's snapshots (0 where its architecture has none).
         self.rollback_window = int(llama_cpp.llama_n_rs_seq(ctx)) if self.recurrent else n_ctx
         self.rollbacks = RollbackCounts()
-        self._checkpoint: _Checkpoint | None = None
-        self._last_decode = 0  # where the last decode began
-        self.head: DecodeListener | None = None  # e.g. an MTP head (``backend.mtp.attach``)
         self._tokenizer: Any = None  # llguidance's, built on the first grammar
         self.backend_sampling = BACKEND_SAMPLING and options.backend_sampling
-        self._rows = TopKRows(ctx, self.n_vocab, self.backend_sampling, self.path.name)
+        self._sequence_state(0)
         # Where its rows are computed: llama.cpp offloads the output layer first, so on a GPU
         # with any layer offloaded, or on a worker unless the head is kept here.
         self.rows_on_device = (supports_gpu_offload() and options.n_gpu_layers != 0) or (
             bool(options.workers) and not options.local_head
         )
+
+    def _sequence_state(self, seq: int) -> None:
+        """What is this sequence's own: its id, its cache's length, its rollback point, the
+        head that follows it, and its rows."""
+        self.seq = seq
+        self.n_past = 0
+        self._checkpoint: _Checkpoint | None = None
+        self._last_decode = 0  # where the last decode began
+        self.head: DecodeListener | None = None  # e.g. an MTP head (``backend.mtp.attach``)
+        self._rows = TopKRows(self._ctx, self.n_vocab, self.backend_sampling, self.path.name, seq)
+
+    def sequence(self, seq: int) -> LlamaModel:
+        """Sequence ``seq`` (0 is this model itself) of this context: the same weights, its own
+        cache. Freed with the model."""
+        assert 0 <= seq < self.n_seq, f"the context holds {self.n_seq} sequences"
+        if seq == 0 or seq in self._shared.views:
+            return self._shared.views.get(seq, self)
+        view = object.__new__(LlamaModel)
+        view.__dict__.update(self.__dict__)
+        view._sequence_state(seq)
+        self._shared.views[seq] = view
+        return view
+
+    def gather(self, gather: Gather | None) -> None:
+        """From now on every sequence's ``decode`` goes to ``gather`` (None: decoded at once)."""
+        self._shared.gather = gather
 
     @property
     def rollback_anywhere(self) -> bool:
@@ -192,7 +241,7 @@ class LlamaModel(Vocabulary):
         attention model. The state is allocated on the first decode: ask after it."""
         if not self.recurrent:
             return 0
-        return int(llama_cpp.llama_state_seq_get_size_ext(self._ctx, 0, _PARTIAL))
+        return int(llama_cpp.llama_state_seq_get_size_ext(self._ctx, self.seq, _PARTIAL))
 
     def _describe(self) -> str:
         buf = ctypes.create_string_buffer(256)
@@ -220,37 +269,61 @@ class LlamaModel(Vocabulary):
         assert 0 <= n_logits <= len(tokens), "logits can only be asked for decoded rows"
         if self.n_past + len(tokens) > self.n_ctx:
             raise ContextFull(f"the context of {self.n_ctx} tokens is full")
-        start = 0
-        while start < len(tokens):
+        gather = self._shared.gather
+        if gather is not None:
+            return gather(self, tokens, n_logits)
+        rows: Rows = np.empty((0, self.n_vocab), dtype=np.float32)
+        for start in range(0, len(tokens), self.n_batch):
             chunk = tokens[start : start + self.n_batch]
-            first_logit_row = len(tokens) - n_logits - start
-            self._decode_chunk(chunk, first_logit_row)
-            start += len(chunk)
-        if n_logits == 0:
-            return np.empty((0, self.n_vocab), dtype=np.float32)
-        if self.top_k:
-            return self._rows.rows(n_logits)
-        ptr = llama_cpp.llama_get_logits(self._ctx)
-        return np.ctypeslib.as_array(ptr, shape=(n_logits, self.n_vocab))
+            wanted = max(0, n_logits - (len(tokens) - start - len(chunk)))
+            rows = self.decode_together([(self, chunk, min(wanted, len(chunk)))])[0]
+        return rows
 
-    def _decode_chunk(self, chunk: list[int], first_logit_row: int) -> None:
-        batch = self._batch
-        for i, token in enumerate(chunk):
-            batch.token[i] = token
-            batch.pos[i] = self.n_past + i
-            batch.n_seq_id[i] = 1
-            batch.seq_id[i][0] = 0
-            batch.logits[i] = i >= first_logit_row
-        batch.n_tokens = len(chunk)
+    def decode_together(self, items: Sequence[tuple[Any, list[int], int]]) -> list[Rows]:
+        """One batch of several sequences of this context: each item's tokens appended to its
+        sequence's cache, and its last ``n_logits`` rows (as ``decode`` gives them). The items
+        hold at most ``n_batch`` tokens, one item a sequence."""
+        batch, i, firsts = self._batch, 0, []
+        assert sum(len(t) for _, t, _ in items) <= self.n_batch, "one batch at most"
+        for model, tokens, n_logits in items:
+            assert isinstance(model, LlamaModel) and model._ctx is self._ctx, "of this context"
+            if model.n_past + len(tokens) > model.n_ctx:
+                raise ContextFull(f"the context of {model.n_ctx} tokens is full")
+            first = len(tokens) - n_logits
+            firsts.append(i + first)
+            for j, token in enumerate(tokens):
+                batch.token[i] = token
+                batch.pos[i] = model.n_past + j
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = model.seq
+                batch.logits[i] = j >= first
+                i += 1
+        batch.n_tokens = i
         status = decode(self._ctx, batch)
         if status != 0:
             raise BackendError(f"llama_decode failed on {self.path.name} (status {status})")
+        out: list[Rows] = []
+        for (model, tokens, n_logits), first in zip(items, firsts, strict=True):
+            model._decoded(tokens)
+            out.append(model._rows_from(first, n_logits))
+        return out
+
+    def _decoded(self, chunk: list[int]) -> None:
         if self._checkpoint is not None:
             self._checkpoint.since.extend(chunk)
         if self.head is not None:
             self.head.read(chunk, self.n_past)
         self._last_decode = self.n_past  # llama.cpp's snapshots cover this decode alone
         self.n_past += len(chunk)
+
+    def _rows_from(self, first: int, n_logits: int) -> Rows:
+        """The last decode's ``n_logits`` rows of this sequence, from batch index ``first``."""
+        if n_logits == 0:
+            return np.empty((0, self.n_vocab), dtype=np.float32)
+        if self.top_k:
+            return self._rows.rows(n_logits, first)
+        ptr = llama_cpp.llama_get_logits_ith(self._ctx, first)
+        return np.ctypeslib.as_array(ptr, shape=(n_logits, self.n_vocab))
 
     def keep_rollback_point(self, undo: int, one_decode: bool = True) -> None:
         """The decodes that follow may be rolled back to here, by up to ``undo`` tokens: of
@@ -265,7 +338,8 @@ class LlamaModel(Vocabulary):
         started = time.perf_counter()
         size = self.state_bytes()
         state = (ctypes.c_uint8 * size)()
-        if llama_cpp.llama_state_seq_get_data_ext(self._ctx, state, size, 0, _PARTIAL) != size:
+        got = llama_cpp.llama_state_seq_get_data_ext(self._ctx, state, size, self.seq, _PARTIAL)
+        if got != size:
             raise BackendError(f"llama.cpp could not copy the state of {self.path.name}")
         self._checkpoint = _Checkpoint(self.n_past, state)
         self.rollbacks.checkpoints += 1
@@ -283,7 +357,7 @@ class LlamaModel(Vocabulary):
         if n_past >= self.n_past:
             return
         cut = not self.recurrent or self._snapshots_cover(n_past)
-        if cut and llama_cpp.llama_memory_seq_rm(self._mem, 0, n_past, -1):
+        if cut and llama_cpp.llama_memory_seq_rm(self._mem, self.seq, n_past, -1):
             if self.recurrent:
                 self.rollbacks.bounded += 1
                 self._last_decode = self.n_past + 1  # used once: no second cut before a decode
@@ -308,10 +382,12 @@ class LlamaModel(Vocabulary):
         """Back to the checkpoint, then the kept tokens decoded again."""
         started = time.perf_counter()
         size = len(point.state)
-        restored = llama_cpp.llama_state_seq_set_data_ext(self._ctx, point.state, size, 0, _PARTIAL)
+        restored = llama_cpp.llama_state_seq_set_data_ext(
+            self._ctx, point.state, size, self.seq, _PARTIAL
+        )
         if restored != size:
             raise BackendError(f"llama.cpp could not restore the state of {self.path.name}")
-        if not llama_cpp.llama_memory_seq_rm(self._mem, 0, point.n_past, -1):
+        if not llama_cpp.llama_memory_seq_rm(self._mem, self.seq, point.n_past, -1):
             raise BackendError(f"llama.cpp could not cut the cache of {self.path.name}")
         self.n_past = point.n_past
         if self.head is not None:
@@ -327,11 +403,14 @@ class LlamaModel(Vocabulary):
 
     def cache_last_position(self) -> int:
         """The last position held in the KV cache (-1 when empty); for checks and tests."""
-        return int(llama_cpp.llama_memory_seq_pos_max(self._mem, 0))
+        return int(llama_cpp.llama_memory_seq_pos_max(self._mem, self.seq))
 
     def reset(self) -> None:
-        """Empty the KV cache, as for a fresh run."""
-        llama_cpp.llama_memory_clear(self._mem, True)
+        """Empty this sequence's cache, as for a fresh run."""
+        if self.n_seq == 1:
+            llama_cpp.llama_memory_clear(self._mem, True)
+        elif not llama_cpp.llama_memory_seq_rm(self._mem, self.seq, -1, -1):
+            raise BackendError(f"llama.cpp could not empty a sequence of {self.path.name}")
         self.n_past = 0
         self._checkpoint = None
         self._last_decode = 0
@@ -367,6 +446,8 @@ class LlamaModel(Vocabulary):
         return self._ctx
 
     def close(self) -> None:
+        if getattr(self, "seq", 0):
+            return  # a view: freed with the model that owns the context
         head = getattr(self, "head", None)
         if head is not None:
             head.close()
@@ -377,8 +458,9 @@ class LlamaModel(Vocabulary):
         if getattr(self, "_ctx", None):
             llama_cpp.llama_free(self._ctx)
             self._ctx = None
-        if getattr(self, "_rows", None) is not None:  # after the context that held its chain
-            self._rows.close()
+        for model in [self, *getattr(self, "_shared", _Shared()).views.values()]:
+            if getattr(model, "_rows", None) is not None:  # after the context that held them
+                model._rows.close()
         super().close()
 
 

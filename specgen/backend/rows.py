@@ -19,11 +19,19 @@ BACKEND_SAMPLING = hasattr(llama_cpp, "llama_set_sampler") and hasattr(
 
 
 class TopKRows:
-    """llama.cpp's backend sampling on one context (sequence 0): each output row's top-k,
+    """llama.cpp's backend sampling on one sequence of a context: each output row's top-k,
     taken in the graph, read back as ``TopK`` rows."""
 
-    def __init__(self, ctx: llama_cpp.llama_context_p, n_vocab: int, enabled: bool, name: str):
+    def __init__(
+        self,
+        ctx: llama_cpp.llama_context_p,
+        n_vocab: int,
+        enabled: bool,
+        name: str,
+        seq: int = 0,
+    ):
         self._ctx, self.n_vocab, self.enabled, self.name = ctx, n_vocab, enabled, name
+        self.seq = seq
         self.k = 0
         self._chain: llama_cpp.llama_sampler_p | None = None
 
@@ -34,7 +42,7 @@ class TopKRows:
             return self.k
         old = self._chain
         if old is not None:
-            llama_cpp.llama_set_sampler(self._ctx, 0, None)
+            llama_cpp.llama_set_sampler(self._ctx, self.seq, None)
         self._chain, self.k = None, 0
         if k > 0:
             chain = llama_cpp.llama_sampler_chain_init(
@@ -42,7 +50,7 @@ class TopKRows:
             )
             llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_top_k(k))
             # A chain is initialised for one context once: a new one each time it is set.
-            if llama_cpp.llama_set_sampler(self._ctx, 0, chain):
+            if llama_cpp.llama_set_sampler(self._ctx, self.seq, chain):
                 self._chain, self.k = chain, k
             else:
                 llama_cpp.llama_sampler_free(chain)
@@ -50,11 +58,12 @@ class TopKRows:
             llama_cpp.llama_sampler_free(old)
         return self.k
 
-    def rows(self, n_logits: int) -> list[TopK]:
-        """The last decode's last ``n_logits`` rows: llama.cpp keeps them a row of ``n_vocab``
-        apart, in output order, the first ``k`` of each filled (copies: the buffer is reused)."""
+    def rows(self, n_logits: int, first: int | None = None) -> list[TopK]:
+        """The last decode's ``n_logits`` rows from batch index ``first`` (default: the last
+        ``n_logits`` rows): llama.cpp keeps them a row of ``n_vocab`` apart, in output order,
+        the first ``k`` of each filled (copies: the buffer is reused)."""
         ctx, k, n = self._ctx, self.k, self.n_vocab
-        first = -n_logits
+        first = -n_logits if first is None else first
         if llama_cpp.llama_get_sampled_candidates_count_ith(ctx, first) != k:
             raise BackendError(f"llama.cpp's backend sampling gave no rows for {self.name}")
         ids = np.ctypeslib.as_array(

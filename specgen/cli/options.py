@@ -251,6 +251,19 @@ CtxOpt = Annotated[
         rich_help_panel=PERFORMANCE,
     ),
 ]
+ParallelOpt = Annotated[
+    int,
+    typer.Option(
+        "--parallel",
+        "-np",
+        min=1,
+        max=64,
+        help="Sequences generating at once (llama.cpp's -np): prompts of a batch, or requests "
+        "to the server, decoded side by side in one pass per cycle; each takes a context of "
+        "--ctx-size tokens.",
+        rich_help_panel=PERFORMANCE,
+    ),
+]
 GpuLayersOpt = Annotated[
     int,
     typer.Option(

@@ -30,6 +30,7 @@ from specgen.cli.options import (
     MtpOpt,
     NgramOpt,
     PairOpt,
+    ParallelOpt,
     RpcOpt,
     SeedOpt,
     TargetOpt,
@@ -264,6 +265,7 @@ def run(
         ),
     ] = None,
     ctx_size: CtxOpt = 0,
+    parallel: ParallelOpt = 1,
     rpc: RpcOpt = None,
     rpc_local_head: LocalHeadOpt = True,
     verbose: VerboseOpt = False,
@@ -278,6 +280,11 @@ def run(
     if (output is not None or resume) and not batch:
         raise UsageError(
             "--output and --resume are for batches: add --each-line, or give a .jsonl --file"
+        )
+    if parallel > 1 and not batch:
+        raise UsageError(
+            "--parallel is for batches: give a .jsonl --file, or add --each-line "
+            "(one prompt runs as one sequence)"
         )
     if resume and output is None:
         raise UsageError("--resume needs --output FILE (the results to resume from)")
@@ -321,6 +328,7 @@ def run(
         rpc=rpc,
         rpc_local_head=rpc_local_head,
         lookup_cache=lookup_cache_of(lookup_cache),
+        parallel=parallel,
     )
     for note in sg.pair.notes:
         out.warning(note)

@@ -18,6 +18,7 @@ from specgen.cli.options import (
     MtpOpt,
     NgramOpt,
     PairOpt,
+    ParallelOpt,
     RpcOpt,
     TargetOpt,
     ThreadsOpt,
@@ -32,7 +33,7 @@ from specgen.errors import UserError
 if TYPE_CHECKING:
     import uvicorn
 
-    from specgen.server.queue import GenerationQueue
+    from specgen.server.queue import GenerationQueue, SlotQueue
 
 SERVER = "Server"
 
@@ -93,6 +94,7 @@ def serve(
     threads: ThreadsOpt = 0,
     gpu_layers: GpuLayersOpt = -1,
     ctx_size: CtxOpt = 0,
+    parallel: ParallelOpt = 1,
     rpc: RpcOpt = None,
     rpc_local_head: LocalHeadOpt = True,
     verbose: VerboseOpt = False,
@@ -123,15 +125,24 @@ def serve(
         rpc=rpc,
         rpc_local_head=rpc_local_head,
         lookup_cache=lookup_cache_of(lookup_cache),
+        parallel=parallel,
     )
     if generator.note:
         out.note(generator.note)
     for note in generator.pair.notes:
         out.warning(note)
-    app = create_app(generator, api_key=api_key, max_queue=queue, default_max_tokens=max_tokens)
+    app = create_app(
+        generator,
+        api_key=api_key,
+        max_queue=queue,
+        default_max_tokens=max_tokens,
+        parallel=parallel,
+    )
     where = f"http://{host}:{port}/v1"
     out.note(
-        f"specgen serve: {generator.name} (K={generator.lookahead}) at {where}"
+        f"specgen serve: {generator.name} (K={generator.lookahead}"
+        + (f", {parallel} at once" if parallel > 1 else "")
+        + f") at {where}"
         + ("" if api_key else "; no API key")
         + "; Ctrl-C to stop",
         style=None,
@@ -144,7 +155,7 @@ def serve(
     ).run()
 
 
-def _server(config: uvicorn.Config, queue: GenerationQueue) -> uvicorn.Server:
+def _server(config: uvicorn.Config, queue: GenerationQueue | SlotQueue) -> uvicorn.Server:
     """uvicorn's server, told to end in-flight generations at once when asked to stop (Ctrl-C,
     SIGTERM), so their streams close with a final event instead of running to the end."""
     import uvicorn

@@ -53,7 +53,7 @@ from specgen.engine.events import (
 )
 from specgen.engine.verify import cut_invalid, verdict_on, whole_row
 from specgen.errors import PromptTooLong
-from specgen.lookahead import CostBook, LookaheadPolicy, PairProfile, policy_for
+from specgen.lookahead import BatchLoad, CostBook, LookaheadPolicy, PairProfile, policy_for
 from specgen.stats import Clock, Stats, StopReason
 from specgen.structured.grammar import LogitBias
 
@@ -72,6 +72,9 @@ class SpeculativeEngine:
         clock: times the cycles (a test passes a fake clock that its fake models advance).
         busy: seconds spent in the models' decodes so far (``backend.decode_seconds``): a
             cycle's time less what it spent there is the loop's own host work.
+        load: where the engine generates as sequence ``slot`` of a batch (``engine.streams``),
+            what the batch's other sequences cost and give, so ``-k auto`` prices K by the
+            whole batch (``lookahead.batch``).
 
     The random generator comes from each generation's seed (``Stats.seed``).
     """
@@ -85,6 +88,8 @@ class SpeculativeEngine:
         costs: CostBook | None = None,
         clock: Clock = time.perf_counter,
         busy: Clock | None = None,
+        load: BatchLoad | None = None,
+        slot: int = 0,
     ) -> None:
         self.target = target
         self.drafter = drafter
@@ -92,10 +97,17 @@ class SpeculativeEngine:
         self.costs = costs if costs is not None else CostBook()
         self.clock = clock
         self.busy = busy
+        self.load, self.slot = load, slot
         # What the target's cache holds between generations (for ``reuse_prefix``): the last
         # context, trusted only when that generation stopped between two cycles.
         self._context: list[int] = []
         self._clean = False
+
+    @property
+    def held(self) -> list[int]:
+        """The tokens the caches hold from the last generation, where known ([] otherwise):
+        what a next generation that shares their start may keep (``reuse_prefix``)."""
+        return list(self._context) if self._clean else []
 
     def lookahead_for(self, config: GenerationConfig) -> Lookahead:
         """The K a generation runs at: the config's, else the engine's; 0 where nothing drafts."""
@@ -130,15 +142,22 @@ class SpeculativeEngine:
         """
         assert len(prompt) > 0, "the prompt must hold at least one token"
         run = _Generation(self, prompt, config, stats or self.new_stats(config))
-        yield from run.prompt_pass(reuse_prefix)
-        if self.drafter is not None:
-            self.drafter.begin(run.tokens, reuse_prefix)
-        while run.emit.reason is None:
-            if self.target.n_past + 1 > self.target.n_ctx:
-                run.emit.reason = "context_full"
-                break
-            yield from run.cycle()
-        yield run.finish(run.emit.reason)
+        load = self.load
+        if load is not None:
+            load.join(self.slot, config.sampling.greedy)
+        try:
+            yield from run.prompt_pass(reuse_prefix)
+            if self.drafter is not None:
+                self.drafter.begin(run.tokens, reuse_prefix)
+            while run.emit.reason is None:
+                if self.target.n_past + 1 > self.target.n_ctx:
+                    run.emit.reason = "context_full"
+                    break
+                yield from run.cycle()
+            yield run.finish(run.emit.reason)
+        finally:
+            if load is not None:  # ended, failed or abandoned: no longer in the batch
+                load.leave(self.slot)
 
 
 @dataclass
@@ -170,7 +189,12 @@ class _Generation:
         self.lookahead = stats.lookahead
         self.profile: PairProfile = engine.costs.of(self.sampling.greedy)
         self.policy: LookaheadPolicy = policy_for(
-            self.lookahead, self.drafter is not None, self.profile, self.target.rollback_window
+            self.lookahead,
+            self.drafter is not None,
+            self.profile,
+            self.target.rollback_window,
+            engine.load,
+            engine.slot,
         )
         self.rng = np.random.default_rng(stats.seed)
         self.emit = Emitter(self.target, config)
@@ -334,13 +358,17 @@ class _Generation:
                 produced=new,
                 ngram_tail=tail,
             )
+        source = plan.candidate.source if plan.candidate and guesses else None
+        paid = model_guesses(len(guesses), tail)
+        if self.engine.load is not None:
+            self.engine.load.report(self.engine.slot, len(new), len(guesses) + 1, paid, source)
         stats.record_cycle(
-            plan.candidate.source if plan.candidate and guesses else None,
+            source,
             plan.lookahead,
             len(guesses),
             verdict.n_accepted,
             plan.explore,
-            model_guesses(len(guesses), tail),
+            paid,
             tail.candidate.source if tail else None,
         )
         self.tokens.extend(new)

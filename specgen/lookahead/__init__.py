@@ -31,6 +31,7 @@ from specgen.core.lookahead import (
 )
 from specgen.drafters.base import TARGET_ALONE, Candidate, NgramTail, Plan
 from specgen.lookahead.adaptive import AUTO_MAX_LOOKAHEAD, AdaptiveLookahead
+from specgen.lookahead.batch import BatchLoad
 from specgen.lookahead.costs import CostBook, PairProfile
 
 # A recurrent or hybrid target keeps llama.cpp's per-token snapshots of its state for this many
@@ -48,6 +49,7 @@ __all__ = [
     "LOOKAHEAD_RANGE",
     "MAX_LOOKAHEAD",
     "AdaptiveLookahead",
+    "BatchLoad",
     "CostBook",
     "FixedLookahead",
     "Lookahead",
@@ -104,13 +106,20 @@ LookaheadPolicy = FixedLookahead | AdaptiveLookahead
 
 
 def policy_for(
-    lookahead: Lookahead, drafts: bool, profile: PairProfile, rollback_window: int = MAX_LOOKAHEAD
+    lookahead: Lookahead,
+    drafts: bool,
+    profile: PairProfile,
+    rollback_window: int = MAX_LOOKAHEAD,
+    load: BatchLoad | None = None,
+    slot: int = 0,
 ) -> LookaheadPolicy:
     """The policy a generation runs: auto over ``profile``, a fixed K, or the target alone.
 
     Auto asks for no more guesses than the target can roll back without a checkpoint
-    (``rollback_window``: a recurrent target's snapshots), and at least one."""
+    (``rollback_window``: a recurrent target's snapshots), and at least one; in a batch
+    (``load``), it prices K by the whole batch."""
     lookahead = effective_lookahead(lookahead, drafts)
     if lookahead == "auto":
-        return AdaptiveLookahead(profile, max(1, min(AUTO_MAX_LOOKAHEAD, rollback_window)))
+        window = max(1, min(AUTO_MAX_LOOKAHEAD, rollback_window))
+        return AdaptiveLookahead(profile, window, load, slot)
     return FixedLookahead(lookahead)

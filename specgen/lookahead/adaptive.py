@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from specgen.core.speculative import expected_tokens_by_position
 from specgen.drafters.base import TARGET_ALONE, Candidate, NgramTail, Plan, model_guesses
 from specgen.lookahead.acceptance import FIRST_PRIOR, TYPICAL_MEMORY, Acceptance
+from specgen.lookahead.batch import BatchLoad, Others
 from specgen.lookahead.costs import PairProfile
 from specgen.lookahead.explore import EXPLORE_LOOKAHEAD, TIMING_LOOKAHEAD, Exploration
 
@@ -39,14 +40,23 @@ class AdaptiveLookahead:
     """``-k auto``: the source and K with the most expected tokens per second, from past cycles.
 
     ``profile`` is what is known of the pair (costs, typical acceptance) and outlives the
-    generation; everything else is this generation's and starts afresh in ``begin``.
+    generation; everything else is this generation's and starts afresh in ``begin``. With
+    ``load``, the generation is sequence ``slot`` of a batch, and a K is priced by what it adds
+    to the whole batch's tokens per second (``lookahead.batch``); the batch's passes are timed
+    by its scheduler, not here.
     """
 
     def __init__(
-        self, profile: PairProfile | None = None, max_lookahead: int = AUTO_MAX_LOOKAHEAD
+        self,
+        profile: PairProfile | None = None,
+        max_lookahead: int = AUTO_MAX_LOOKAHEAD,
+        load: BatchLoad | None = None,
+        slot: int = 0,
     ) -> None:
         self.profile = profile if profile is not None else PairProfile()
         self.max_lookahead = max_lookahead
+        self.load, self.slot = load, slot
+        self._others = Others()
         self.begin()
 
     def begin(self) -> None:
@@ -68,10 +78,9 @@ class AdaptiveLookahead:
         if not candidates or budget <= 0:
             return TARGET_ALONE
         # 1. The first two cycles time the target alone (the first one runs cold).
-        alone = self.profile.verify_by_n.get(1)
-        if alone is None or not alone.warm:
+        alone_rate = self._alone_rate()
+        if alone_rate is None:
             return TARGET_ALONE
-        alone_rate = 1.0 / max(alone.mean, SHORTEST)
         speed = self.profile.speed_matches_remembered()
         if speed == "no":
             self.profile.forget_remembered()
@@ -132,7 +141,7 @@ class AdaptiveLookahead:
         key = candidate.acceptance_key
         guess = self.profile.guess(candidate.source) or 0.0
         limit = min(candidate.limit, budget, self.max_lookahead)
-        measured = max(self.profile.verify_by_n) if optimistic else limit + 1
+        measured = max(self.profile.verify_by_n) if optimistic else None
         if not candidate.preview and not optimistic:
             longest = self._longest.get(key, 0)
             limit = min(limit, max(GROWTH_FIRST, GROWTH_RATE * longest))
@@ -146,12 +155,34 @@ class AdaptiveLookahead:
         expected = expected_tokens_by_position(rates)
         best_k, best_rate = 0, 0.0
         for k in range(1, limit + 1):
-            verify = self.profile.verify(min(k + 1, measured))
-            assert verify is not None, "verify(1) was measured, so every n has an estimate"
-            rate = expected[k] / max(k * guess + verify, SHORTEST)
+            rate = self._rate(expected[k], k, guess, measured)
             if rate > best_rate:
                 best_k, best_rate = k, rate
         return best_k, best_rate
+
+    def _alone_rate(self) -> float | None:
+        """Tokens per second of the target alone (None: not timed yet); in a batch, the
+        batch's with this sequence drafting nothing."""
+        if self.load is None:
+            alone = self.profile.verify_by_n.get(1)
+            if alone is None or not alone.warm:
+                return None
+            return 1.0 / max(alone.mean, SHORTEST)
+        if not self.load.ready:
+            return None
+        self._others = self.load.others(self.slot, self.profile)
+        return self._rate(1.0, 0, 0.0, None)
+
+    def _rate(self, tokens: float, k: int, guess: float, measured: int | None) -> float:
+        """Tokens per second of a cycle that gives ``tokens`` from ``k`` guesses at ``guess``
+        seconds each (a pass no longer than ``measured`` where given); in a batch, the
+        batch's, the others as they were (``lookahead.batch``)."""
+        others = self._others if self.load is not None else Others()
+        n = others.verify_tokens + k + 1
+        verify = self.profile.verify(n if measured is None else min(n, measured))
+        assert verify is not None, "a pass was timed, so every length has an estimate"
+        draft = max(k * guess, others.draft_seconds)
+        return (others.tokens + tokens) / max(draft + verify, SHORTEST)
 
     def _source_prior(self, source: str) -> float:
         """The source's pooled rate over all its keys (n-gram matches of every length)."""
@@ -178,7 +209,8 @@ class AdaptiveLookahead:
         With ``ngram_tail``, the last guesses came free from an n-gram match."""
         source = plan.candidate.source if plan.candidate else None
         paid = model_guesses(drafted, ngram_tail)
-        self.profile.observe(source, drafted, draft_seconds, verify_seconds, paid)
+        if self.load is None:  # a batch's passes are timed by its scheduler
+            self.profile.observe(source, drafted, draft_seconds, verify_seconds, paid)
         if plan.candidate is not None and paid:
             self._learn(plan.candidate, paid, min(accepted, paid))
         if ngram_tail is not None and accepted >= paid:  # the tail's guesses were judged

@@ -176,13 +176,21 @@ class PairProfile:
     ) -> None:
         """One cycle's costs: ``model_guesses`` of the ``drafted`` guesses (default all) cost
         ``draft_seconds``; the rest were free."""
-        self._fit = self._speed = None
-        self.observations += 1
-        self.verify_by_n.setdefault(drafted + 1, Timing(COST_MEMORY)).add(verify_seconds)
+        self.observe_pass(drafted + 1, verify_seconds)
         paid = drafted if model_guesses is None else model_guesses
         if source is not None and paid:
-            self.per_guess.setdefault(source, Timing(COST_MEMORY)).add(draft_seconds / paid)
-            self.left_off_untimed.pop(source, None)
+            self.observe_step(source, draft_seconds / paid)
+
+    def observe_pass(self, n_tokens: int, seconds: float) -> None:
+        """A target pass over ``n_tokens`` (one sequence's or a batch's) took ``seconds``."""
+        self._fit = self._speed = None
+        self.observations += 1
+        self.verify_by_n.setdefault(n_tokens, Timing(COST_MEMORY)).add(seconds)
+
+    def observe_step(self, source: str, seconds: float) -> None:
+        """A guess of ``source`` (a draft step, for one sequence or a batch) took ``seconds``."""
+        self.per_guess.setdefault(source, Timing(COST_MEMORY)).add(seconds)
+        self.left_off_untimed.pop(source, None)
 
     def guess_timed(self, source: str) -> bool:
         """Whether a guess of the source has a cost to trust: timed twice (the first one runs

@@ -34,7 +34,7 @@ from specgen.server.openai import (
     error_response,
     event,
 )
-from specgen.server.queue import GenerationQueue, Generator, Job
+from specgen.server.queue import GenerationQueue, Generator, Job, SlotQueue
 from specgen.session.generate import Prompt, Result
 from specgen.structured.tools import Delta, ToolPlan
 
@@ -50,11 +50,15 @@ def create_app(
     max_queue: int = 8,
     max_body: int = MAX_BODY,
     default_max_tokens: int = DEFAULT_MAX_TOKENS,
+    parallel: int = 1,
 ) -> FastAPI:
-    """The FastAPI app over a loaded pair."""
+    """The FastAPI app over a loaded pair; ``parallel`` > 1 (a pair loaded with that many
+    sequences) serves that many requests side by side."""
     app = FastAPI(title="specgen", docs_url=None, redoc_url=None)
     metrics = Metrics()
-    queue = GenerationQueue(generator, max_queue)
+    queue: GenerationQueue | SlotQueue = (
+        SlotQueue(generator, max_queue) if parallel > 1 else GenerationQueue(generator, max_queue)
+    )
     app.state.queue, app.state.metrics = queue, metrics
     model_id = generator.name
 
@@ -76,7 +80,12 @@ def create_app(
 
     @app.get("/health")
     async def health() -> dict[str, object]:
-        return {"status": "ok", "model": model_id, "waiting": queue.waiting}
+        return {
+            "status": "ok",
+            "model": model_id,
+            "waiting": queue.waiting,
+            "slots": {"total": queue.size, "busy": queue.busy},
+        }
 
     @app.get("/v1/models")
     async def models() -> dict[str, object]:
@@ -88,6 +97,9 @@ def create_app(
     @app.get("/metrics")
     async def prometheus() -> Response:
         metrics.queue.set(queue.waiting)
+        metrics.slots_busy.set(queue.busy)
+        if isinstance(queue, SlotQueue):
+            metrics.batches(queue.slots.streams.stats)
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     async def respond(

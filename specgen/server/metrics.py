@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from specgen.engine.streams import BatchStats
 from specgen.stats import Stats
 
 
@@ -57,6 +58,26 @@ class Metrics:
             registry=r,
         )
         self.queue = Gauge("specgen_requests_waiting", "Requests waiting for the model", registry=r)
+        self.slots_busy = Gauge("specgen_slots_busy", "Requests generating now", registry=r)
+        self.passes = Gauge(
+            "specgen_batch_target_passes",
+            "Target passes so far, by the sequences each verified at once",
+            ["sequences"],
+            registry=r,
+        )
+        self.lookahead = Gauge(
+            "specgen_batch_mean_lookahead",
+            "Mean guesses per sequence in a target pass, by the sequences in it (-k auto "
+            "prices K by the whole batch)",
+            ["sequences"],
+            registry=r,
+        )
+
+    def batches(self, stats: BatchStats) -> None:
+        """What the slots' scheduler did so far (read at each scrape)."""
+        for size, passes in stats.sequences.items():
+            self.passes.labels(sequences=str(size)).set(passes)
+            self.lookahead.labels(sequences=str(size)).set(stats.guesses.get(size, 0) / passes)
 
     def record(self, stats: Stats) -> None:
         self.drafts.inc(_drafting_cycles(stats))

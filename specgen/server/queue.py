@@ -1,7 +1,8 @@
-"""One generation at a time: requests wait in a bounded queue for the loaded pair.
+"""Requests wait in a bounded queue for the loaded pair: one generation at a time
+(``GenerationQueue``), or up to ``--parallel`` side by side on its slots (``SlotQueue``).
 
-The generation runs on a thread of its own (llama.cpp holds it for the length of a decode) and
-hands its events to the event loop. Past the bound, a request is refused with 503 and
+Generations run on a thread of their own (llama.cpp holds it for the length of a decode) and
+hand their events to the event loop. Past the bound, a request is refused with 503 and
 Retry-After. A request that goes away (or fails) cancels its generation at the next cycle.
 """
 
@@ -9,14 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from specgen.api import Settings
-from specgen.engine import TextChunk
+from specgen.engine import SpeculativeEngine, TextChunk
 from specgen.server.openai import ApiError
 from specgen.session.generate import Prompt, Result
+from specgen.session.parallel import Slots
 from specgen.structured.tools import Tool, ToolChoice, ToolPlan
 
 
@@ -36,7 +39,10 @@ class Generator(Protocol):
         cancelled: Callable[[], bool] | None = None,
         chat: bool | None = None,
         tools: Sequence[dict[str, Any]] | None = None,
+        engine: SpeculativeEngine | None = None,
     ) -> Iterator[TextChunk | Result]: ...
+
+    def slots(self) -> Slots: ...
 
     def tool_plan(
         self, tools: Sequence[Tool], choice: ToolChoice, parallel: bool = True
@@ -52,6 +58,55 @@ class Job:
     tools: list[dict[str, Any]] | None = None  # for the chat template
 
 
+def _events(
+    generator: Generator,
+    job: Job,
+    draining: threading.Event,
+    engine: SpeculativeEngine | None = None,
+) -> Iterator[TextChunk | Result]:
+    """A job's generation: the chat goes on from the cached prefix; it stops at the next
+    cycle once its client goes away or the server drains."""
+    slot: dict[str, Any] = {} if engine is None else {"engine": engine}  # a slot of the pair
+    return generator.stream_events(
+        job.prompt,
+        job.settings,
+        reuse_prefix=True,
+        chat=job.chat,
+        tools=job.tools,
+        cancelled=lambda: job.cancelled.is_set() or draining.is_set(),
+        **slot,
+    )
+
+
+def _busy(waiting: int) -> ApiError:
+    return ApiError(
+        503,
+        f"the model is busy and {waiting} requests are waiting; retry shortly",
+        "server_error",
+        "busy",
+        {"Retry-After": "1"},
+    )
+
+
+async def _handed(queue: asyncio.Queue[object], done: object) -> AsyncIterator[TextChunk | Result]:
+    """A generation's pieces, then its Result (or its error), from the thread that runs it,
+    handed on once that thread is done with the models: a client that sends its next request
+    the moment it has an answer finds the model free (an error is an answer too)."""
+    result: Result | None = None
+    error: BaseException | None = None
+    while (item := await queue.get()) is not done:
+        if isinstance(item, BaseException):
+            error = item
+        elif isinstance(item, Result):
+            result = item
+        elif isinstance(item, TextChunk):
+            yield item
+    if error is not None:
+        raise error
+    if result is not None:
+        yield result
+
+
 class GenerationQueue:
     """Runs one generation at a time on its own thread; hands events to the event loop."""
 
@@ -60,6 +115,11 @@ class GenerationQueue:
         self.lock = asyncio.Lock()
         self.waiting = 0
         self.draining = threading.Event()
+        self.size = 1
+
+    @property
+    def busy(self) -> int:
+        return 1 if self.lock.locked() else 0
 
     async def run(self, job: Job) -> AsyncIterator[TextChunk | Result]:
         """Text pieces, then the Result; raises ApiError 503 when the queue is full.
@@ -68,13 +128,7 @@ class GenerationQueue:
         request cancelled while its generation still runs never lets a second one start on the
         same models."""
         if self.lock.locked() and self.waiting >= self.max_queue:
-            raise ApiError(
-                503,
-                f"the model is busy and {self.waiting} requests are waiting; retry shortly",
-                "server_error",
-                "busy",
-                {"Retry-After": "1"},
-            )
+            raise _busy(self.waiting)
         self.waiting += 1
         try:
             await self.lock.acquire()
@@ -86,14 +140,7 @@ class GenerationQueue:
 
         def work() -> None:
             try:
-                for item in self.generator.stream_events(
-                    job.prompt,
-                    job.settings,
-                    reuse_prefix=True,
-                    chat=job.chat,
-                    tools=job.tools,
-                    cancelled=lambda: job.cancelled.is_set() or self.draining.is_set(),
-                ):
+                for item in _events(self.generator, job, self.draining):
                     loop.call_soon_threadsafe(queue.put_nowait, item)
             except BaseException as err:  # handed to the request below
                 loop.call_soon_threadsafe(queue.put_nowait, err)
@@ -107,21 +154,73 @@ class GenerationQueue:
             self.lock.release()
             raise
         try:
-            # The result, or the error, is handed on once the thread is done and the model free:
-            # a client that sends its next request the moment it has an answer finds the model
-            # free (an error is an answer too).
-            result: Result | None = None
-            error: BaseException | None = None
-            while (item := await queue.get()) is not done:
-                if isinstance(item, BaseException):
-                    error = item
-                elif isinstance(item, Result):
-                    result = item
-                elif isinstance(item, TextChunk):
-                    yield item
-            if error is not None:
-                raise error
-            if result is not None:
-                yield result
+            async for item in _handed(queue, done):
+                yield item
         finally:
             job.cancelled.set()  # a client gone, or an error: stop at the next cycle
+
+
+class SlotQueue:
+    """Runs up to the pair's ``parallel`` generations side by side on one thread of its own
+    (``session.parallel``: one batched pass per cycle for all of them); requests past the
+    slots wait, in order, in a queue of ``max_queue``."""
+
+    def __init__(self, generator: Generator, max_queue: int) -> None:
+        self.generator, self.max_queue = generator, max_queue
+        self.slots = generator.slots()
+        self.size = self.slots.size
+        self.draining = threading.Event()
+        self._inbox: deque[Callable[[SpeculativeEngine], None]] = deque()
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        threading.Thread(target=self._serve, name="specgen-slots", daemon=True).start()
+
+    @property
+    def waiting(self) -> int:
+        return len(self._inbox)
+
+    @property
+    def busy(self) -> int:
+        return self.slots.busy
+
+    async def run(self, job: Job) -> AsyncIterator[TextChunk | Result]:
+        """Text pieces, then the Result; raises ApiError 503 when the queue is full."""
+        if not self.slots.free and self.waiting >= self.max_queue:
+            raise _busy(self.waiting)
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[object] = asyncio.Queue()
+        done = object()
+
+        def hand(item: object) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+
+        def work(engine: SpeculativeEngine) -> None:
+            try:
+                for item in _events(self.generator, job, self.draining, engine):
+                    hand(item)
+            except Exception as err:  # handed to the request below
+                hand(err)
+            finally:
+                hand(done)
+
+        with self._lock:
+            self._inbox.append(work)
+        self._wake.set()
+        try:
+            async for item in _handed(queue, done):
+                yield item
+        finally:
+            job.cancelled.set()  # a client gone, or an error: stop at the next cycle
+
+    def _serve(self) -> None:
+        """The slots' thread: admit waiting requests to free slots, then one batched pass."""
+        slots = self.slots
+        while True:
+            with self._lock:
+                while self._inbox and slots.free:
+                    slots.start(self._inbox.popleft())
+            if not slots.busy:
+                self._wake.wait(0.5)
+                self._wake.clear()
+                continue
+            slots.step()

@@ -4,6 +4,10 @@ UI-free: the caller gives a ``write`` for the JSON lines and an ``on_progress`` 
 line or a prompt that cannot run (too long, a chat template that refuses it) becomes an error
 line with the error table's message, and the batch goes on; Ctrl-C stops after writing what
 finished (the prompt in flight is not written, so ``--resume`` runs it again).
+
+With ``parallel`` > 1 (a pair loaded with that many sequences), that many prompts generate at
+once (``session.parallel``); lines are still written in the file's order, each as soon as every
+line before it is written, and on Ctrl-C every finished one is.
 """
 
 from __future__ import annotations
@@ -14,10 +18,11 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from specgen.engine import GenerationConfig
+from specgen.engine import GenerationConfig, SpeculativeEngine
 from specgen.errors import describe
-from specgen.session.generate import generate
+from specgen.session.generate import Prompt, Result, generate, stream
 from specgen.session.pair import Pair
+from specgen.session.parallel import Slots
 from specgen.session.prompts import BadLine, BatchItem, BatchPrompt
 from specgen.stats import Stats
 
@@ -90,8 +95,12 @@ def run_batch(
     on_progress: Callable[[BatchTally], None] | None = None,
     total: int = 0,
 ) -> BatchTally:
-    """Generate for every item, calling ``write`` with one record per item as it finishes."""
+    """Generate for every item, calling ``write`` with one record per item as it finishes
+    (several at once where the pair holds several sequences)."""
     tally = BatchTally(total=total)
+    if pair.parallel > 1:
+        _Parallel(pair, base, chat, system, write, tally, on_progress).run(items, skip)
+        return tally
     for item in items:
         if str(item.id) in skip:
             tally.skipped += 1
@@ -105,6 +114,10 @@ def run_batch(
     return tally
 
 
+def _prompt_of(item: BatchPrompt) -> Prompt:
+    return item.prompt if item.prompt is not None else list(item.messages or ())
+
+
 def _one(
     pair: Pair,
     item: BatchPrompt,
@@ -115,7 +128,7 @@ def _one(
     tally: BatchTally,
 ) -> bool:
     """Run one prompt and write its line; False when Ctrl-C stopped it."""
-    prompt = item.prompt if item.prompt is not None else list(item.messages or ())
+    prompt = _prompt_of(item)
     try:
         config = config_for(item, base)
         result = generate(
@@ -138,3 +151,101 @@ def _one(
     write({"id": item.id, **result.as_dict()})
     tally.add(result.stats)
     return True
+
+
+class _Parallel:
+    """A batch on ``pair.parallel`` slots: lines written in order as they can be."""
+
+    def __init__(
+        self,
+        pair: Pair,
+        base: GenerationConfig,
+        chat: bool,
+        system: str | None,
+        write: Callable[[dict[str, object]], None],
+        tally: BatchTally,
+        on_progress: Callable[[BatchTally], None] | None,
+    ) -> None:
+        self.pair, self.base, self.chat, self.system = pair, base, chat, system
+        self.write, self.tally, self.on_progress = write, tally, on_progress
+        self.slots = Slots(pair)
+        self.done: dict[int, tuple[dict[str, object], Stats | None]] = {}  # by position
+        self.next = 0  # the first position not written
+
+    def run(self, items: Iterable[BatchItem], skip: AbstractSet[str]) -> None:
+        lines = iter(enumerate(items))
+        more = True
+        try:
+            while True:
+                while more and self.slots.free:
+                    found = next(lines, None)
+                    if found is None:
+                        more = False
+                    else:
+                        self._begin(*found, skip)
+                if not self.slots.step() and not more:
+                    break
+        except KeyboardInterrupt:
+            self.tally.interrupted = True
+            self.slots.close()
+            for at in sorted(self.done):  # what finished, in order; the rest runs on --resume
+                self._write(at)
+        finally:
+            self.pair.remember_costs()
+
+    def _begin(self, at: int, item: BatchItem, skip: AbstractSet[str]) -> None:
+        if str(item.id) in skip:
+            self.tally.skipped += 1
+            self._finish(at, None, None)
+        elif isinstance(item, BadLine):
+            self.tally.failed += 1
+            self._finish(at, {"id": item.id, "line": item.line, "error": item.error}, None)
+        else:
+            self.slots.start(lambda engine: self._generate(at, item, engine))
+
+    def _generate(self, at: int, item: BatchPrompt, engine: SpeculativeEngine) -> None:
+        try:
+            config = config_for(item, self.base)
+            result = None
+            for piece in stream(
+                self.pair,
+                _prompt_of(item),
+                config,
+                chat=self.chat or item.messages is not None,
+                system=item.system or self.system,
+                engine=engine,
+            ):
+                if isinstance(piece, Result):
+                    result = piece
+            assert result is not None, "stream always ends with a Result"
+        except Exception as err:
+            message = describe(err)
+            if message is None:
+                raise  # a bug, not a bad prompt: let the caller's error handling show it
+            self.tally.failed += 1
+            record: dict[str, object] = {
+                "id": item.id,
+                "line": item.line,
+                "error": f"line {item.line}: {message}",
+            }
+            self._finish(at, record, None)
+            return
+        self._finish(at, {"id": item.id, **result.as_dict()}, result.stats)
+
+    def _finish(self, at: int, record: dict[str, object] | None, stats: Stats | None) -> None:
+        if record is not None:
+            self.done[at] = (record, stats)
+        else:
+            self.done[at] = ({}, None)
+        while self.next in self.done:
+            self._write(self.next)
+            self.next += 1
+
+    def _write(self, at: int) -> None:
+        record, stats = self.done.pop(at)
+        if record:
+            self.write(record)
+        if stats is not None:
+            self.tally.add(stats)
+        if self.on_progress is not None:
+            self.on_progress(self.tally)

@@ -9,7 +9,14 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from specgen.engine import CycleDone, Finished, GenerationConfig, TextChunk, TokenLogprob
+from specgen.engine import (
+    CycleDone,
+    Finished,
+    GenerationConfig,
+    SpeculativeEngine,
+    TextChunk,
+    TokenLogprob,
+)
 from specgen.errors import UsageError
 from specgen.session.chat import conversation, render_chat
 from specgen.session.pair import LoadedModel, Pair
@@ -96,12 +103,14 @@ def stream(
     reuse_prefix: bool = False,
     cancelled: Callable[[], bool] | None = None,
     tools: Sequence[dict[str, Any]] | None = None,
+    engine: SpeculativeEngine | None = None,
 ) -> Iterator[TextChunk | Result]:
     """Generate from a prompt on a loaded pair, yielding each piece of text as it is accepted
     (``TextChunk``), then the ``Result``. ``cancelled`` is asked after every cycle: when it
-    says so, the generation ends there (stop reason ``cancelled``). No terminal code."""
+    says so, the generation ends there (stop reason ``cancelled``). ``engine``: one of the
+    pair's slots (``session.parallel``; default its one engine). No terminal code."""
     tokens = prompt_tokens(pair.target, prompt, chat, system, tools)
-    engine = pair.engine()
+    engine = engine if engine is not None else pair.engine()
     if stats is None:
         stats = engine.new_stats(config)
     pieces: list[str] = []

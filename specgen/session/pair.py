@@ -12,19 +12,22 @@ from __future__ import annotations
 import importlib
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
+from specgen.core.sampling import Rows
 from specgen.drafters import Drafter, Head, Model, SuffixCache, make_drafter
 from specgen.engine import SpeculativeEngine
+from specgen.engine.streams import Gather
 from specgen.errors import UserError
 from specgen.host import store
 from specgen.host.interrupts import interruptible
 from specgen.lookahead import (
     AUTO_SNAPSHOTS,
     DEFAULT_LOOKAHEAD,
+    BatchLoad,
     CostBook,
     Lookahead,
     snapshots_for,
@@ -49,7 +52,12 @@ class LoadedModel(Model, compat.VocabView, Protocol):
     recurrent: bool  # a recurrent or hybrid state (``backend.llama``'s rollback ways)
     rollbacks: RollbackCounts
 
+    n_batch: int  # tokens one decode takes at most
+
     def state_bytes(self) -> int: ...
+    def sequence(self, seq: int) -> LoadedModel: ...
+    def gather(self, gather: Gather | None) -> None: ...
+    def decode_together(self, items: Sequence[tuple[Any, list[int], int]]) -> list[Rows]: ...
     def chat_template(self) -> str | None: ...
     def tokenize(
         self, text: str, add_special: bool = True, parse_special: bool = True
@@ -130,6 +138,9 @@ class PairOptions:
     # draft model's floor on q (``drafters.model``: a guess below it ends the draft).
     lookahead: Lookahead = DEFAULT_LOOKAHEAD
     draft_p_min: float = 0.0
+    # Sequences generating at once (``session.parallel``): each model's context holds this
+    # many, each with a cache of n_ctx tokens.
+    parallel: int = 1
 
     @classmethod
     def for_both(
@@ -169,6 +180,7 @@ class Pair:
     notes: list[str] = field(default_factory=list)  # said once to the user (a bad cache file)
     lookahead: Lookahead = DEFAULT_LOOKAHEAD
     draft_p_min: float = 0.0
+    parallel: int = 1  # sequences each context holds (``PairOptions.parallel``)
     _engine: SpeculativeEngine | None = field(default=None, repr=False)
     _saved: int = field(init=False, repr=False)
 
@@ -211,16 +223,31 @@ class Pair:
             return
         remember_rollbacks(self.target.path, facts)
 
-    def drafter(self) -> Drafter | None:
-        """A fresh drafter over the pair's models, drafting as the pair says."""
+    def drafter(self, seq: int = 0) -> Drafter | None:
+        """A fresh drafter over the pair's models (their sequence ``seq``), drafting as the
+        pair says."""
         return make_drafter(
-            self.draft,
+            self.draft.sequence(seq) if self.draft is not None else None,
             self.ngram,
             self.draft_p_min,
             self.clock,
             head=self.head,
-            target=self.target,
+            target=self.target.sequence(seq),
             cache=self.lookup,
+        )
+
+    def slot_engine(self, seq: int, load: BatchLoad) -> SpeculativeEngine:
+        """An engine of its own on sequence ``seq`` of the pair's contexts, one of a batch
+        (``session.parallel``): the pair's costs, its K priced by the whole batch."""
+        assert seq < self.parallel, f"the pair's contexts hold {self.parallel} sequences"
+        return SpeculativeEngine(
+            self.target.sequence(seq),
+            self.drafter(seq),
+            lookahead=self.lookahead,
+            costs=self.costs,
+            clock=self.clock,
+            load=load,
+            slot=seq,
         )
 
     @property
@@ -323,6 +350,11 @@ def _load(target: str | Path, draft: str | Path | None, options: PairOptions, ng
     check_loadable(target_path, target_header, "target", options.mtp)
     if draft is not None and options.mtp:
         raise UserError("a pair drafts with a draft model or with its target's MTP head, not both")
+    if options.mtp and options.parallel > 1:
+        raise UserError(
+            "an MTP head drafts for one sequence at a time: drop --parallel, or draft with a "
+            "draft model (--draft FILE)"
+        )
     if draft is not None:
         draft_path = _existing(draft, "draft")
         draft_header = header_of(draft_path)
@@ -338,6 +370,7 @@ def _load(target: str | Path, draft: str | Path | None, options: PairOptions, ng
             local_head=options.local_head,
             rollback_window=options.rollback_window,
             mtp=options.mtp,
+            n_seq=options.parallel,
         ),
         options.verbose,
     )
@@ -350,7 +383,12 @@ def _load(target: str | Path, draft: str | Path | None, options: PairOptions, ng
             # A draft model drafts one token a decode: its rollbacks span decodes, which
             # snapshots cannot cover, so a recurrent draft rolls back by checkpoint and keeps
             # none.
-            ModelOptions(target_model.n_ctx, options.draft_threads, options.draft_gpu_layers),
+            ModelOptions(
+                target_model.n_ctx,
+                options.draft_threads,
+                options.draft_gpu_layers,
+                n_seq=options.parallel,
+            ),
             options.verbose,
         )
         check_fit(target_model, draft_model)
@@ -364,6 +402,7 @@ def _load(target: str | Path, draft: str | Path | None, options: PairOptions, ng
         busy=backend.busy,
         lookahead=options.lookahead,
         draft_p_min=options.draft_p_min,
+        parallel=options.parallel,
     )
 
 

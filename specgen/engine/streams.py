@@ -1,0 +1,243 @@
+"""Many generations at once: each on its own sequence of one shared target context (and draft
+context), every model pass decoding all of them together.
+
+Each generation runs the ordinary speculative loop (``engine.loop``), unchanged, in a greenlet
+of its own (a coroutine with its own stack). When it asks a model to decode, the model hands the
+request here (``Context.gather``) and the generation parks; once every live generation has
+parked, ``Streams`` decodes what they asked of one context in ONE batch and resumes them with
+their rows. So each cycle the draft model decodes every drafting sequence's guess in one batch
+per step, then one target pass verifies every sequence's ``[last, guesses]``; each sequence keeps
+what its own accept rule keeps and rolls its own cache back. A draft context's requests go
+first: a sequence that finished drafting waits for the others' drafts, and all verify in one
+pass. A long prompt is cut into chunks of ``prompt_chunk`` tokens, one per pass, so a request
+that joins does not stall the streams already running; a pass holds at most ``n_batch`` tokens.
+
+The scheduler never sees a request: it runs tasks (``add``), each a function that generates on
+its own sequence, and sees only decodes. It is not thread-safe: one thread runs it, and
+everything it runs (``step``); the tasks' callers hand work in between steps. A task's error
+ends the task (its own code reports it); one in a decode is raised in every task of that batch.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+from greenlet import GreenletExit, getcurrent, greenlet
+
+from specgen.core.sampling import Rows
+from specgen.lookahead import BatchLoad
+from specgen.stats import Clock
+
+# Tokens of a prompt per pass, beside the other sequences' verify.
+PROMPT_CHUNK = 256
+
+
+# Given a sequence (a model), its tokens and the rows it wants, those rows once decoded.
+Gather = Callable[[Any, list[int], int], Rows]
+
+
+class Context(Protocol):
+    """A model context several sequences share (``backend.LlamaModel``, or a test fake)."""
+
+    n_batch: int
+
+    def gather(self, gather: Gather | None) -> None:
+        """Every sequence's decode goes to ``gather`` from now on (None: at once)."""
+
+    def decode_together(self, items: Sequence[tuple[Any, list[int], int]]) -> list[Rows]:
+        """One batch: each item's (sequence, tokens, rows wanted), at most ``n_batch`` tokens."""
+
+
+@dataclass
+class _Parked:
+    task: greenlet
+    context: Context
+    sequence: Any
+    tokens: list[int]
+    n_logits: int
+
+
+@dataclass
+class BatchStats:
+    """What the scheduler did: passes per context, the sequences and tokens in each target
+    pass, and its own host time (outside the models' decodes) per target pass."""
+
+    target_passes: int = 0
+    draft_passes: int = 0
+    sequences: dict[int, int] = field(default_factory=dict)  # sequences in a pass -> passes
+    guesses: dict[int, int] = field(default_factory=dict)  # sequences in a pass -> guesses
+    tokens: int = 0  # in the target's passes
+    decode_seconds: float = 0.0
+    host_seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "target_passes": self.target_passes,
+            "draft_passes": self.draft_passes,
+            "sequences_per_pass": dict(sorted(self.sequences.items())),
+            "tokens_per_pass": self.tokens / self.target_passes if self.target_passes else 0.0,
+            "host_ms_per_pass": 1e3 * self.host_seconds / max(1, self.target_passes),
+        }
+
+
+class Streams:
+    """Runs generations side by side on sequences of ``target`` (and the ``drafts``'
+    contexts), one batched decode per context per pass.
+
+    ``load``: what ``-k auto`` prices a batch with; every target pass and draft step is timed
+    into it. ``source``: what the drafts' steps are counted as (the draft model's guesses).
+    """
+
+    def __init__(
+        self,
+        target: Context,
+        drafts: Sequence[Context] = (),
+        *,
+        load: BatchLoad | None = None,
+        source: str = "model",
+        clock: Clock = time.perf_counter,
+        prompt_chunk: int = PROMPT_CHUNK,
+    ) -> None:
+        self.target, self.drafts = target, list(drafts)
+        self.load, self.source, self.clock = load, source, clock
+        self.prompt_chunk = prompt_chunk
+        self.stats = BatchStats()
+        self._ready: list[tuple[greenlet, object]] = []  # to resume, with what to resume with
+        self._parked: list[_Parked] = []
+        self._live: set[greenlet] = set()
+        self._home: greenlet | None = None
+        for context in (target, *self.drafts):
+            context.gather(self._gatherer(context))
+
+    def close(self) -> None:
+        """Every task ended; the contexts decode at once again."""
+        for task in list(self._live):
+            task.throw(GreenletExit)
+        self._live.clear()
+        for context in (self.target, *self.drafts):
+            context.gather(None)
+
+    @property
+    def busy(self) -> int:
+        """Tasks running."""
+        return len(self._live)
+
+    def add(self, task: Callable[[], None]) -> None:
+        """Start ``task`` at the next step, on its own greenlet."""
+        runner = greenlet(task)
+        self._live.add(runner)
+        self._ready.append((runner, _START))
+
+    def step(self) -> bool:
+        """Resume every task that can go on, then decode one batch; False once none is live."""
+        started = self.clock()
+        self._home = getcurrent()
+        ready, self._ready = self._ready, []
+        for task, value in ready:
+            self._resume(task, value)
+        if not self._parked:
+            self.stats.host_seconds += self.clock() - started
+            return bool(self._live)
+        context, batch = self._next_batch()
+        decoding = self.clock()
+        self.stats.host_seconds += decoding - started
+        try:
+            rows = context.decode_together([(p.sequence, p.tokens, p.n_logits) for p in batch])
+        except Exception as err:  # the batch's tasks each see it where they decoded
+            self._ready.extend((p.task, _Raise(err)) for p in batch)
+            return True
+        seconds = self.clock() - decoding
+        self.stats.decode_seconds += seconds
+        self._count(context, batch, seconds)
+        # Whole rows are views of the context's buffer, valid until its next decode: every
+        # task reads its own before the next step decodes again.
+        self._ready.extend((p.task, r) for p, r in zip(batch, rows, strict=True))
+        return True
+
+    def run(self) -> None:
+        """Step until every task has ended."""
+        while self.step():
+            pass
+
+    # -- inside a task --------------------------------------------------------------------
+    def _gatherer(self, context: Context) -> Gather:
+        def gather(sequence: Any, tokens: list[int], n_logits: int) -> Rows:
+            home = self._home
+            if home is None or getcurrent() is home:
+                # Not in a task (loading, a test's own decode): decode it alone, at once.
+                return context.decode_together([(sequence, tokens, n_logits)])[0]
+            chunk = self.prompt_chunk
+            rows: Rows = np.empty((0, 0), dtype=np.float32)
+            for start in range(0, len(tokens), chunk):
+                piece = tokens[start : start + chunk]
+                wanted = min(len(piece), max(0, n_logits - (len(tokens) - start - len(piece))))
+                self._parked.append(_Parked(getcurrent(), context, sequence, piece, wanted))
+                rows = self._park(home)
+            return rows
+
+        return gather
+
+    def _park(self, home: greenlet) -> Rows:
+        value = home.switch()
+        if isinstance(value, _Raise):
+            raise value.error
+        return value
+
+    # -- between tasks -----------------------------------------------------------------------
+    def _resume(self, task: greenlet, value: object) -> None:
+        try:
+            if value is _START:
+                task.switch()
+            else:
+                task.switch(value)
+        finally:
+            if task.dead:
+                self._live.discard(task)
+
+    def _next_batch(self) -> tuple[Context, list[_Parked]]:
+        """The requests of one context, the drafts' first, the shortest first, within
+        ``n_batch`` tokens (the rest wait for the next pass)."""
+        parked = self._parked
+        context = next((c for c in self.drafts if any(p.context is c for p in parked)), None)
+        if context is None:
+            context = self.target
+        mine = sorted((p for p in parked if p.context is context), key=lambda p: len(p.tokens))
+        batch: list[_Parked] = []
+        room = context.n_batch
+        for request in mine:
+            if len(request.tokens) <= room or not batch:
+                batch.append(request)
+                room -= len(request.tokens)
+        taken = {id(p) for p in batch}
+        self._parked = [p for p in parked if id(p) not in taken]
+        return context, batch
+
+    def _count(self, context: Context, batch: list[_Parked], seconds: float) -> None:
+        stats, load = self.stats, self.load
+        if context is self.target:
+            n = sum(len(p.tokens) for p in batch)
+            stats.target_passes += 1
+            stats.tokens += n
+            size = len(batch)
+            stats.sequences[size] = stats.sequences.get(size, 0) + 1
+            # A verify reads a row per token ([last, guesses]); a prompt's chunk one at most.
+            guessed = sum(len(p.tokens) - 1 for p in batch if p.n_logits == len(p.tokens))
+            stats.guesses[size] = stats.guesses.get(size, 0) + guessed
+            if load is not None:
+                load.observe_target(seconds, n)
+        else:
+            stats.draft_passes += 1
+            if load is not None and all(len(p.tokens) == 1 for p in batch):
+                load.observe_draft(seconds, self.source)  # a step: one guess each
+
+
+@dataclass(frozen=True)
+class _Raise:
+    error: Exception
+
+
+_START = object()  # what a task is resumed with the first time: nothing

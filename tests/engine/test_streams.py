@@ -1,0 +1,173 @@
+"""Many generations at once on fake models (``engine.streams``): each sequence's output is what
+the target gives it alone (greedy), follows the target's distribution (sampled), never sees
+another's tokens, and the passes are batched as the scheduler promises."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from specgen.core.sampling import SamplingParams, warp
+from specgen.drafters import ModelDrafter, NgramDrafter
+from specgen.engine import GenerationConfig, SpeculativeEngine
+from specgen.engine.streams import Streams
+from specgen.lookahead import BatchLoad, CostBook
+from tests.fakes import FakeClock, FakeModel, Generation, drive
+from tests.stats_helpers import pooled_chisquare_pvalue
+
+GREEDY = SamplingParams(temperature=0.0)
+PROMPTS = [[1, 2, 3], [4, 5], [6, 7, 8, 9, 10], [11, 3, 3], [2], [9, 9, 1]]
+
+
+def _models(n_seq: int, clock: FakeClock, **target: object) -> tuple[FakeModel, FakeModel]:
+    params = {"sharpness": 1.5, "call_seconds": 1.0, "token_seconds": 0.1, **target}
+    tgt = FakeModel(n_seq=n_seq, clock=clock, **params)  # type: ignore[arg-type]
+    draft = FakeModel(n_seq=n_seq, clock=clock, sharpness=1.5, noise=0.6, salt=5, call_seconds=0.2)
+    return tgt, draft
+
+
+def _engines(
+    target: FakeModel, draft: FakeModel | None, n: int, load: BatchLoad, costs: CostBook
+) -> list[SpeculativeEngine]:
+    return [
+        SpeculativeEngine(
+            target.sequence(i),
+            ModelDrafter(draft.sequence(i), clock=target.clock) if draft else None,
+            costs=costs,
+            clock=target.clock,
+            load=load,
+            slot=i,
+        )
+        for i in range(n)
+    ]
+
+
+def _run_together(
+    engines: list[SpeculativeEngine],
+    configs: list[GenerationConfig],
+    prompts: list[list[int]],
+    streams: Streams,
+) -> list[Generation]:
+    done: dict[int, Generation] = {}
+    for i, (engine, config, prompt) in enumerate(zip(engines, configs, prompts, strict=True)):
+        streams.add(lambda i=i, e=engine, c=config, p=prompt: done.__setitem__(i, drive(e, c, p)))
+    streams.run()
+    return [done[i] for i in range(len(engines))]
+
+
+@pytest.mark.parametrize("lookahead", [1, 4, 8, "auto"])
+def test_each_sequence_is_the_target_alone_greedy(lookahead: object) -> None:
+    """Six sequences of different prompt lengths at once: each one's tokens are the target's
+    own greedy continuation of its prompt, as a lone target gives them."""
+    clock = FakeClock()
+    target, draft = _models(6, clock)
+    costs, load = CostBook(), BatchLoad(CostBook())
+    load.costs = costs
+    engines = _engines(target, draft, 6, load, costs)
+    streams = Streams(target, [draft], load=load, clock=clock)
+    configs = [
+        GenerationConfig(lookahead=lookahead, sampling=GREEDY, max_tokens=20 + 3 * i)  # type: ignore[arg-type]
+        for i in range(6)
+    ]
+    together = _run_together(engines, configs, PROMPTS, streams)
+    for i, prompt in enumerate(PROMPTS):
+        alone = drive(SpeculativeEngine(FakeModel(sharpness=1.5)), configs[i], prompt)
+        assert together[i].tokens == alone.tokens, f"sequence {i}"
+    # One target pass served several sequences at once, and the drafts were batched too.
+    assert max(len(b) for b in target.batches) > 1
+    if lookahead != "auto":
+        assert max(len(b) for b in draft.batches) > 1
+
+
+def test_a_sequence_never_sees_another_s_tokens() -> None:
+    """Each sequence's cache holds its own prompt and output and nothing else; a fake's logits
+    hash the whole cache, so one stray token would change every later token."""
+    clock = FakeClock()
+    target, draft = _models(3, clock)
+    costs = CostBook()
+    load = BatchLoad(costs)
+    engines = _engines(target, draft, 3, load, costs)
+    streams = Streams(target, [draft], load=load, clock=clock)
+    config = GenerationConfig(lookahead=4, sampling=GREEDY, max_tokens=30)
+    prompts = [[1] * 5, [2] * 5, [1] * 5]  # the same prompt twice, beside another
+    out = _run_together(engines, [config] * 3, prompts, streams)
+    assert out[0].tokens == out[2].tokens != out[1].tokens
+    for i, prompt in enumerate(prompts):
+        # What the target's cache of sequence i holds: the prompt and all but the last token.
+        assert (
+            target.sequence(i).cache
+            == [*prompt, *out[i].cycle_tokens[:-1]][: len(target.sequence(i).cache)]
+        )
+
+
+def test_a_long_prompt_joins_in_chunks_beside_running_streams() -> None:
+    """A prompt longer than a chunk is decoded a chunk per pass, each beside another
+    sequence's verify, and its output is still the target's own."""
+    clock = FakeClock()
+    target, draft = _models(2, clock)
+    costs = CostBook()
+    load = BatchLoad(costs)
+    engines = _engines(target, draft, 2, load, costs)
+    streams = Streams(target, [draft], load=load, clock=clock, prompt_chunk=16)
+    long_prompt = [int(x) for x in np.random.default_rng(1).integers(0, 16, 100)]
+    config = GenerationConfig(lookahead=3, sampling=GREEDY, max_tokens=40)
+    out = _run_together(engines, [config] * 2, [[1, 2], long_prompt], streams)
+    alone = drive(SpeculativeEngine(FakeModel(sharpness=1.5)), config, long_prompt)
+    assert out[1].tokens == alone.tokens
+    chunks = [b for b in target.batches if any(seq == 1 and n == 16 for seq, n, _ in b)]
+    assert len(chunks) >= 5 and any(len(b) == 2 for b in chunks)
+    assert max(sum(n for _, n, _ in b) for b in target.batches) <= target.n_batch
+
+
+@pytest.mark.parametrize("lookahead", [[1, 3, 6], [2, 0, 5]])
+def test_every_sequence_follows_the_target_distribution(lookahead: list[int]) -> None:
+    """Chi-square per sequence on (x2, x3), three sequences in flight at different K each
+    generation, against the target's sum over x1 of p(x1) p(x2 | x1) p(x3 | x1 x2)."""
+    sampling = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
+    prompts = [[1, 2, 3], [7, 7], [4, 0, 9, 2]]
+    ref = FakeModel(sharpness=0.7)
+
+    def joint(prompt: list[int]) -> np.ndarray:
+        def p(context: list[int]) -> np.ndarray:
+            return warp(ref.logits_after([*prompt, *context]), sampling).dense(16)
+
+        return sum(
+            p([])[a] * np.array([p([a])[b] * p([a, b]) for b in range(16)]) for a in range(16)
+        )
+
+    clock = FakeClock()
+    target, draft = _models(3, clock, sharpness=0.7)
+    draft.sharpness = 0.7
+    for view in (draft.sequence(1), draft.sequence(2)):
+        view.sharpness = 0.7
+    costs = CostBook()
+    load = BatchLoad(costs)
+    engines = _engines(target, draft, 3, load, costs)
+    streams = Streams(target, [draft], load=load, clock=clock)
+    n = 1500
+    counts = [np.zeros((16, 16)) for _ in prompts]
+    for seed in range(n):
+        configs = [
+            GenerationConfig(lookahead=k, sampling=sampling, max_tokens=k + 3, seed=seed * 3 + i)
+            for i, k in enumerate(lookahead)
+        ]
+        for i, done in enumerate(_run_together(engines, configs, prompts, streams)):
+            counts[i][done.tokens[1], done.tokens[2]] += 1
+    for i, prompt in enumerate(prompts):
+        assert pooled_chisquare_pvalue(counts[i], joint(prompt) * n) > 1e-3, f"sequence {i}"
+
+
+def test_a_mutant_that_shares_one_cache_fails_identity() -> None:
+    """The identity test can fail: two sequences decoded into one cache (a leak) give other
+    tokens than the target alone."""
+    clock = FakeClock()
+    target = FakeModel(sharpness=1.5, n_seq=2, clock=clock)
+    shared = target.sequence(1)
+    shared.cache = target.cache  # the mutant: sequence 1 writes into sequence 0's cache
+    engines = [SpeculativeEngine(m, NgramDrafter(), lookahead=2) for m in (target, shared)]
+    streams = Streams(target)
+    config = GenerationConfig(sampling=GREEDY, max_tokens=10)
+    with pytest.raises(AssertionError):
+        out = _run_together(engines, [config] * 2, [[1, 2], [3, 4]], streams)
+        alone = drive(SpeculativeEngine(FakeModel(sharpness=1.5)), config, [1, 2])
+        assert out[0].tokens == alone.tokens
