@@ -222,3 +222,45 @@ def test_the_head_reads_at_most_its_window_of_a_long_prompt(tiny: dict[str, Path
     engine = SpeculativeEngine(target, make_drafter(None, False, head=head, target=target))
     tokens, stats = run_to_end(engine, replace(config, lookahead=3), prompt)
     assert tokens == expected and stats.by_source["mtp"].drafted > 0
+
+
+@pytest.mark.parametrize("way", WAYS)
+def test_hybrid_sequences_of_one_context_are_each_the_target_alone(
+    tiny: dict[str, Path], way: str
+) -> None:
+    """Three sequences of a hybrid target (and a hybrid draft) at once, each rolling back its
+    own state (by snapshot or checkpoint): each gives what the target alone gives its prompt."""
+    from specgen.engine.streams import Streams
+    from specgen.lookahead import BatchLoad, CostBook
+
+    options = ModelOptions(n_ctx=256, n_threads=1, rollback_window=WAYS[way], n_seq=3)
+    target, draft = LlamaModel(tiny["target"], options), LlamaModel(tiny["draft"], options)
+    lone = load(tiny["target"], WAYS[way])
+    prompts = [PROMPT, PROMPT[3:], [7, 7, 7, 1, 2]]
+    config = GenerationConfig(lookahead=4, sampling=GREEDY, max_tokens=30)
+    expected = [
+        run_to_end(SpeculativeEngine(lone), replace(config, lookahead=0), p)[0] for p in prompts
+    ]
+    costs = CostBook()
+    load_ = BatchLoad(costs)
+    streams = Streams(target, [draft], load=load_)
+    done: dict[int, list[int]] = {}
+    for i, prompt in enumerate(prompts):
+        engine = SpeculativeEngine(
+            target.sequence(i),
+            make_drafter(draft.sequence(i), ngram=True),
+            costs=costs,
+            load=load_,
+            slot=i,
+        )
+        streams.add(
+            lambda i=i, e=engine, p=prompt: done.__setitem__(i, run_to_end(e, config, p)[0])
+        )
+    streams.run()
+    streams.close()
+    assert [done[i] for i in range(3)] == expected
+    assert max(streams.stats.sequences) == 3
+    if way == "bounded":
+        assert target.rollbacks.bounded > 0 and target.rollbacks.checkpoint == 0
+    else:
+        assert target.rollbacks.checkpoint > 0

@@ -1,0 +1,275 @@
+"""Aggregate throughput of OpenAI-compatible servers under concurrent clients (issue 36).
+`specgen serve` with and without speculation (-k 0), and llama.cpp's llama-server with and
+without it, each take C clients sharing one fixed workload of R distinct `/v1/completions`
+requests (non-streaming; client i sends requests i, i+C, i+2C, ... one after another). Each
+figure is measured on a fresh server: the sum of `usage.completion_tokens` over the wall time
+from the first request sent to the last answer received, and the mean request latency.
+
+    python benchmarks/concurrency.py --target T.gguf --draft D.gguf --clients 1,2,4,8 -n 128
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+try:
+    import httpx2 as httpx  # what the venv has (as the other benchmarks import it)
+except ImportError:
+    import httpx
+
+PROMPTS = [  # 16 distinct short prompts; request i takes prompt i (mod 16)
+    "Write a short story about a lighthouse keeper.",
+    "Explain why the sky is blue.",
+    "Give a step-by-step recipe for a simple tomato soup.",
+    "List ten countries in Europe and their capital cities.",
+    "Describe how a bicycle works to a ten-year-old.",
+    "Write a polite email asking a neighbour to turn down their music.",
+    "What are the main causes of the seasons on Earth?",
+    "Summarize the plot of a detective novel you invent.",
+    "Explain the difference between weather and climate.",
+    "Write a poem about autumn leaves in a city park.",
+    "Give five tips for learning a new language as an adult.",
+    "Describe a day in the life of a medieval blacksmith.",
+    "Explain how vaccines train the immune system.",
+    "Write a dialogue between a cat and a dog about breakfast.",
+    "What should someone pack for a week of hiking in the mountains?",
+    "Explain how a rainbow forms after a storm.",
+]
+SERVERS = ("specgen", "specgen-k0", "llama-server", "llama-server-spec")
+LLAMA = ("llama-server", "llama-server-spec")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", required=True)
+    parser.add_argument("--draft", required=True)
+    parser.add_argument("--clients", default="1,2,4,8", help="comma list of client counts")
+    parser.add_argument("--requests", type=int, default=8, help="requests in all, per figure")
+    parser.add_argument("-n", "--max-tokens", type=int, default=128)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    parser.add_argument("--servers", help=f"comma list of {','.join(SERVERS)} (default: all)")
+    parser.add_argument("--llama-server", help="llama-server path (default: llama-cpp-peer.sh's)")
+    parser.add_argument("--specgen-args", default="", help="more `specgen serve` flags")
+    parser.add_argument("--json", help="write all rows to this file as JSON")
+    parser.add_argument("--label", help="the pair's name in the table")
+    args = parser.parse_args()
+    clients = [int(c) for c in args.clients.split(",")]
+    servers = args.servers.split(",") if args.servers else list(SERVERS)
+    if unknown := set(servers) - set(SERVERS):
+        parser.error(f"unknown servers: {', '.join(sorted(unknown))}")
+    llama = None
+    if any(s in LLAMA for s in servers):
+        llama = args.llama_server or peer_server()
+        if not llama or not os.access(llama, os.X_OK):
+            print(f"note: no llama-server ({llama or 'not built'}); skipping it", file=sys.stderr)
+            servers = [s for s in servers if s not in LLAMA]
+    parallel = any(s.startswith("specgen") for s in servers) and supports_parallel()
+    if not parallel and any(s.startswith("specgen") for s in servers):
+        print("note: `specgen serve` has no --parallel; running without it", file=sys.stderr)
+    label = args.label or f"{Path(args.target).stem} / {Path(args.draft).stem}"
+    rows = []
+    for c in clients:  # every server at one client count, then the next: drift hits all alike
+        for name in servers:
+            program, flags = command(name, c, args, parallel, llama)
+            print(f"{name}, {c} clients: {shlex.join(flags)}", file=sys.stderr)
+            row = dict(pair=label, server=name, flags=shlex.join(flags), clients=c, agg_tps=None)
+            rows.append(row := {**row, "mean_latency_s": None, **measure(program, flags, c, args)})
+            print(
+                f"  {row.get('completion_tokens')} tokens, {fmt(row['agg_tps'])} tok/s",
+                file=sys.stderr,
+            )
+    tps = {(r["server"], r["clients"]): r["agg_tps"] for r in rows}
+    for row in rows:
+        row["ratio_to_llama"] = ratio(row["agg_tps"], best_llama(tps, row["clients"]))
+    report(rows, clients, args)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
+
+
+def peer_server() -> str | None:
+    """The llama-server that llama-cpp-peer.sh built, or None. The script builds it when it is
+    missing (some 15 minutes): after a minute, leave that build running and go on without."""
+    with tempfile.TemporaryFile() as out:
+        peer = ["bash", "/work/shared/tools/llama-cpp-peer.sh", "--server-path"]
+        done = subprocess.Popen(peer, stdout=out, stderr=subprocess.DEVNULL, start_new_session=True)
+        try:
+            done.wait(60)
+        except subprocess.TimeoutExpired:
+            print("note: llama-cpp-peer.sh is still building llama-server", file=sys.stderr)
+            return None
+        out.seek(0)
+        path = (out.read().decode().strip().splitlines() or [""])[-1]
+    return path if done.returncode == 0 and os.access(path, os.X_OK) else None
+
+
+def supports_parallel() -> bool:
+    env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}  # no wrapped or styled help
+    helped = subprocess.run(
+        [sys.executable, "-m", "specgen", "serve", "-h"], capture_output=True, env=env
+    )
+    return b"--parallel" in helped.stdout
+
+
+def command(
+    name: str, clients: int, args: argparse.Namespace, parallel: bool, llama: str | None
+) -> tuple[list[str], list[str]]:
+    """The program with its model paths, and the flags to report (the port is added later)."""
+    if name.startswith("specgen"):
+        program = [sys.executable, "-m", "specgen", "serve"]
+        program += ["--target", args.target, "--draft", args.draft]
+        flags = ["--threads", "2", *(["--parallel", str(clients)] if parallel else [])]
+        flags += shlex.split(args.specgen_args) + (["-k", "0"] if name == "specgen-k0" else [])
+        return program, flags
+    assert llama is not None
+    program = [llama, "-m", args.target]
+    flags = ["-c", "8192", "-np", str(clients), "-t", "2"]
+    if name == "llama-server-spec":
+        program += ["-md", args.draft]
+        flags += ["-td", "2", "--spec-type", "draft-simple,ngram-mod", "--spec-draft-n-max", "8"]
+    return program, flags
+
+
+def body(i: int, args: argparse.Namespace) -> dict[str, object]:
+    prompt = PROMPTS[i % len(PROMPTS)]
+    if i >= len(PROMPTS):  # keep every request distinct past the list
+        prompt += f" (Version {i // len(PROMPTS) + 1}.)"
+    # A raw prompt with no newline after it makes small instruct models stop at once (7 of these
+    # 16 give 0 tokens on SmolLM2-135M); with one, nearly all write max_tokens.
+    request: dict[str, object] = dict(prompt=prompt + "\n", max_tokens=args.max_tokens)
+    request["temperature"] = args.temperature
+    if args.temperature > 0:
+        request.update(seed=i, top_k=40, top_p=0.95, min_p=0.05)
+    return request
+
+
+def measure(
+    program: list[str], flags: list[str], clients: int, args: argparse.Namespace
+) -> dict[str, object]:
+    """Start a fresh server, wait for /health to say 200, run the workload, stop the server."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    log = tempfile.TemporaryFile()
+    server = subprocess.Popen(
+        [*program, *flags, "--port", str(port)], stdout=log, stderr=subprocess.STDOUT
+    )
+    try:
+        while True:
+            if server.poll() is not None:
+                log.seek(0)
+                tail = log.read().decode(errors="replace")[-2000:]
+                return {"error": f"server exited with {server.returncode}: {tail}"}
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.25)
+        return workload(url, clients, args)
+    finally:
+        server.send_signal(signal.SIGINT)
+        try:
+            server.wait(10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        log.close()
+
+
+def workload(url: str, clients: int, args: argparse.Namespace) -> dict[str, object]:
+    bodies = [body(i, args) for i in range(args.requests)]
+    tokens, latency = [0] * len(bodies), [0.0] * len(bodies)
+    sent, answered, errors = [], [], []
+    barrier = threading.Barrier(clients)
+
+    def client(first: int) -> None:
+        with httpx.Client(timeout=3600) as http:
+            barrier.wait()
+            for j in range(first, len(bodies), clients):
+                started = time.perf_counter()
+                sent.append(started)
+                try:
+                    reply = http.post(f"{url}/v1/completions", json=bodies[j])
+                    if reply.status_code != 200:
+                        errors.append(f"request {j}: HTTP {reply.status_code} {reply.text[:200]}")
+                    else:
+                        tokens[j] = reply.json()["usage"]["completion_tokens"]
+                except (httpx.HTTPError, KeyError, ValueError) as err:
+                    errors.append(f"request {j}: {err!r}")
+                answered.append(time.perf_counter())
+                latency[j] = answered[-1] - started
+
+    with ThreadPoolExecutor(clients) as pool:  # a thread, and an httpx client, per client
+        list(pool.map(client, range(clients)))
+    wall = max(answered) - min(sent)
+    row = dict(requests=len(bodies), max_tokens=args.max_tokens, temperature=args.temperature)
+    row.update(completion_tokens=sum(tokens), wall_s=wall, mean_latency_s=statistics.mean(latency))
+    if errors:
+        return {**row, "error": "; ".join(errors)}
+    return {**row, "agg_tps": sum(tokens) / wall}
+
+
+def best_llama(tps: dict[tuple[str, int], object], clients: int) -> float | None:
+    figures = [tps.get((server, clients)) for server in LLAMA]
+    return max((x for x in figures if isinstance(x, float)), default=None)
+
+
+def ratio(a: object, b: object) -> float | None:
+    return a / b if isinstance(a, float) and isinstance(b, float) and b > 0 else None
+
+
+def fmt(value: object, digits: int = 2) -> str:
+    return f"{value:.{digits}f}" if isinstance(value, float) else "—"
+
+
+def table(header: list[str], lines: list[list[object]]) -> None:
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    for cells in lines:
+        print("| " + " | ".join(str(cell) for cell in cells) + " |")
+
+
+def report(rows: list[dict], clients: list[int], args: argparse.Namespace) -> None:
+    sampling = f"temperature {args.temperature}"
+    if args.temperature > 0:
+        sampling += ", top_k 40, top_p 0.95, min_p 0.05, seed = request index"
+    print(
+        f"{args.requests} distinct /v1/completions requests per figure, max_tokens "
+        f"{args.max_tokens}, {sampling}; non-streaming; a fresh server per figure; "
+        "flags: all but the model paths and --port\n"
+    )
+    header = ["pair", "server", "flags", "clients", "agg tok/s", "mean latency s"]
+    cells = [[r["pair"], r["server"], f"`{r['flags']}`", r["clients"]] for r in rows]
+    for r, line in zip(rows, cells):
+        line += [fmt(r["agg_tps"], 1), fmt(r["mean_latency_s"]), fmt(r["ratio_to_llama"])]
+    table([*header, "ratio to llama-server best at that client count"], cells)
+    for r in rows:
+        if "error" in r:
+            print(f"{r['server']}, {r['clients']} clients failed: {r['error']}", file=sys.stderr)
+
+    tps, lines = {(r["server"], r["clients"]): r["agg_tps"] for r in rows}, []
+    for c in clients:
+        mine = tps.get(("specgen", c))
+        lines.append([c, fmt(ratio(mine, best_llama(tps, c)))])
+        lines[-1] += [fmt(ratio(mine, tps.get(k))) for k in (("specgen-k0", c), ("specgen", 1))]
+    print()
+    header = ["clients", "specgen / best llama-server", "specgen / specgen-k0"]
+    table([*header, "specgen(C) / specgen(1)"], lines)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,150 @@
+"""The many-streams loop's own cost: host time per target pass (outside llama.cpp's decodes) and
+aggregate tokens per second, at 1, 2, 4 ... streams, by K, temperature and how rows are read.
+
+Each figure runs S generations side by side on S sequences of one target and one draft context
+(``engine.streams``, as ``serve --parallel`` and ``run -f --parallel`` do), after one warm-up,
+and takes the scheduler's own count: its wall time less the time inside ``decode_together``,
+per target pass (one pass verifies every stream's guesses). One stream through the same
+scheduler is the baseline the issue's bound is read against (4 streams at most 1.5x it).
+
+    python benchmarks/streams_cost.py TARGET DRAFT [-s 1,2,4] [-k 0,4,8] [-n 64]
+        [--temperatures 0,0.8] [--rows whole,backend] [--threads 2] [--profile FILE]
+
+Rows "backend" force llama.cpp's backend top-k on this CPU (the GPU way, as
+``benchmarks/loop_cost.py`` forces it): the host work a GPU would see.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from specgen.backend import LlamaModel, ModelOptions  # noqa: E402
+from specgen.core.sampling import DEFAULT_SAMPLING, SamplingParams  # noqa: E402
+from specgen.drafters import ModelDrafter  # noqa: E402
+from specgen.engine import CycleDone, GenerationConfig, SpeculativeEngine  # noqa: E402
+from specgen.engine.streams import Streams  # noqa: E402
+from specgen.lookahead import BatchLoad, CostBook  # noqa: E402
+
+PROMPTS = [
+    "The history of the Roman Empire",
+    "Write a short story about a lighthouse keeper.",
+    "def fibonacci(n):\n",
+    "Explain in a few sentences why the sky is blue.",
+    "List ten countries in Europe and their capital cities.",
+    "Give a step-by-step recipe for a simple tomato soup.",
+    "Q: What is the speed of light?\nA:",
+    "Once upon a time, in a small village,",
+]
+
+
+def run(target, draft, n: int, config: GenerationConfig) -> dict[str, float]:
+    costs = CostBook()
+    load = BatchLoad(costs)
+    engines = [
+        SpeculativeEngine(
+            target.sequence(i),
+            ModelDrafter(draft.sequence(i)),
+            costs=costs,
+            load=load,
+            slot=i,
+        )
+        for i in range(n)
+    ]
+    streams = Streams(target, [draft], load=load)
+    made = [0]
+
+    def work(engine: SpeculativeEngine, prompt: list[int]) -> None:
+        for event in engine.generate(prompt, config):
+            if isinstance(event, CycleDone):
+                made[0] += len(event.tokens)
+
+    for i, engine in enumerate(engines):
+        prompt = target.tokenize(PROMPTS[i % len(PROMPTS)])
+        streams.add(lambda e=engine, p=prompt: work(e, p))
+    started = time.perf_counter()
+    streams.run()
+    seconds = time.perf_counter() - started
+    streams.close()
+    stats = streams.stats
+    return {
+        "host_ms_per_pass": 1e3 * stats.host_seconds / max(1, stats.target_passes),
+        "decode_ms_per_pass": 1e3 * stats.decode_seconds / max(1, stats.target_passes),
+        "tokens_per_second": made[0] / seconds,
+        "passes": stats.target_passes,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("target")
+    parser.add_argument("draft")
+    parser.add_argument("-s", "--streams", default="1,2,4")
+    parser.add_argument("-k", "--lookahead", default="0,4,8")
+    parser.add_argument("-n", "--max-tokens", type=int, default=64)
+    parser.add_argument("--temperatures", default="0,0.8")
+    parser.add_argument("--rows", default="whole,backend")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--profile", type=Path, help="write a cProfile of the runs here")
+    args = parser.parse_args()
+    counts = [int(s) for s in args.streams.split(",")]
+    most = max(counts)
+    rows = []
+    profile = cProfile.Profile() if args.profile else None
+    for way in args.rows.split(","):
+        backend = way == "backend"
+        options = ModelOptions(
+            n_ctx=1024, n_threads=args.threads, backend_sampling=backend, n_seq=most
+        )
+        target, draft = LlamaModel(args.target, options), LlamaModel(args.draft, options)
+        for model in (target, draft):
+            for i in range(most):
+                model.sequence(i).rows_on_device = backend
+        for k in [int(k) for k in args.lookahead.split(",")]:
+            for temperature in [float(t) for t in args.temperatures.split(",")]:
+                sampling = (
+                    SamplingParams(temperature=0.0)
+                    if temperature <= 0
+                    else SamplingParams(
+                        temperature,
+                        DEFAULT_SAMPLING.top_k,
+                        DEFAULT_SAMPLING.top_p,
+                        DEFAULT_SAMPLING.min_p,
+                    )
+                )
+                config = GenerationConfig(
+                    lookahead=k, sampling=sampling, max_tokens=args.max_tokens, seed=7
+                )
+                run(target, draft, 1, config)  # warm-up: graphs built
+                for n in counts:
+                    if profile is not None:
+                        profile.enable()
+                    got = run(target, draft, n, config)
+                    if profile is not None:
+                        profile.disable()
+                    row = {"rows": way, "k": k, "temperature": temperature, "streams": n, **got}
+                    rows.append(row)
+                    print(
+                        f"{way:8} K={k} T={temperature:<3} streams={n}  host "
+                        f"{got['host_ms_per_pass']:6.2f} ms/pass  decode "
+                        f"{got['decode_ms_per_pass']:7.2f} ms/pass  "
+                        f"{got['tokens_per_second']:6.1f} tok/s",
+                        flush=True,
+                    )
+        target.close()
+        draft.close()
+    if profile is not None:
+        profile.dump_stats(str(args.profile))
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()
