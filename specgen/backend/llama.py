@@ -168,6 +168,11 @@ class LlamaModel(Vocabulary):
         params = llama_cpp.llama_context_default_params()
         params.n_ctx = n_ctx * options.n_seq
         params.n_seq_max = options.n_seq
+        # Several sequences share one pool of cells: llama.cpp then cuts a batch into ubatches
+        # as they come (one graph pass for every sequence's [last, guesses] whatever their
+        # lengths); a stream a sequence would cut it into equal lengths per sequence, a pass
+        # per length, and unequal K would pay the weights once per length.
+        params.kv_unified = options.n_seq > 1
         params.n_batch = min(options.n_batch, n_ctx * options.n_seq)
         params.n_ubatch = params.n_batch
         params.n_threads = n_threads
@@ -185,7 +190,9 @@ class LlamaModel(Vocabulary):
         self._ctx = ctx
         self._mem = llama_cpp.llama_get_memory(ctx)
         self.n_seq = options.n_seq
-        self.n_ctx = int(llama_cpp.llama_n_ctx_seq(ctx))
+        # Each sequence's own share: in one pool, a sequence could take the others' cells.
+        n_ctx_seq = int(llama_cpp.llama_n_ctx_seq(ctx))
+        self.n_ctx = n_ctx_seq if options.n_seq == 1 else min(n_ctx, n_ctx_seq)
         self.n_batch = int(params.n_batch)
         self.n_threads = n_threads
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)

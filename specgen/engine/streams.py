@@ -30,6 +30,7 @@ from greenlet import GreenletExit, getcurrent, greenlet
 
 from specgen.core.sampling import Rows
 from specgen.lookahead import BatchLoad
+from specgen.lookahead.batch import FIRST_STEP_TOKENS
 from specgen.stats import Clock
 
 # Tokens of a prompt per pass, beside the other sequences' verify.
@@ -231,8 +232,11 @@ class Streams:
                 load.observe_target(seconds, n)
         else:
             stats.draft_passes += 1
-            if load is not None and all(len(p.tokens) == 1 for p in batch):
-                load.observe_draft(seconds, self.source)  # a step: one guess each
+            if load is not None:
+                n = sum(len(p.tokens) for p in batch)
+                # A step: one guess each (the first also reads a sequence's last kept guess).
+                step = all(len(p.tokens) <= FIRST_STEP_TOKENS for p in batch)
+                load.observe_draft(seconds, n, step, self.source)
 
 
 @dataclass(frozen=True)

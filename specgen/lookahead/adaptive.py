@@ -95,6 +95,12 @@ class AdaptiveLookahead:
             k, rate = self._best_lookahead(candidate, budget, optimistic=False)
             if rate > best_rate:
                 best, best_rate = Plan(candidate, k), rate
+        # In a batch, each sequence's best K with the others' held can settle where every one
+        #    drafts because the others do (their draft steps are paid anyway), below what the
+        #    batch gives with none drafting: then none drafts, and from there one drafts only
+        #    where that raises the batch's rate.
+        if best.lookahead and best_rate < self._plain_rate():
+            best, best_rate = TARGET_ALONE, alone_rate
         # 3. A source not yet timed (a draft model) is timed once nothing timed pays, so it is
         #    not run while prompt lookup does well.
         untimed = [c for c in candidates if c not in timed]
@@ -155,7 +161,7 @@ class AdaptiveLookahead:
         expected = expected_tokens_by_position(rates)
         best_k, best_rate = 0, 0.0
         for k in range(1, limit + 1):
-            rate = self._rate(expected[k], k, guess, measured)
+            rate = self._rate(expected[k], k, guess, measured, candidate.source)
             if rate > best_rate:
                 best_k, best_rate = k, rate
         return best_k, best_rate
@@ -173,15 +179,35 @@ class AdaptiveLookahead:
         self._others = self.load.others(self.slot, self.profile)
         return self._rate(1.0, 0, 0.0, None)
 
-    def _rate(self, tokens: float, k: int, guess: float, measured: int | None) -> float:
-        """Tokens per second of a cycle that gives ``tokens`` from ``k`` guesses at ``guess``
-        seconds each (a pass no longer than ``measured`` where given); in a batch, the
-        batch's, the others as they were (``lookahead.batch``)."""
+    def _plain_rate(self) -> float:
+        """The batch's tokens per second with no sequence drafting (0 alone: no batch)."""
+        if self.load is None:
+            return 0.0
+        n = len(self.load.slots)
+        verify = self.profile.verify(n)
+        return 0.0 if verify is None else n / max(verify, SHORTEST)
+
+    def _rate(
+        self,
+        tokens: float,
+        k: int,
+        guess: float,
+        measured: int | None,
+        source: str | None = None,
+    ) -> float:
+        """Tokens per second of a cycle that gives ``tokens`` from ``k`` guesses of ``source``
+        at ``guess`` seconds each (a pass no longer than ``measured`` where given); in a batch,
+        the batch's, the others as they were (``lookahead.batch``)."""
         others = self._others if self.load is not None else Others()
         n = others.verify_tokens + k + 1
         verify = self.profile.verify(n if measured is None else min(n, measured))
         assert verify is not None, "a pass was timed, so every length has an estimate"
         draft = max(k * guess, others.draft_seconds)
+        if self.load is not None:  # the draft model's steps as batched, where timed
+            model = k if source == "model" else 0
+            batched = self.load.draft_seconds(model, others.drafts)
+            if batched is not None:
+                draft = batched + (k - model) * guess
         return (others.tokens + tokens) / max(draft + verify, SHORTEST)
 
     def _source_prior(self, source: str) -> float:

@@ -28,6 +28,10 @@ SpeedCheck = Literal["yes", "no", "unknown"]
 # another number is set aside (its costs are measured afresh).
 COSTS_VERSION = 1
 
+# A pass's seconds by tokens as fitted (each n seen, never falling as n grows), and the line
+# through them (intercept, slope).
+Fit = tuple[dict[int, float], tuple[float, float]]
+
 
 @dataclass
 class Timing:
@@ -118,9 +122,7 @@ class PairProfile:
     # The verify costs fitted (seconds by each n seen, never falling as n grows; and the line
     # through them: intercept, slope), kept until the next observation: ``auto`` asks for them
     # many times a cycle.
-    _fit: tuple[dict[int, float], tuple[float, float]] | None = field(
-        default=None, init=False, repr=False
-    )
+    _fit: Fit | None = field(default=None, init=False, repr=False)
     _speed: float | None = field(default=None, init=False, repr=False)
 
     def snapshot(self) -> dict[str, Any]:
@@ -264,39 +266,51 @@ class PairProfile:
             return None
         if self._fit is None:
             self._fit = self._fit_verify()
-        fitted, (intercept, slope) = self._fit
-        if n in fitted:
-            return fitted[n]
-        below = max((t for m, t in fitted.items() if m < n), default=min(fitted.values()))
-        above = min((t for m, t in fitted.items() if m > n), default=float("inf"))
-        return min(max(intercept + slope * n, below), above)
+        return on_fit(self._fit, n)
 
-    def _fit_verify(self) -> tuple[dict[int, float], tuple[float, float]]:
+    def _fit_verify(self) -> Fit:
         points = {m: self._verify_mean(timing) for m, timing in self.verify_by_n.items()}
-        # A pass over m tokens costs no more than m passes over one (a batch shares the weights'
-        # reads): a figure above that was timed while something else ran (a build beside a
-        # benchmark left verify(4) at 29 steps of one, kept across runs), and is held to it, so
-        # ``auto`` tries that length again and measures it.
-        one = points.get(1)
-        if one is not None:
-            points = {m: min(t, m * one) for m, t in points.items()}
-        ns = sorted(points)
-        slopes = [(points[b] - points[a]) / (b - a) for i, a in enumerate(ns) for b in ns[i + 1 :]]
-        slope = max(0.0, statistics.median(slopes)) if slopes else 0.0
-        intercept = statistics.median(points[m] - slope * m for m in ns)
-        # Each length shrunk toward the line, weighing its samples against the line's one, then
-        # held to the cheapest longer pass: a timing is only ever slowed (a busy moment, a cold
-        # decode), so where a shorter pass looks dearer, the shorter one is the one off.
-        fitted: dict[int, float] = {}
-        cheapest = float("inf")
-        for m in reversed(ns):
-            timing = self.verify_by_n[m]
-            weight = timing.weight if timing.warm else 0.0
-            shrunk = (points[m] * weight + LINE_WEIGHT * (intercept + slope * m)) / (
-                weight + LINE_WEIGHT
-            )
-            fitted[m] = cheapest = min(shrunk, cheapest)
-        return fitted, (intercept, slope)
+        return fit_passes(points, self.verify_by_n)
+
+
+def fit_passes(points: dict[int, float], timings: dict[int, Timing]) -> Fit:
+    """The curve of a model's pass by its tokens, from each length's seconds (``points``) and
+    its samples (``timings``): see ``PairProfile.verify``."""
+    # A pass over m tokens costs no more than m passes over one (a batch shares the weights'
+    # reads): a figure above that was timed while something else ran (a build beside a
+    # benchmark left verify(4) at 29 steps of one, kept across runs), and is held to it, so
+    # ``auto`` tries that length again and measures it.
+    one = points.get(1)
+    if one is not None:
+        points = {m: min(t, m * one) for m, t in points.items()}
+    ns = sorted(points)
+    slopes = [(points[b] - points[a]) / (b - a) for i, a in enumerate(ns) for b in ns[i + 1 :]]
+    slope = max(0.0, statistics.median(slopes)) if slopes else 0.0
+    intercept = statistics.median(points[m] - slope * m for m in ns)
+    # Each length shrunk toward the line, weighing its samples against the line's one, then
+    # held to the cheapest longer pass: a timing is only ever slowed (a busy moment, a cold
+    # decode), so where a shorter pass looks dearer, the shorter one is the one off.
+    fitted: dict[int, float] = {}
+    cheapest = float("inf")
+    for m in reversed(ns):
+        timing = timings[m]
+        weight = timing.weight if timing.warm else 0.0
+        shrunk = (points[m] * weight + LINE_WEIGHT * (intercept + slope * m)) / (
+            weight + LINE_WEIGHT
+        )
+        fitted[m] = cheapest = min(shrunk, cheapest)
+    return fitted, (intercept, slope)
+
+
+def on_fit(fit: Fit, n: int) -> float:
+    """Seconds of a pass over ``n`` tokens on a fitted curve: a length seen as fitted, another
+    on the line, held between the shorter and the longer lengths seen."""
+    fitted, (intercept, slope) = fit
+    if n in fitted:
+        return fitted[n]
+    below = max((t for m, t in fitted.items() if m < n), default=min(fitted.values()))
+    above = min((t for m, t in fitted.items() if m > n), default=float("inf"))
+    return min(max(intercept + slope * n, below), above)
 
 
 def _forget_remembered(table: dict[Any, Timing]) -> None:

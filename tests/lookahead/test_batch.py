@@ -1,0 +1,156 @@
+"""``-k auto`` in a batch (``lookahead.batch``): sequences sharing one target pass and one draft
+context, against worlds of known batched costs and acceptance."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+from specgen.core.speculative import expected_tokens
+from specgen.drafters import Candidate, Plan
+from specgen.lookahead import AdaptiveLookahead, BatchLoad, CostBook
+from specgen.lookahead.batch import FIRST_STEP_TOKENS
+
+MODEL = Candidate("model", "model", 10_000)
+Curve = Callable[[int], float]
+
+
+def simulate_batch(
+    n: int, accept: float, draft: Curve, verify: Curve, cycles: int = 1500, seed: int = 0
+) -> tuple[float, dict[int, int]]:
+    """``n`` sequences on ``-k auto`` in one batch, as ``engine.streams`` runs them: each cycle
+    every sequence plans, the draft context decodes a step per guess of the longest over the
+    sequences still drafting (the first step also reads a sequence's last kept guess where
+    every guess survived), then one target pass verifies every [last, guesses]. Returns the
+    batch's tokens per second and how often each K was chosen."""
+    rng = np.random.default_rng(seed)
+    load = BatchLoad(CostBook())
+    policies = [AdaptiveLookahead(load.costs.of(True), load=load, slot=i) for i in range(n)]
+    for i in range(n):
+        load.join(i, True)
+    full = [False] * n  # the last cycle kept every guess
+    tokens = seconds = 0.0
+    chosen: dict[int, int] = {}
+    for _ in range(cycles):
+        plans = [policy.plan([MODEL], 10_000) for policy in policies]
+        ks = [plan.lookahead for plan in plans]
+        for step in range(1, max(ks, default=0) + 1):
+            widths = [(2 if full[i] and step == 1 else 1) for i, k in enumerate(ks) if k >= step]
+            cost = draft(sum(widths))
+            load.observe_draft(cost, sum(widths), True, "model")
+            seconds += cost
+        n_tokens = sum(k + 1 for k in ks)
+        cost = verify(n_tokens)
+        load.observe_target(cost, n_tokens)
+        seconds += cost
+        for i, (policy, plan, k) in enumerate(zip(policies, plans, ks, strict=True)):
+            kept = 0
+            while kept < k and rng.random() < accept:
+                kept += 1
+            full[i] = k > 0 and kept == k
+            policy.observe(plan, k, kept, 0.0, 0.0)
+            load.report(i, kept + 1, k + 1, k, "model" if k else None)
+            tokens += kept + 1
+            chosen[k] = chosen.get(k, 0) + 1
+    return tokens / seconds, chosen
+
+
+def fixed_rate(n: int, accept: float, k: int, draft: Curve, verify: Curve) -> float:
+    """The batch's expected tokens per second with every sequence at ``k`` (the first draft
+    step counted at its most, two tokens a sequence)."""
+    steps = sum(draft(n * (FIRST_STEP_TOKENS if j == 1 else 1)) for j in range(1, k + 1))
+    return n * expected_tokens(accept, k) / (steps + verify(n * (k + 1)))
+
+
+def cpu_target(n: int) -> float:
+    """A CPU's target pass: every token more costs a third of one alone."""
+    return 1.0 + 0.33 * (n - 1)
+
+
+def cpu_draft(n: int) -> float:
+    """A small draft on a CPU: half the target's step alone, as dear per token batched."""
+    return 0.5 + 0.3 * (n - 1)
+
+
+def gpu_target(n: int) -> float:
+    """A GPU's target pass: nearly flat in its tokens."""
+    return 1.0 + 0.01 * (n - 1)
+
+
+def gpu_draft(n: int) -> float:
+    return 0.08 + 0.001 * (n - 1)
+
+
+def test_four_sequences_on_a_cpu_batch_plainly_where_drafting_costs_more_than_it_gives() -> None:
+    """Where each sequence's guesses cost the batch more than they give, ``auto`` reaches
+    plain batching's rate (no sequence settles on drafting because the others do)."""
+    plain = fixed_rate(4, 0.8, 0, cpu_draft, cpu_target)
+    best = max(fixed_rate(4, 0.8, k, cpu_draft, cpu_target) for k in range(9))
+    assert best == plain, "the world is one where plain batching wins"
+    rate, chosen = simulate_batch(4, 0.8, cpu_draft, cpu_target)
+    assert rate >= 0.95 * plain, chosen
+    assert chosen.get(0, 0) > 0.9 * sum(chosen.values()), chosen
+
+
+def test_four_sequences_on_a_gpu_speculate_and_beat_plain_batching() -> None:
+    """Where the target's pass is nearly flat, every sequence drafts, and the batch gets close
+    to the best K all sequences could share, well above plain batching."""
+    plain = fixed_rate(4, 0.9, 0, gpu_draft, gpu_target)
+    best = max(fixed_rate(4, 0.9, k, gpu_draft, gpu_target) for k in range(1, 17))
+    rate, chosen = simulate_batch(4, 0.9, gpu_draft, gpu_target)
+    assert rate >= 0.85 * best and rate > 2 * plain, (rate, best, plain, chosen)
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_one_or_two_cpu_sequences_still_draft_where_it_pays(n: int) -> None:
+    """A cheap draft that is nearly always right pays on a CPU at one or two sequences."""
+    draft = lambda m: 0.15 + 0.05 * (m - 1)  # noqa: E731
+    best = max(fixed_rate(n, 0.95, k, draft, cpu_target) for k in range(1, 17))
+    plain = fixed_rate(n, 0.95, 0, draft, cpu_target)
+    assert best > 1.2 * plain, "the world is one where drafting pays"
+    rate, chosen = simulate_batch(n, 0.95, draft, cpu_target)
+    assert rate >= 0.85 * best, (rate, best, chosen)
+
+
+def test_the_draft_steps_of_a_batch_are_priced_by_the_sequences_still_drafting() -> None:
+    """A cycle's draft seconds: a step per guess of the longest drafter, each over the
+    sequences still drafting, the first step reading two tokens of each."""
+    load = BatchLoad(CostBook())
+    assert load.draft_seconds(3, ()) is None  # nothing timed yet
+    for n in (1, 2, 3, 4, 6, 8):
+        for _ in range(3):
+            load.observe_draft(0.01 * n, n, False, "model")
+    # This sequence 3 guesses, the others 1 and 4: steps over (2+2+2), (2), (2), (1) sequences.
+    seconds = load.draft_seconds(3, (1, 4))
+    assert seconds == pytest.approx(0.06 + 0.02 + 0.02 + 0.01)
+    assert load.draft_seconds(0, ()) == 0.0
+
+
+def test_a_sequence_does_not_draft_only_because_the_others_do() -> None:
+    """Three sequences drafting 8 each pay for the draft's steps; a fourth's 8 guesses then add
+    only their tokens to each step, and raise the batch's rate over it drafting none. But the
+    batch with none drafting is faster still: the fourth drafts nothing (and so, in turn, do
+    the others)."""
+    draft = lambda m: 1.0 + 0.01 * (m - 1)  # noqa: E731 (a dear step, flat in its tokens)
+    verify = lambda m: 1.0 + 0.1 * (m - 1)  # noqa: E731
+    load = BatchLoad(CostBook())
+    for slot in range(4):
+        load.join(slot, True)
+    for m in range(1, 40):
+        for _ in range(3):
+            load.observe_target(verify(m), m)
+            load.observe_draft(draft(m), m, True, "model")
+    policy = AdaptiveLookahead(load.costs.of(True), load=load, slot=0)
+    rng = np.random.default_rng(1)
+    for _ in range(40):  # it learns that 8 in 10 guesses survive
+        kept = 0
+        while kept < 8 and rng.random() < 0.8:
+            kept += 1
+        policy.observe(Plan(MODEL, 8), 8, kept, 0.0, 0.0)
+    for slot in (1, 2, 3):
+        for _ in range(5):
+            load.report(slot, 4, 9, 8, "model")
+    assert fixed_rate(4, 0.8, 0, draft, verify) > fixed_rate(4, 0.8, 8, draft, verify)
+    assert policy.plan([MODEL], 10_000).lookahead == 0
