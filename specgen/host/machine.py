@@ -64,3 +64,15 @@ def build_id() -> str:
             info = found.stat()
             parts.append(f"{found}:{info.st_size}:{info.st_mtime_ns}")
     return "|".join(parts) or spec.origin
+
+
+def available_memory() -> int | None:
+    """Bytes of memory a new process can take without swapping (Linux's MemAvailable); None
+    where the system does not say."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None

@@ -168,6 +168,32 @@ def load_problem(found: Layout, mtp: bool) -> str | None:
     return None
 
 
+# Bytes of one cached key or value element (llama.cpp's default F16 cache).
+KV_ITEM_BYTES = 2
+
+
+def kv_bytes_per_token(header: Header) -> int:
+    """Bytes the attention cache holds per token of context, for every attention layer (the
+    keys and the values at F16); 0 where the header does not say."""
+    arch = str(header.get("general.architecture") or "unknown")
+
+    def key(name: str) -> Any:
+        return header.get(f"{arch}.{name}")
+
+    n_layers = layout(header).attention_layers or 0
+    heads = _int(key("attention.head_count"), 0)
+    width = _int(key("embedding_length"), 0)
+    per_head = width // heads if heads else 0
+    k_len = _int(key("attention.key_length"), per_head)
+    v_len = _int(key("attention.value_length"), per_head)
+    kv_heads = key("attention.head_count_kv")
+    if isinstance(kv_heads, list):  # per layer (0 on a recurrent layer)
+        total_heads = sum(int(h) for h in kv_heads if isinstance(h, int))
+    else:
+        total_heads = _int(kv_heads, heads) * n_layers
+    return total_heads * (k_len + v_len) * KV_ITEM_BYTES
+
+
 def _recurrent_layers(arch: str, n_layers: int, key: Any) -> int | None:
     if arch in RECURRENT_ARCHS:
         return n_layers

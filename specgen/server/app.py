@@ -84,7 +84,7 @@ def create_app(
             "status": "ok",
             "model": model_id,
             "waiting": queue.waiting,
-            "slots": {"total": queue.size, "busy": queue.busy},
+            "slots": {"total": queue.size, "busy": queue.busy, "waiting": queue.waiting},
         }
 
     @app.get("/v1/models")

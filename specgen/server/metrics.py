@@ -75,9 +75,11 @@ class Metrics:
 
     def batches(self, stats: BatchStats) -> None:
         """What the slots' scheduler did so far (read at each scrape)."""
-        for size, passes in stats.sequences.items():
+        guesses = dict(stats.guesses)  # copies: the slots' thread goes on counting
+        for size, passes in dict(stats.sequences).items():
             self.passes.labels(sequences=str(size)).set(passes)
-            self.lookahead.labels(sequences=str(size)).set(stats.guesses.get(size, 0) / passes)
+            mean = guesses.get(size, 0) / (passes * size)
+            self.lookahead.labels(sequences=str(size)).set(mean)
 
     def record(self, stats: Stats) -> None:
         self.drafts.inc(_drafting_cycles(stats))

@@ -170,7 +170,8 @@ class SlotQueue:
         self.slots = generator.slots()
         self.size = self.slots.size
         self.draining = threading.Event()
-        self._inbox: deque[Callable[[SpeculativeEngine], None]] = deque()
+        # Each waiting request's work, and its key for the slot that ran its start.
+        self._inbox: deque[tuple[Callable[[SpeculativeEngine], None], Sequence[Any]]] = deque()
         self._lock = threading.Lock()
         self._wake = threading.Event()
         threading.Thread(target=self._serve, name="specgen-slots", daemon=True).start()
@@ -204,7 +205,7 @@ class SlotQueue:
                 hand(done)
 
         with self._lock:
-            self._inbox.append(work)
+            self._inbox.append((work, _key(job.prompt)))
         self._wake.set()
         try:
             async for item in _handed(queue, done):
@@ -218,9 +219,18 @@ class SlotQueue:
         while True:
             with self._lock:
                 while self._inbox and slots.free:
-                    slots.start(self._inbox.popleft())
+                    work, key = self._inbox.popleft()
+                    slots.start(work, key)
             if not slots.busy:
                 self._wake.wait(0.5)
                 self._wake.clear()
                 continue
             slots.step()
+
+
+def _key(prompt: Prompt) -> Sequence[Any]:
+    """What a request is put on a slot by: a chat's messages (one that goes on shares the
+    earlier turns), a prompt's text."""
+    if isinstance(prompt, str):
+        return prompt
+    return [repr(sorted(message.items())) for message in prompt]

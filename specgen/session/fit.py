@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Protocol
 
 from specgen.errors import UserError
-from specgen.host import store
+from specgen.host import machine, store
 from specgen.models import arch, compat, gguf
 
 
@@ -99,3 +99,37 @@ def check_loadable(path: Path, header: gguf.Header | None, role: str, mtp: bool)
     problem = arch.load_problem(found, mtp)
     if problem:
         raise UserError(f"{role} {path.name}: {problem}")
+
+
+def check_parallel_memory(
+    models: list[tuple[Path, gguf.Header | None]], n_ctx: int, parallel: int
+) -> None:
+    """Refuse, before loading, ``parallel`` sequences whose contexts (each model's cache of
+    ``n_ctx`` tokens a sequence, and its recurrent state) do not fit beside the weights in the
+    memory free now. ``n_ctx`` 0: the target's training context, at most 4096 (the backend's
+    default). Headers that cannot be read, or a system that does not say what is free, pass."""
+    available = machine.available_memory()
+    headers = [h for _, h in models]
+    if available is None or parallel <= 1 or any(h is None for h in headers):
+        return
+    if not n_ctx:
+        first = headers[0]
+        assert first is not None
+        trained = first.get(f"{first.get('general.architecture')}.context_length")
+        n_ctx = min(4096, trained) if isinstance(trained, int) and trained > 0 else 4096
+    weights = sum(path.stat().st_size for path, _ in models)
+    contexts = 0
+    for _, header in models:
+        assert header is not None
+        state = arch.layout(header).state_bytes or 0
+        contexts += parallel * (n_ctx * arch.kv_bytes_per_token(header) + state)
+    if weights + contexts > available:
+        raise UserError(
+            f"--parallel {parallel} needs about {_gib(weights + contexts)} of memory (the "
+            f"weights {_gib(weights)}, {parallel} contexts of {n_ctx} tokens "
+            f"{_gib(contexts)}) and {_gib(available)} is free: lower --parallel or --ctx-size"
+        )
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB"

@@ -33,7 +33,13 @@ from specgen.lookahead import (
     snapshots_for,
 )
 from specgen.models import compat
-from specgen.session.fit import check_fit, check_headers_fit, check_loadable, header_of
+from specgen.session.fit import (
+    check_fit,
+    check_headers_fit,
+    check_loadable,
+    check_parallel_memory,
+    header_of,
+)
 from specgen.session.remembered import costs_path, load_costs, remember_rollbacks, save_costs
 from specgen.stats import Clock
 
@@ -360,6 +366,10 @@ def _load(target: str | Path, draft: str | Path | None, options: PairOptions, ng
         draft_header = header_of(draft_path)
         check_loadable(draft_path, draft_header, "draft", False)
         check_headers_fit(target_path, draft_path, (target_header, draft_header))
+    models = [(target_path, target_header)]
+    if draft is not None:
+        models.append((draft_path, draft_header))
+    check_parallel_memory(models, options.n_ctx, options.parallel)
     target_model = backend.load(
         target_path,
         ModelOptions(

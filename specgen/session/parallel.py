@@ -5,16 +5,16 @@ cycle for all of them, the draft model's steps batched too).
 ``Slots`` is what batches, the API and the server use: ``start`` a generation on a free slot
 (with the slot's engine), ``step`` until they end. Each slot keeps its engine from one
 generation to the next (the costs ``-k auto`` learns are the pair's, shared by all), and the
-text its last generation left in its caches, so a chat that goes on is put on the slot that
-holds its start (``best_slot``). One thread runs a ``Slots``: the generations run inside its
-``step``. No terminal code.
+request it last ran, so a chat that goes on is put on the slot whose caches hold its start
+(``best_slot``: the engine then keeps that prefix, ``reuse_prefix``). One thread runs a
+``Slots``: the generations run inside its ``step``. No terminal code.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
-from specgen.drafters import common_prefix
 from specgen.engine import SpeculativeEngine
 from specgen.engine.streams import Streams
 from specgen.lookahead import BatchLoad
@@ -31,7 +31,7 @@ class Slots:
         drafts = [pair.draft] if pair.draft is not None else []
         self.streams = Streams(pair.target, drafts, load=self.load, clock=pair.clock)
         self.free = list(range(pair.parallel))
-        self._texts: dict[int, list[int]] = {}  # what each slot's caches held last
+        self._keys: dict[int, Sequence[Any]] = {}  # what each slot ran last
 
     @property
     def size(self) -> int:
@@ -41,27 +41,28 @@ class Slots:
     def busy(self) -> int:
         return self.size - len(self.free)
 
-    def best_slot(self, tokens: Sequence[int] = ()) -> int | None:
-        """The free slot whose caches share the longest start with ``tokens`` (None: none
-        free)."""
+    def best_slot(self, key: Sequence[Any] = ()) -> int | None:
+        """The free slot whose last request shares the longest start with ``key`` (a chat's
+        messages, a prompt's text; None: none free)."""
         if not self.free:
             return None
-        return max(self.free, key=lambda i: (common_prefix(self._texts.get(i, ()), tokens), -i))
+        return max(self.free, key=lambda i: (_shared(self._keys.get(i, ()), key), -i))
 
-    def start(self, work: Callable[[SpeculativeEngine], None], tokens: Sequence[int] = ()) -> bool:
-        """Run ``work`` with a free slot's engine from the next step on (False: none free). The
-        slot is free again when ``work`` returns or raises; ``work`` handles its own errors."""
-        slot = self.best_slot(tokens)
+    def start(self, work: Callable[[SpeculativeEngine], None], key: Sequence[Any] = ()) -> bool:
+        """Run ``work`` with a free slot's engine from the next step on (False: none free): the
+        slot whose last request shares most of ``key``'s start. The slot is free again when
+        ``work`` returns or raises; ``work`` handles its own errors."""
+        slot = self.best_slot(key)
         if slot is None:
             return False
         self.free.remove(slot)
+        self._keys[slot] = key
         engine = self.engines[slot]
 
         def task() -> None:
             try:
                 work(engine)
             finally:
-                self._texts[slot] = engine.held
                 self.free.append(slot)
 
         self.streams.add(task)
@@ -75,3 +76,13 @@ class Slots:
         """Every generation still running is ended; the contexts decode at once again."""
         self.streams.close()
         self.free = list(range(self.size))
+
+
+def _shared(a: Sequence[Any], b: Sequence[Any]) -> int:
+    """How many items two sequences share from their start."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n

@@ -365,3 +365,53 @@ def test_a_json_body_sent_as_a_form_is_read_as_json(http) -> None:
     form = {"Content-Type": "application/x-www-form-urlencoded"}
     reply = http.post("/v1/chat/completions", content=body, headers=form)
     assert reply.status_code == 200 and reply.json()["choices"][0]["message"]["content"]
+
+
+def test_parallel_slots_answer_side_by_side_as_one_at_a_time_does(fake_pair: FakePair) -> None:
+    """``serve --parallel 2``: three chats sent at once each get what the pair alone gives them
+    (greedy), two verified in one target pass at a time; ``/health`` shows the slots and
+    ``/metrics`` the passes by how many sequences each held and the lookahead chosen there. A
+    chat that goes on lands on the slot that holds its start, and reuses it."""
+    from specgen.api import Specgen
+    from specgen.server import create_app
+
+    alone = Specgen(target=fake_pair.target, draft=fake_pair.draft, threads=2)
+    many = Specgen(target=fake_pair.target, draft=fake_pair.draft, threads=2, parallel=2)
+    http = AppClient(create_app(many, api_key=KEY, parallel=2))
+    questions = ["Name a colour.", "Count to five.", "Say something about the sea."]
+    bodies = [
+        {"messages": [{"role": "user", "content": q}], "temperature": 0, "max_tokens": 24}
+        for q in questions
+    ]
+    try:
+        health = http.request("GET", "/health", key=None).json()
+        assert health["slots"] == {"total": 2, "busy": 0, "waiting": 0}
+
+        async def all_at_once() -> list[httpx.Response]:
+            auth = {"Authorization": f"Bearer {KEY}"}
+            sent = [http.http.post("/v1/chat/completions", json=b, headers=auth) for b in bodies]
+            return list(await asyncio.gather(*sent))
+
+        answers = [r.json() for r in http.loop.run_until_complete(all_at_once())]
+        for body, answer in zip(bodies, answers, strict=True):
+            expected = alone.generate(body["messages"], max_tokens=24, temperature=0).text
+            assert answer["choices"][0]["message"]["content"] == expected
+        assert http.metric('specgen_batch_target_passes{sequences="2"}') > 0
+        assert (
+            'specgen_batch_mean_lookahead{sequences="2"}'
+            in http.request("GET", "/metrics", key=None).text
+        )
+        # The last chat to start goes on (its slot ran nothing since): on that slot, its first
+        # turn is in the caches.
+        last = bodies[2]["messages"]
+        turn_two = [
+            *last,
+            {"role": "assistant", "content": answers[2]["choices"][0]["message"]["content"]},
+            {"role": "user", "content": "And another one?"},
+        ]
+        two = http.post(
+            "/v1/chat/completions", json={"messages": turn_two, "temperature": 0, "max_tokens": 8}
+        ).json()
+        assert two["timings"]["cache_n"] >= answers[2]["usage"]["prompt_tokens"]
+    finally:
+        http.close()
