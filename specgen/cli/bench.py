@@ -29,6 +29,7 @@ from specgen.errors import Interrupted
 from specgen.session.memo import Variant
 
 if TYPE_CHECKING:
+    from specgen.api import Specgen
     from specgen.session.pair import Pair
     from specgen.structured.grammar import Grammar
 from specgen.cli.options import (
@@ -118,6 +119,17 @@ def bench(
             show_default=False,
         ),
     ] = None,
+    streams: Annotated[
+        str | None,
+        typer.Option(
+            "--streams",
+            metavar="LIST",
+            help="Also measure several streams at once, e.g. 1,2,4: the aggregate tokens/s "
+            "with -k auto and with the target alone, S prompts at a time on one context (what "
+            "serve --parallel S does).",
+            show_default=False,
+        ),
+    ] = None,
     threads: ThreadsOpt = 0,
     gpu_layers: GpuLayersOpt = -1,
     ctx_size: CtxOpt = 0,
@@ -144,6 +156,7 @@ def bench(
     from specgen.session.memo import remember
 
     variants = parse_lookaheads(lookaheads)
+    counts = _stream_counts(streams) if streams else []
     kinds: list[str] | None
     if prompts_file:
         (prompts, grammars), kinds = load_prompts(prompts_file), None
@@ -220,6 +233,14 @@ def bench(
         )
         out.show(remembered_note(reports))
     _write_outputs(reports, json_path, csv_path, plot_path)
+    if counts and not interrupted:
+        del sg, loaded, session  # one pair in memory at a time
+        many = Specgen(
+            pair, target, draft, ngram=False, mtp=mtp, n_ctx=ctx_size, threads=threads,
+            gpu_layers=gpu_layers, verbose=verbose, progress=True, rpc=rpc,
+            rpc_local_head=rpc_local_head, parallel=max(counts),
+        )  # fmt: skip
+        _streams_row(many, prompts, counts, max_tokens, settings[0], seed)
     if interrupted:
         out.warning("interrupted: the tables above hold what was measured so far (partial)")
         raise Interrupted()
@@ -293,3 +314,60 @@ def _constrained_if_possible(
         keep = [i for i, g in enumerate(grammars) if g is None]
         return [prompts[i] for i in keep], [kinds[i] for i in keep], [None] * len(keep)
     return prompts, kinds, grammars
+
+
+def _stream_counts(text: str) -> list[int]:
+    from specgen.errors import UsageError
+
+    try:
+        counts = sorted({int(part) for part in text.split(",") if part.strip()})
+    except ValueError:
+        counts = []
+    if not counts or counts[0] < 1 or counts[-1] > 64:
+        raise UsageError(f"--streams takes counts from 1 to 64, comma-separated (got {text!r})")
+    return counts
+
+
+def _streams_row(
+    many: Specgen,
+    prompts: list[str],
+    counts: list[int],
+    max_tokens: int,
+    temperature: float,
+    seed: int | None,
+) -> None:
+    """The concurrency table: aggregate tokens/s by streams at once, -k auto and -k 0."""
+    from rich.table import Table
+
+    from specgen.bench.streams import best_streams, measure_streams
+    from specgen.core.sampling import SamplingParams
+    from specgen.engine import GenerationConfig
+
+    sampling = (
+        SamplingParams(temperature=0.0)
+        if temperature <= 0
+        else SamplingParams(
+            temperature, DEFAULT_SAMPLING.top_k, DEFAULT_SAMPLING.top_p, DEFAULT_SAMPLING.min_p
+        )
+    )
+    config = GenerationConfig(sampling=sampling, max_tokens=max_tokens, seed=seed or 0)
+    chat = many.wants_chat(prompts[0], None)
+    with out.err.status(f"bench: {', '.join(map(str, counts))} streams at once"):
+        rows = measure_streams(many.pair, prompts, counts, config, chat)
+    by = {(r.streams, r.lookahead): r.tokens_per_second for r in rows}
+    table = Table(title=f"Streams at once (T={temperature}, {len(prompts)} prompts each)")
+    table.add_column("streams", justify="right")
+    table.add_column("-k auto tok/s", justify="right")
+    table.add_column("-k 0 tok/s", justify="right")
+    table.add_column("auto / one stream", justify="right")
+    one = by.get((counts[0], "auto")) or 0.0
+    for count in counts:
+        auto, alone = by[(count, "auto")], by[(count, "0")]
+        ratio = f"{auto / one:.2f}x" if one else "-"
+        table.add_row(str(count), f"{auto:.1f}", f"{alone:.1f}", ratio)
+    out.show(table)
+    best = best_streams([r for r in rows if r.lookahead == "auto"])
+    out.show(
+        f"most tokens/s here: {best.streams} at once ({best.tokens_per_second:.1f} tok/s); "
+        f"serve with --parallel {best.streams} where that many clients come at once"
+    )

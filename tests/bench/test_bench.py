@@ -498,3 +498,30 @@ def test_the_cache_row_sees_the_prompts_before_it_and_the_others_do_not(
     first, second = report["per_prompt"]
     assert second["cache"] > first["cache"]  # the second prompt is the one the cache knows
     assert "earlier prompts" in done.stdout
+
+
+def test_bench_streams_measures_several_at_once(tmp_path: Path, fake_pair: FakePair) -> None:
+    """``bench --streams 1,2``: a table of aggregate tokens/s by streams at once, with -k auto
+    and the target alone, and the count that gave the most. On the fakes a pass costs 10 ms
+    plus 1 ms a token, so two streams in one pass beat one stream at a time."""
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("The capital of France is\nList three colours:\nCount to ten:\nHello\n")
+    done = specgen_here(
+        "bench", "--pair", fake_pair.named(), "-k", "2", "-n", "12", "--prompts", str(prompts),
+        "--temperature", "0", "--streams", "1,2",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "Streams at once" in done.stdout
+    rows = {}
+    for line in done.stdout.splitlines():
+        cells = [c.strip() for c in line.split("│") if c.strip()]
+        if len(cells) == 4 and cells[0] in ("1", "2"):
+            rows[int(cells[0])] = (float(cells[1]), float(cells[2]))
+    assert set(rows) == {1, 2}, done.stdout
+    assert rows[2][1] > 1.3 * rows[1][1]  # -k 0: two sequences share a pass's 10 ms
+    assert "most tokens/s here: 2 at once" in done.stdout
+
+
+def test_bench_streams_takes_counts_only() -> None:
+    done = specgen_here("bench", "--streams", "0,2")
+    assert done.returncode == 2 and "--streams takes counts from 1 to 64" in done.stderr
