@@ -77,6 +77,9 @@ class Candidate:
     # taken is still learned about.
     preview: tuple[int, ...] = ()
     match_length: int = 0
+    # Tokens the source reads before its first guess (a draft model's prompt, read once it is
+    # first asked): in a batch, a read every other sequence waits for.
+    setup: int = 0
 
 
 @dataclass(frozen=True)

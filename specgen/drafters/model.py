@@ -15,6 +15,7 @@ from specgen.drafters.base import (
     Model,
     NgramTail,
     Proposal,
+    common_prefix,
     reuse_prefix_cache,
 )
 from specgen.stats import Clock
@@ -64,7 +65,14 @@ class ModelDrafter:
 
     def candidates(self, context: Sequence[int]) -> list[Candidate]:
         room = self.model.n_ctx - (len(context) - self._skipped) + 1
-        return [Candidate("model", "model", room)] if room > 0 else []
+        if room <= 0:
+            return []
+        unread = 0
+        if self._unread is not None:
+            held, prompt = self._unread
+            kept = common_prefix(held, prompt) if self.model.rollback_anywhere else 0
+            unread = len(prompt) - kept
+        return [Candidate("model", "model", room, setup=unread)]
 
     def propose(
         self,

@@ -229,7 +229,8 @@ class Streams:
             guessed = sum(len(p.tokens) - 1 for p in batch if p.n_logits == len(p.tokens))
             stats.guesses[size] = stats.guesses.get(size, 0) + guessed
             if load is not None:
-                load.observe_target(seconds, n)
+                verifies = all(p.n_logits == len(p.tokens) for p in batch)
+                load.observe_target(seconds, n, verifies)
         else:
             stats.draft_passes += 1
             if load is not None:

@@ -81,6 +81,8 @@ class AdaptiveLookahead:
         alone_rate = self._alone_rate()
         if alone_rate is None:
             return TARGET_ALONE
+        if self.load is not None and self.load.guessing_loses():
+            return TARGET_ALONE  # this batch measured faster without guesses
         speed = self.profile.speed_matches_remembered()
         if speed == "no":
             self.profile.forget_remembered()
@@ -159,9 +161,12 @@ class AdaptiveLookahead:
                 limit, self._source_prior(candidate.source), typical
             )
         expected = expected_tokens_by_position(rates)
+        setup = self._setup_seconds(candidate)
         best_k, best_rate = 0, 0.0
         for k in range(1, limit + 1):
-            rate = self._rate(expected[k], k, guess, measured, candidate.source)
+            # A first read the source needs, shared over the cycles the budget leaves.
+            share = setup / max(1.0, budget / expected[k])
+            rate = self._rate(expected[k], k, guess, measured, candidate.source, share)
             if rate > best_rate:
                 best_k, best_rate = k, rate
         return best_k, best_rate
@@ -179,6 +184,13 @@ class AdaptiveLookahead:
         self._others = self.load.others(self.slot, self.profile)
         return self._rate(1.0, 0, 0.0, None)
 
+    def _setup_seconds(self, candidate: Candidate) -> float:
+        """In a batch, the seconds of the read a source needs before its first guess (every
+        sequence waits for it); 0 alone, where the read is the cost of the first cycle only."""
+        if self.load is None or not candidate.setup:
+            return 0.0
+        return self.load.draft_pass(candidate.setup) or 0.0
+
     def _plain_rate(self) -> float:
         """The batch's tokens per second with no sequence drafting (0 alone: no batch)."""
         if self.load is None:
@@ -194,10 +206,12 @@ class AdaptiveLookahead:
         guess: float,
         measured: int | None,
         source: str | None = None,
+        setup: float = 0.0,
     ) -> float:
         """Tokens per second of a cycle that gives ``tokens`` from ``k`` guesses of ``source``
-        at ``guess`` seconds each (a pass no longer than ``measured`` where given); in a batch,
-        the batch's, the others as they were (``lookahead.batch``)."""
+        at ``guess`` seconds each (a pass no longer than ``measured`` where given), and
+        ``setup`` seconds of the source's first read; in a batch, the batch's, the others as
+        they were (``lookahead.batch``)."""
         others = self._others if self.load is not None else Others()
         n = others.verify_tokens + k + 1
         verify = self.profile.verify(n if measured is None else min(n, measured))
@@ -208,7 +222,7 @@ class AdaptiveLookahead:
             batched = self.load.draft_seconds(model, others.drafts)
             if batched is not None:
                 draft = batched + (k - model) * guess
-        return (others.tokens + tokens) / max(draft + verify, SHORTEST)
+        return (others.tokens + tokens) / max(draft + setup + verify, SHORTEST)
 
     def _source_prior(self, source: str) -> float:
         """The source's pooled rate over all its keys (n-gram matches of every length)."""

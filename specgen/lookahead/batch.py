@@ -21,6 +21,14 @@ not nearly sure to survive cost more than they give and K falls, to 0 for all wh
 batching wins. V is the pair's own verify curve (``costs.PairProfile.verify``): a pass over N
 tokens costs about the same whichever sequences they belong to, so the costs a single stream
 measured price a batch from its first cycle, and every batched pass adds to them.
+
+The formula rests on estimates: a draft's first read of a prompt, a joining request's prompt in
+a pass, the loop's host time per sequence are not in it. So the batch also measures itself: for
+each batch size, its tokens per second over the cycles where any sequence guessed and over those
+where none did (every draft pass, prompt reads included, counted in the cycle it led to). Where
+guessing measured slower, no sequence guesses at that size, and after ``RETRY_AFTER`` cycles
+the formula's choice runs again for ``RETRY_FOR`` cycles (twice as long a wait each time it
+still loses), so a change (other texts, another load on the machine) is seen.
 """
 
 from __future__ import annotations
@@ -40,6 +48,51 @@ from specgen.lookahead.costs import (
 # Tokens a sequence puts in a cycle's first draft step: the drawn token, and the last kept guess
 # where every guess survived (then the draft never decoded it). Counted as two, the most.
 FIRST_STEP_TOKENS = 2
+# A batch size's measured rates are trusted after this many cycles of each kind; guessing that
+# measured slower is tried again after RETRY_AFTER cycles without it, for RETRY_FOR cycles, and
+# after twice as many the next time it still measured slower (at most RETRY_MOST).
+TRUST_AFTER, RETRY_AFTER, RETRY_FOR, RETRY_MOST = 4, 64, 4, 2048
+RATE_MEMORY = 0.95  # each cycle's weight in a measured rate falls by this much a cycle
+
+
+@dataclass
+class _Rate:
+    """A forgetting ratio of tokens to seconds over cycles."""
+
+    tokens: float = 0.0
+    seconds: float = 0.0
+    cycles: int = 0
+
+    def add(self, tokens: float, seconds: float) -> None:
+        self.tokens = RATE_MEMORY * self.tokens + tokens
+        self.seconds = RATE_MEMORY * self.seconds + seconds
+        self.cycles += 1
+
+    @property
+    def rate(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass
+class _Measured:
+    """One batch size's cycles: with guesses and without, and how long since one guessed."""
+
+    guessed: _Rate = field(default_factory=_Rate)
+    plain: _Rate = field(default_factory=_Rate)
+    since_guessed: int = 0
+    retry_left: int = 0
+    gap: int = RETRY_AFTER  # cycles without guesses before the next retry
+
+
+@dataclass
+class _Cycle:
+    """The cycle a target pass closed: its seconds (the draft passes before it too), the
+    sequences in the batch, and what their reports add after it."""
+
+    seconds: float
+    size: int
+    tokens: float = 0.0
+    guessed: bool = False
 
 
 @dataclass
@@ -74,7 +127,10 @@ class BatchLoad:
     target_passes: int = 0
     # The draft context's passes, seconds by tokens in them (every sequence's, batched).
     draft_by_n: dict[int, Timing] = field(default_factory=dict)
+    measured: dict[int, _Measured] = field(default_factory=dict)  # by batch size
     _draft_fit: Fit | None = field(default=None, init=False, repr=False)
+    _drafting: float = field(default=0.0, init=False, repr=False)  # draft seconds this cycle
+    _cycle: _Cycle | None = field(default=None, init=False, repr=False)
 
     def join(self, slot: int, greedy: bool) -> None:
         self.slots[slot] = _Slot(greedy)
@@ -90,6 +146,9 @@ class BatchLoad:
         found = self.slots.get(slot)
         if found is None:
             return
+        if self._cycle is not None:
+            self._cycle.tokens += kept
+            self._cycle.guessed |= verify_tokens > 1
         found.tokens.add(float(kept))
         found.verify_tokens, found.paid, found.source = verify_tokens, paid, source
 
@@ -107,22 +166,30 @@ class BatchLoad:
             tuple(s.paid for s in rest if s.source == "model" and s.paid),
         )
 
+    def draft_pass(self, n_tokens: int) -> float | None:
+        """Seconds of a draft pass over ``n_tokens`` (None until one was timed here)."""
+        fit = self._fitted_draft()
+        return None if fit is None else on_fit(fit, n_tokens)
+
+    def _fitted_draft(self) -> Fit | None:
+        if self._draft_fit is None:
+            points = {n: t.mean for n, t in self.draft_by_n.items() if t.weight}
+            if points:
+                self._draft_fit = fit_passes(points, self.draft_by_n)
+        return self._draft_fit
+
     def draft_seconds(self, k: int, others: tuple[int, ...]) -> float | None:
         """Seconds of a cycle's draft-model steps where this sequence drafts ``k`` guesses and
         the others ``others``: a step per guess of the longest, each over the sequences still
         drafting (None until a draft pass was timed here)."""
-        if not self.draft_by_n:
+        fit = self._fitted_draft()
+        if fit is None:
             return None
-        if self._draft_fit is None:
-            points = {n: t.mean for n, t in self.draft_by_n.items() if t.weight}
-            if not points:
-                return None
-            self._draft_fit = fit_passes(points, self.draft_by_n)
         seconds = 0.0
         for step in range(1, max(k, *others, 0) + 1):
             drafting = sum(1 for n in others if n >= step) + (1 if k >= step else 0)
             tokens = drafting * (FIRST_STEP_TOKENS if step == 1 else 1)
-            seconds += on_fit(self._draft_fit, tokens)
+            seconds += on_fit(fit, tokens)
         return seconds
 
     @property
@@ -130,22 +197,70 @@ class BatchLoad:
         """Whether batched passes were timed here: the first two run cold."""
         return self.target_passes >= 2
 
+    def _plain(self) -> float:
+        """Tokens per second of the batch with none guessing, from the target's pass over one
+        token a sequence (0: not timed)."""
+        n = len(self.slots)
+        passes = [p.verify(n) for p in self._profiles()]
+        seconds = max((s for s in passes if s is not None), default=None)
+        return n / seconds if seconds else 0.0
+
     def _profiles(self) -> list[PairProfile]:
         modes = {s.greedy for s in self.slots.values()}
         return [self.costs.of(greedy) for greedy in sorted(modes)]
 
-    def observe_target(self, seconds: float, n_tokens: int) -> None:
+    def observe_target(self, seconds: float, n_tokens: int, verifies: bool = True) -> None:
         """A batched target pass over ``n_tokens`` took ``seconds``: a point of the verify
-        curve of every mode in the batch."""
+        curve of every mode in the batch. ``verifies``: every sequence in it verified guesses
+        (or took its next token); a pass that also read a prompt is no cycle to measure."""
         self.target_passes += 1
         for profile in self._profiles():
             profile.observe_pass(n_tokens, seconds)
+        self._close_cycle()
+        if verifies and len(self.slots) > 1:
+            self._cycle = _Cycle(self._drafting + seconds, len(self.slots))
+        self._drafting = 0.0
+
+    def _close_cycle(self) -> None:
+        cycle, self._cycle = self._cycle, None
+        if cycle is None or not cycle.tokens:
+            return
+        measured = self.measured.setdefault(cycle.size, _Measured())
+        if cycle.guessed:
+            measured.guessed.add(cycle.tokens, cycle.seconds)
+            measured.since_guessed = 0
+            measured.retry_left = max(0, measured.retry_left - 1)
+        else:
+            measured.plain.add(cycle.tokens, cycle.seconds)
+            measured.since_guessed += 1
+
+    def guessing_loses(self) -> bool:
+        """Whether, at the batch's size now, cycles with guesses measured fewer tokens per
+        second than cycles without (then none guesses, but for a retry now and then)."""
+        measured = self.measured.get(len(self.slots))
+        if measured is None or measured.retry_left:
+            return False
+        guessed = measured.guessed
+        if guessed.cycles < TRUST_AFTER:
+            return False
+        # Without guesses: as measured, or, before that (a batch that guessed from its first
+        # cycles), as the target's measured pass over one token a sequence gives it.
+        plain = measured.plain.rate if measured.plain.cycles >= TRUST_AFTER else self._plain()
+        if guessed.rate >= plain:
+            measured.gap = RETRY_AFTER
+            return False
+        if measured.since_guessed >= measured.gap:
+            measured.since_guessed, measured.retry_left = 0, RETRY_FOR
+            measured.gap = min(2 * measured.gap, RETRY_MOST)
+            return False
+        return True
 
     def observe_draft(self, seconds: float, n_tokens: int, step: bool, source: str) -> None:
         """A batched draft pass over ``n_tokens`` took ``seconds``; a ``step`` (a guess for
         every sequence still drafting, not a prompt's or a catch-up's read) also times a guess
         of ``source``."""
         self._draft_fit = None
+        self._drafting += seconds
         self.draft_by_n.setdefault(n_tokens, Timing(COST_MEMORY)).add(seconds)
         if step:
             for profile in self._profiles():

@@ -324,3 +324,20 @@ def test_the_draft_reads_only_the_latest_of_a_long_stretch_it_missed() -> None:
     draft.decode_calls.clear()
     drafter.propose([1, 2, 3, 4, 5], MODEL, 1, GREEDY, np.random.default_rng(0))
     assert draft.decode_calls[0] == (4, 0) and draft.cache == [1, 2, 3, 4, 5]
+
+
+def test_a_draft_model_says_how_much_it_reads_before_its_first_guess() -> None:
+    """A draft model reads the prompt once first asked for guesses: its candidate says how many
+    tokens that read takes (the prompt but its last token, less what its cache already holds
+    of it), and nothing once read; in a batch every other sequence waits for that read."""
+    draft = FakeModel(sharpness=0.7)
+    drafter = ModelDrafter(draft)
+    prompt = list(range(3, 40))
+    drafter.begin(prompt)
+    assert drafter.candidates(prompt)[0].setup == len(prompt) - 1
+    drafter.propose(prompt, drafter.candidates(prompt)[0], 2, GREEDY, np.random.default_rng(0))
+    assert drafter.candidates(prompt)[0].setup == 0
+    drafter.rollback_to(0)
+    longer = [*prompt, 41, 42]
+    drafter.begin(longer, reuse_prefix=True)  # a chat that goes on: the prompt's start is held
+    assert 0 < drafter.candidates(longer)[0].setup < len(longer) - 1

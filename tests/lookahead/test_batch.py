@@ -18,13 +18,21 @@ Curve = Callable[[int], float]
 
 
 def simulate_batch(
-    n: int, accept: float, draft: Curve, verify: Curve, cycles: int = 1500, seed: int = 0
+    n: int,
+    accept: float,
+    draft: Curve,
+    verify: Curve,
+    cycles: int = 1500,
+    seed: int = 0,
+    unseen: float = 0.0,
 ) -> tuple[float, dict[int, int]]:
     """``n`` sequences on ``-k auto`` in one batch, as ``engine.streams`` runs them: each cycle
     every sequence plans, the draft context decodes a step per guess of the longest over the
     sequences still drafting (the first step also reads a sequence's last kept guess where
-    every guess survived), then one target pass verifies every [last, guesses]. Returns the
-    batch's tokens per second and how often each K was chosen."""
+    every guess survived), then one target pass verifies every [last, guesses]. ``unseen``:
+    seconds a cycle with guesses also costs, in a draft pass the formula cannot price (a
+    prompt's first read). Returns the batch's tokens per second and how often each K was
+    chosen."""
     rng = np.random.default_rng(seed)
     load = BatchLoad(CostBook())
     policies = [AdaptiveLookahead(load.costs.of(True), load=load, slot=i) for i in range(n)]
@@ -41,6 +49,9 @@ def simulate_batch(
             cost = draft(sum(widths))
             load.observe_draft(cost, sum(widths), True, "model")
             seconds += cost
+        if unseen and any(ks):
+            load.observe_draft(unseen, 200, False, "model")
+            seconds += unseen
         n_tokens = sum(k + 1 for k in ks)
         cost = verify(n_tokens)
         load.observe_target(cost, n_tokens)
@@ -154,3 +165,40 @@ def test_a_sequence_does_not_draft_only_because_the_others_do() -> None:
             load.report(slot, 4, 9, 8, "model")
     assert fixed_rate(4, 0.8, 0, draft, verify) > fixed_rate(4, 0.8, 8, draft, verify)
     assert policy.plan([MODEL], 10_000).lookahead == 0
+
+
+def test_a_batch_that_measures_slower_with_guesses_stops_guessing() -> None:
+    """Where every cycle with guesses also pays a cost the formula cannot see, the batch's own
+    measure of its cycles with guesses and without turns guessing off (but for a retry now
+    and then), and the batch runs near plain batching's rate."""
+    plain = fixed_rate(4, 0.9, 0, gpu_draft, gpu_target)
+    rate, chosen = simulate_batch(4, 0.9, gpu_draft, gpu_target, unseen=8.0)
+    assert rate >= 0.85 * plain, (rate, plain, chosen)
+    assert chosen.get(0, 0) > 0.8 * sum(chosen.values()), chosen
+
+
+def test_a_draft_that_must_first_read_a_long_prompt_is_priced_by_that_read() -> None:
+    """In a batch, a draft model's first read of its prompt stalls every sequence: the policy
+    shares that read over the cycles the budget leaves, and a short answer to a long prompt is
+    not worth it where the same draft, its prompt read, pays."""
+    draft = lambda m: 0.1 + 0.05 * (m - 1)  # noqa: E731
+    verify = lambda m: 1.0 + 0.05 * (m - 1)  # noqa: E731
+    load = BatchLoad(CostBook())
+    for slot in range(2):
+        load.join(slot, True)
+    for m in (1, 2, 3, 4, 8, 16, 64, 512):
+        for _ in range(3):
+            load.observe_target(verify(m), m, verifies=False)
+            load.observe_draft(draft(m), m, m <= 4, "model")
+    policy = AdaptiveLookahead(load.costs.of(True), load=load, slot=0)
+    rng = np.random.default_rng(2)
+    for _ in range(40):
+        kept = 0
+        while kept < 8 and rng.random() < 0.9:
+            kept += 1
+        policy.observe(Plan(MODEL, 8), 8, kept, 0.0, 0.0)
+    load.report(1, 1, 1, 0, None)
+    read = Candidate("model", "model", 10_000, setup=500)
+    assert policy.plan([MODEL], 64).lookahead > 0
+    assert policy.plan([read], 64).lookahead == 0
+    assert policy.plan([read], 4000).lookahead > 0  # a long answer is worth the read
