@@ -98,10 +98,10 @@ class AdaptiveLookahead:
             if rate > best_rate:
                 best, best_rate = Plan(candidate, k), rate
         # In a batch, each sequence's best K with the others' held can settle where every one
-        #    drafts because the others do (their draft steps are paid anyway), below what the
-        #    batch gives with none drafting: then none drafts, and from there one drafts only
-        #    where that raises the batch's rate.
-        if best.lookahead and best_rate < self._plain_rate():
+        # drafts because the others do (their draft steps are paid anyway), below what the batch
+        # gives with none drafting: then none drafts, and from there one drafts only where that
+        # raises the batch's rate.
+        if best.lookahead and self.load is not None and best_rate < self.load.plain_rate():
             best, best_rate = TARGET_ALONE, alone_rate
         # 3. A source not yet timed (a draft model) is timed once nothing timed pays, so it is
         #    not run while prompt lookup does well.
@@ -190,14 +190,6 @@ class AdaptiveLookahead:
         if self.load is None or not candidate.setup:
             return 0.0
         return self.load.draft_pass(candidate.setup) or 0.0
-
-    def _plain_rate(self) -> float:
-        """The batch's tokens per second with no sequence drafting (0 alone: no batch)."""
-        if self.load is None:
-            return 0.0
-        n = len(self.load.slots)
-        verify = self.profile.verify(n)
-        return 0.0 if verify is None else n / max(verify, SHORTEST)
 
     def _rate(
         self,

@@ -197,7 +197,7 @@ class BatchLoad:
         """Whether batched passes were timed here: the first two run cold."""
         return self.target_passes >= 2
 
-    def _plain(self) -> float:
+    def plain_rate(self) -> float:
         """Tokens per second of the batch with none guessing, from the target's pass over one
         token a sequence (0: not timed)."""
         n = len(self.slots)
@@ -245,7 +245,7 @@ class BatchLoad:
             return False
         # Without guesses: as measured, or, before that (a batch that guessed from its first
         # cycles), as the target's measured pass over one token a sequence gives it.
-        plain = measured.plain.rate if measured.plain.cycles >= TRUST_AFTER else self._plain()
+        plain = measured.plain.rate if measured.plain.cycles >= TRUST_AFTER else self.plain_rate()
         if guessed.rate >= plain:
             measured.gap = RETRY_AFTER
             return False
