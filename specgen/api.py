@@ -281,8 +281,6 @@ class Specgen:
         config = _settings(settings)
         slots = Slots(self.pair)
         results: dict[int, Result] = {}
-        waiting = list(enumerate(prompts))
-        waiting.reverse()
 
         def work(at: int, prompt: Prompt) -> Callable[[SpeculativeEngine], None]:
             use_chat = self.wants_chat(prompt, system) if chat is None else chat
@@ -297,11 +295,7 @@ class Specgen:
             return run
 
         try:
-            while True:
-                while waiting and slots.free:
-                    slots.start(work(*waiting.pop()))
-                if not slots.step() and not waiting:
-                    break
+            slots.run(work(at, prompt) for at, prompt in enumerate(prompts))
         finally:
             slots.close()
             self.pair.remember_costs()

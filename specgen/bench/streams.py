@@ -63,7 +63,6 @@ def _run(
 ) -> int:
     """Every prompt, at most ``at_once`` at a time; the tokens generated."""
     made = [0]
-    waiting = list(reversed(prompts))
 
     def work(prompt: str) -> Callable[[SpeculativeEngine], None]:
         def run(engine: SpeculativeEngine) -> None:
@@ -73,11 +72,8 @@ def _run(
 
         return run
 
-    while True:
-        while waiting and slots.busy < at_once:
-            slots.start(work(waiting.pop()))
-        if not slots.step() and not waiting:
-            return made[0]
+    slots.run((work(prompt) for prompt in prompts), at_once)
+    return made[0]
 
 
 def best_streams(rows: Sequence[StreamsRow]) -> StreamsRow:

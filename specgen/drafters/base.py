@@ -162,7 +162,8 @@ class Drafter(Protocol):
         keeps them for the next)."""
 
 
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+def common_prefix(a: Sequence[object], b: Sequence[object]) -> int:
+    """How many items two sequences share from their start (tokens, a chat's messages)."""
     n = 0
     for x, y in zip(a, b):
         if x != y:

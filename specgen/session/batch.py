@@ -13,9 +13,10 @@ line before it is written, and on Ctrl-C every finished one is.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 
 from specgen.engine import GenerationConfig, SpeculativeEngine
@@ -173,18 +174,8 @@ class _Parallel:
         self.next = 0  # the first position not written
 
     def run(self, items: Iterable[BatchItem], skip: AbstractSet[str]) -> None:
-        lines = iter(enumerate(items))
-        more = True
         try:
-            while True:
-                while more and self.slots.free:
-                    found = next(lines, None)
-                    if found is None:
-                        more = False
-                    else:
-                        self._begin(*found, skip)
-                if not self.slots.step() and not more:
-                    break
+            self.slots.run(self._works(items, skip))
         except KeyboardInterrupt:
             self.tally.interrupted = True
             self.slots.close()
@@ -193,15 +184,20 @@ class _Parallel:
         finally:
             self.pair.remember_costs()
 
-    def _begin(self, at: int, item: BatchItem, skip: AbstractSet[str]) -> None:
-        if str(item.id) in skip:
-            self.tally.skipped += 1
-            self._finish(at, None, None)
-        elif isinstance(item, BadLine):
-            self.tally.failed += 1
-            self._finish(at, {"id": item.id, "line": item.line, "error": item.error}, None)
-        else:
-            self.slots.start(lambda engine: self._generate(at, item, engine))
+    def _works(
+        self, items: Iterable[BatchItem], skip: AbstractSet[str]
+    ) -> Iterator[Callable[[SpeculativeEngine], None]]:
+        """Each line's generation, taken as a slot frees up; a line skipped or unreadable is
+        finished as it is reached."""
+        for at, item in enumerate(items):
+            if str(item.id) in skip:
+                self.tally.skipped += 1
+                self._finish(at, None, None)
+            elif isinstance(item, BadLine):
+                self.tally.failed += 1
+                self._finish(at, {"id": item.id, "line": item.line, "error": item.error}, None)
+            else:
+                yield partial(self._generate, at, item)
 
     def _generate(self, at: int, item: BatchPrompt, engine: SpeculativeEngine) -> None:
         try:

@@ -12,9 +12,10 @@ request it last ran, so a chat that goes on is put on the slot whose caches hold
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from specgen.drafters import common_prefix
 from specgen.engine import SpeculativeEngine
 from specgen.engine.streams import Streams
 from specgen.lookahead import BatchLoad
@@ -46,7 +47,7 @@ class Slots:
         messages, a prompt's text; None: none free)."""
         if not self.free:
             return None
-        return max(self.free, key=lambda i: (_shared(self._keys.get(i, ()), key), -i))
+        return max(self.free, key=lambda i: (common_prefix(self._keys.get(i, ()), key), -i))
 
     def start(self, work: Callable[[SpeculativeEngine], None], key: Sequence[Any] = ()) -> bool:
         """Run ``work`` with a free slot's engine from the next step on (False: none free): the
@@ -68,6 +69,24 @@ class Slots:
         self.streams.add(task)
         return True
 
+    def run(
+        self, works: Iterable[Callable[[SpeculativeEngine], None]], at_once: int | None = None
+    ) -> None:
+        """Start each of ``works`` (in order, taken as slots free up) with at most ``at_once``
+        running (None: every slot), and step until all have ended."""
+        limit = self.size if at_once is None else at_once
+        pending = iter(works)
+        more = True
+        while True:
+            while more and self.busy < limit:
+                work = next(pending, None)
+                if work is None:
+                    more = False
+                else:
+                    self.start(work)
+            if not self.step() and not more:
+                return
+
     def step(self) -> bool:
         """One batched decode (``Streams.step``); False once no generation runs."""
         return self.streams.step()
@@ -76,13 +95,3 @@ class Slots:
         """Every generation still running is ended; the contexts decode at once again."""
         self.streams.close()
         self.free = list(range(self.size))
-
-
-def _shared(a: Sequence[Any], b: Sequence[Any]) -> int:
-    """How many items two sequences share from their start."""
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
