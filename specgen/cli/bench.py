@@ -339,18 +339,13 @@ def _streams_row(
     """The concurrency table: aggregate tokens/s by streams at once, -k auto and -k 0."""
     from rich.table import Table
 
+    from specgen.bench.runner import sampling_at
     from specgen.bench.streams import best_streams, measure_streams
-    from specgen.core.sampling import SamplingParams
     from specgen.engine import GenerationConfig
 
-    sampling = (
-        SamplingParams(temperature=0.0)
-        if temperature <= 0
-        else SamplingParams(
-            temperature, DEFAULT_SAMPLING.top_k, DEFAULT_SAMPLING.top_p, DEFAULT_SAMPLING.min_p
-        )
+    config = GenerationConfig(
+        sampling=sampling_at(temperature), max_tokens=max_tokens, seed=seed or 0
     )
-    config = GenerationConfig(sampling=sampling, max_tokens=max_tokens, seed=seed or 0)
     chat = many.wants_chat(prompts[0], None)
     with out.err.status(f"bench: {', '.join(map(str, counts))} streams at once"):
         rows = measure_streams(many.pair, prompts, counts, config, chat)
