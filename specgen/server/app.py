@@ -36,7 +36,7 @@ from specgen.server.openai import (
 )
 from specgen.server.queue import GenerationQueue, Generator, Job, SlotQueue
 from specgen.session.generate import Prompt, Result
-from specgen.structured.tools import Delta, ToolPlan
+from specgen.structured.tools import Delta, ToolCall, ToolPlan
 
 MAX_BODY = 1 << 20
 # How often a non-streaming request looks for its client having gone away.
@@ -135,21 +135,32 @@ def create_app(
                 _sse(first, events, job, ident, model_id, chat, metrics, plan),
                 media_type="text/event-stream",
             )
+        # With tools, the text is read as it comes, so that a repeated call ends the answer.
+        reader = plan.stream() if plan is not None and plan.active else None
         pieces, item, checked = [], first, time.monotonic()
         while not isinstance(item, Result):
-            pieces.append(item.text)
+            if reader is None:
+                pieces.append(item.text)
+            elif not reader.repeated:
+                pieces.append(reader.feed(item.text).content)
+                if reader.repeated:
+                    job.cancelled.set()
             if time.monotonic() - checked > DISCONNECT_CHECK_SECONDS:
                 checked = time.monotonic()
                 if await request.is_disconnected():
                     job.cancelled.set()
             item = await anext(events)
         metrics.record(item.stats)
+        calls: list[ToolCall] = []
+        if reader is not None:
+            pieces.append(reader.finish(cut=openai.was_cut(item.stats)).content)
+            calls = reader.calls
         whole = "".join(pieces)
-        text, calls = plan.parse(whole) if plan is not None else (whole, [])
+        text = None if calls and not whole.strip() else whole
         choice = openai.choice(
             chat,
             text,
-            openai.finish_reason(item.stats, bool(calls)),
+            openai.finish_reason(item.stats, bool(calls), reader is not None and reader.repeated),
             openai.logprobs_of(chat, item.logprobs),
             calls,
         )
@@ -234,14 +245,16 @@ async def _sse(
             if reader is None:
                 found = openai.logprobs_of(chat, item.logprobs) if item.logprobs else None
                 yield chunk(item.text, None, logprobs=found)
-            else:
+            elif not reader.repeated:
                 pending.extend(item.logprobs or ())
                 delta = reader.feed(item.text)
                 if delta.content or delta.tool_calls:
                     yield said(delta)
+                if reader.repeated:  # the answer is over: stop generating
+                    job.cancelled.set()
             item = await anext(events)
         if reader is not None:
-            delta = reader.finish()
+            delta = reader.finish(cut=openai.was_cut(item.stats))
             if delta.content or delta.tool_calls or pending:
                 yield said(delta)
     except Exception as err:  # an error after the stream started: say so in the stream
@@ -254,7 +267,9 @@ async def _sse(
     metrics.record(item.stats)
     yield chunk(
         None if chat else "",
-        openai.finish_reason(item.stats, bool(reader and reader.calls)),
+        openai.finish_reason(
+            item.stats, bool(reader and reader.calls), reader is not None and reader.repeated
+        ),
         {"usage": openai.usage(item.stats), "timings": openai.timings(item.stats)},
     )
     yield DONE

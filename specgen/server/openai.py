@@ -317,10 +317,19 @@ def chunk_choice(
     return {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}
 
 
-def finish_reason(stats: Stats, called: bool = False) -> str:
-    """OpenAI's finish_reason: ``tool_calls`` when the answer ended with calls in it."""
+def finish_reason(stats: Stats, called: bool = False, repeated: bool = False) -> str:
+    """OpenAI's finish_reason: ``tool_calls`` when the answer ended with calls in it (or was
+    ended by a call that repeated one of them), ``length`` when it was cut short (calls that
+    were whole come with it; one still being written is dropped)."""
+    if called and repeated:
+        return "tool_calls"
     reason = FINISH[stats.stop_reason] if stats.stop_reason else "stop"
     return "tool_calls" if called and reason == "stop" else reason
+
+
+def was_cut(stats: Stats) -> bool:
+    """Whether the answer was cut short, by ``max_tokens`` or a full context."""
+    return FINISH.get(stats.stop_reason or "eog") == "length"
 
 
 def usage(stats: Stats) -> dict[str, object]:

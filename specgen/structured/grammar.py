@@ -10,6 +10,13 @@ state, which specgen never lets it reach: only validated tokens are consumed). l
 GBNF sampler through ctypes aborts the process when a token it rejects is accepted, or when an
 end of generation comes early, so it is never used.
 
+A JSON Schema is read as the field reads it (``conventional``): an object that lists
+``properties`` and says nothing of ``additionalProperties`` takes no other keys, as llama.cpp's
+converter (``common/json-schema.cpp``), OpenAI's strict mode and XGrammar read it (llguidance
+alone would leave it open); and the whitespace between tokens is bounded as llama.cpp's
+``SPACE_RULE`` bounds it. Left open, a small model fills its answer with keys and blank lines it
+invents until ``max_tokens``.
+
 Pure of llama.cpp: ``Matcher`` takes the tokenizer the backend built.
 """
 
@@ -29,6 +36,10 @@ from specgen.errors import UsageError
 Kind = Literal["json_schema", "gbnf", "lark", "regex"]
 # Ollama's ``format: "json"``: any JSON object.
 ANY_JSON_OBJECT: dict[str, Any] = {"type": "object"}
+# llama.cpp's SPACE_RULE (common/json-schema-to-grammar.cpp): between two JSON tokens nothing,
+# one space, or one or two newlines and up to 20 spaces or tabs of indent. llguidance matches
+# it at most once where JSON allows whitespace (its default is any run of it).
+SPACE_PATTERN = r"(?: |\n{1,2}[ \t]{0,20})"
 
 
 @dataclass(frozen=True)
@@ -69,9 +80,10 @@ def checked(found: Grammar | None) -> Grammar | None:
 
 
 def json_schema(value: str | dict[str, Any], files: bool = True) -> Grammar:
-    """A JSON Schema given as a dict, JSON text, or (``files``) the path of a file holding it."""
+    """A JSON Schema given as a dict, JSON text, or (``files``) the path of a file holding it,
+    read as the field's conventions read it (``conventional``)."""
     if isinstance(value, dict):
-        return Grammar("json_schema", json.dumps(value))
+        return Grammar("json_schema", json.dumps(conventional(value)))
     text = _text_or_file(value, "JSON schema") if files else value
     try:
         schema = json.loads(text)
@@ -81,7 +93,91 @@ def json_schema(value: str | dict[str, Any], files: bool = True) -> Grammar:
         ) from err
     if not isinstance(schema, dict):
         raise UsageError("invalid JSON schema: a schema is a JSON object ({...})")
-    return Grammar("json_schema", json.dumps(schema))
+    return Grammar("json_schema", json.dumps(conventional(schema)))
+
+
+def conventional(schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` as llama.cpp, OpenAI's strict mode and XGrammar read it: objects closed
+    (``closed_objects``) and, unless its top-level ``x-guidance`` says otherwise, whitespace
+    bounded by ``SPACE_PATTERN``."""
+    out = closed_objects(schema)
+    if isinstance(out, dict) and "x-guidance" not in out:
+        out = {**out, "x-guidance": {"whitespace_pattern": SPACE_PATTERN}}
+    return out
+
+
+# Keywords whose value is one schema, a list of schemas, or a map of names to schemas.
+_ONE = (
+    "items",
+    "additionalItems",
+    "contains",
+    "not",
+    "if",
+    "then",
+    "else",
+    "propertyNames",
+    "unevaluatedItems",
+    "unevaluatedProperties",
+    "additionalProperties",
+)
+_LIST = ("anyOf", "oneOf", "allOf", "prefixItems")
+_MAP = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+
+
+def closed_objects(schema: Any) -> Any:
+    """A copy of ``schema`` where every object schema that lists ``properties`` and says
+    nothing of ``additionalProperties`` takes no other keys (``"additionalProperties": false``,
+    llama.cpp's ``common/json-schema.cpp`` reading); ``true`` or a schema keeps it open, and an
+    object without ``properties`` (``{"type": "object"}``) stays any object. A member of an
+    ``allOf`` (or a definition only reached as one) is left open: closed, it would refuse the
+    other members' keys, as it would in an object that lists both ``properties`` and an
+    ``allOf`` (JSON Schema's ``additionalProperties`` sees only its own siblings)."""
+    in_all_of = _refs_in_all_of(schema)
+
+    def walk(node: Any, member: bool = False, path: str = "#") -> Any:
+        if isinstance(node, list):
+            return [walk(item) for item in node]
+        if not isinstance(node, dict):
+            return node
+        out: dict[str, Any] = {}
+        for key, value in node.items():
+            if key in _MAP and isinstance(value, dict):
+                out[key] = {
+                    name: walk(sub, path=f"{path}/{key}/{name}") for name, sub in value.items()
+                }
+            elif key in _LIST and isinstance(value, list):
+                out[key] = [
+                    walk(sub, key == "allOf", f"{path}/{key}/{i}") for i, sub in enumerate(value)
+                ]
+            elif key in _ONE:
+                out[key] = walk(value, path=f"{path}/{key}")
+            else:
+                out[key] = value
+        open_by_default = member or path in in_all_of or "allOf" in out
+        if "properties" in out and "additionalProperties" not in out and not open_by_default:
+            out["additionalProperties"] = False
+        return out
+
+    return walk(schema)
+
+
+def _refs_in_all_of(schema: Any) -> set[str]:
+    """The local ``$ref``s that some ``allOf`` lists as a member (``#/$defs/Base``, ...)."""
+    found: set[str] = set()
+
+    def visit(node: Any) -> None:
+        if isinstance(node, list):
+            for item in node:
+                visit(item)
+        elif isinstance(node, dict):
+            for member in node.get("allOf") or ():
+                if isinstance(member, dict) and isinstance(member.get("$ref"), str):
+                    found.add(member["$ref"])
+            for value in node.values():
+                visit(value)
+
+    visit(schema)
+    return found
 
 
 def gbnf(value: str, files: bool = True) -> Grammar:
@@ -90,7 +186,8 @@ def gbnf(value: str, files: bool = True) -> Grammar:
 
 
 def any_json_object() -> Grammar:
-    return Grammar("json_schema", json.dumps(ANY_JSON_OBJECT))
+    """Any JSON object (JSON mode), its whitespace bounded as a schema's is."""
+    return Grammar("json_schema", json.dumps(conventional(ANY_JSON_OBJECT)))
 
 
 def from_options(

@@ -186,7 +186,12 @@ def test_each_streamed_piece_reads_only_the_text_not_yet_settled(family) -> None
         opening = len('{"response": "')  # read again until it is whole; then an escape at most
         syntax, text, longest = T.Generic(), RESPONSE.replace("dry.", "dry. " * 400), opening
     else:
-        syntax, text = SYNTAX[family], ANSWERS[family] * 20
+        # twenty answers, each calling with other arguments (a repeated call ends the answer)
+        answers = (
+            ANSWERS[family].replace("CET", f"CET{i:02}").replace("Paris", f"Paris{i:02}")
+            for i in range(20)
+        )
+        syntax, text = SYNTAX[family], "".join(answers)
         # a call and its marker, and (without an end marker) the next marker that ends it
         longest = max(len(block) for block in text.split(syntax.start)) + 2 * len(syntax.start)
     unread: list[int] = []
@@ -284,6 +289,44 @@ def test_a_template_without_tools_gets_them_described_and_the_history_as_text() 
     assert "18 C <sunny>" in messages[3]["content"] and "and dry" in messages[3]["content"]
 
 
+def test_a_call_repeated_with_the_same_result_is_shown_once_to_a_template_without_tools() -> None:
+    """As an agent loop sends it: the call ids are the client's, the results name no function."""
+    template = (
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+        "{% endfor %}<|im_start|>assistant\n"
+    )
+
+    def turn(ident: str, city: str, result: str) -> list[dict]:
+        call = {"name": "get_weather", "arguments": json.dumps({"city": city})}
+        return [
+            {"role": "assistant", "content": None, "tool_calls": [{"id": ident, "function": call}]},
+            {"role": "tool", "tool_call_id": ident, "content": result},
+        ]
+
+    ask = [{"role": "user", "content": "The weather in Paris?"}]
+    history = [
+        *ask,
+        *turn("call_a", "Paris", "18 C"),
+        *turn("call_b", "Paris", "18 C"),  # the same call, the same result: shown once
+        *turn("call_c", "Paris", "19 C"),  # the same call, a new result (polling): kept
+        *turn("call_d", "Rome", "18 C"),
+    ]
+    plan = T.ToolPlan(T.syntax_for(template), TOOLS, T.ToolChoice("auto"))
+    messages = plan.messages(history)
+    results = [m["content"] for m in messages if m["role"] == "user"][1:]
+    assert results == [
+        "The result of get_weather: 18 C",  # named by the call it answers, not by its id
+        "The result of get_weather: 19 C",
+        "The result of get_weather: 18 C",
+    ]
+    calls = [json.loads(m["content"]) for m in messages if m["role"] == "assistant"]
+    cities = [c["tool_calls"][0]["arguments"]["city"] for c in calls]
+    assert cities == ["Paris", "Paris", "Rome"]
+    # a native template gets the conversation as the client sent it
+    native = T.ToolPlan(T.syntax_for(HERMES_TEMPLATE), TOOLS, T.ToolChoice("auto"))
+    assert len(native.messages(history)) == len(history)
+
+
 # -- grammars, checked by llguidance on a real vocabulary ------------------------------------
 
 
@@ -371,10 +414,77 @@ def test_a_tool_schema_that_gives_no_grammar_is_one_line() -> None:
         T.ToolPlan(T.Hermes(), (bad,), T.ToolChoice("required")).grammar()
 
 
-def test_a_call_cut_short_by_max_tokens_comes_back_as_the_text_so_far() -> None:
-    plan = T.ToolPlan(T.Hermes(), TOOLS, T.ToolChoice("required"))
-    cut = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa'
-    assert plan.parse(cut) == (cut, [])
+HERMES_CALL = (
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "%s", "days": 2}}\n</tool_call>'
+)
+GENERIC_CALL = '{"name": "get_weather", "arguments": {"city": "%s", "days": 2}}'
+
+
+def answer_of(family: str, cities: list[str], cut: int = 0) -> str:
+    """An answer of calls to get_weather, one per city, less its last ``cut`` characters."""
+    if family == "generic":
+        text = '{"tool_calls": [' + ", ".join(GENERIC_CALL % c for c in cities) + "]}"
+    else:
+        text = "\n".join(HERMES_CALL % c for c in cities)
+    return text[: len(text) - cut]
+
+
+def read_streaming(syntax, text: str, seed: int, cut: bool = False):
+    """The reader, the deltas' calls put together, as the server streams ``text`` (it stops
+    feeding once the reader says the answer repeated itself)."""
+    reader = T.ToolPlan(syntax, TOOLS, T.ToolChoice("required")).stream()
+    rng, at, deltas = random.Random(seed), 0, []
+    while at < len(text) and not reader.repeated:
+        step = rng.randint(1, 6)
+        deltas.append(reader.feed(text[at : at + step]))
+        at += step
+    deltas.append(reader.finish(cut=cut))
+    calls: dict[int, dict] = {}
+    for delta in deltas:
+        for part in delta.tool_calls:
+            entry = calls.setdefault(part["index"], {"arguments": ""})
+            entry["name"] = part["function"].get("name", entry.get("name"))
+            entry["arguments"] += part["function"]["arguments"]
+    return reader, [(calls[i]["name"], loose(calls[i]["arguments"])) for i in sorted(calls)]
+
+
+def loose(arguments: str) -> object:
+    try:
+        return json.loads(arguments)
+    except json.JSONDecodeError:
+        return arguments  # a call cut while it streamed
+
+
+@pytest.mark.parametrize("family", ["hermes", "generic"])
+@pytest.mark.parametrize("seed", range(3))
+def test_a_call_that_repeats_an_earlier_one_ends_the_answer_unsent(family, seed) -> None:
+    syntax = T.Generic() if family == "generic" else T.Hermes()
+    text = answer_of(family, ["Paris"] * 6)
+    reader, streamed = read_streaming(syntax, text, seed)
+    assert reader.repeated and len(reader.text) < len(text) * 0.5, "it stopped at the repeat"
+    paris = ("get_weather", {"city": "Paris", "days": 2})
+    assert streamed == [paris] == [(c.name, json.loads(c.arguments)) for c in reader.calls]
+    # a call that only begins as an earlier one did is held back, then sent whole
+    reader, streamed = read_streaming(syntax, answer_of(family, ["Paris", "Parma"]), seed)
+    assert not reader.repeated
+    assert streamed == [paris, ("get_weather", {"city": "Parma", "days": 2})]
+    # the whole text, read at once, keeps the calls up to the repeat
+    content, calls = T.ToolPlan(syntax, TOOLS, T.ToolChoice("required")).parse(text)
+    assert content is None and [json.loads(c.arguments)["city"] for c in calls] == ["Paris"]
+
+
+@pytest.mark.parametrize("family", ["hermes", "generic"])
+def test_a_cut_answer_keeps_its_finished_calls_and_drops_the_one_being_written(family) -> None:
+    syntax = T.Generic() if family == "generic" else T.Hermes()
+    text = answer_of(family, ["Paris", "Rome", "Oslo"], cut=len('slo", "days": 2}}\n</tool_call>'))
+    plan = T.ToolPlan(syntax, TOOLS, T.ToolChoice("required"))
+    content, calls = plan.parse(text, cut=True)
+    assert content is None
+    assert [json.loads(c.arguments)["city"] for c in calls] == ["Paris", "Rome"]
+    reader, streamed = read_streaming(syntax, text, seed=0, cut=True)
+    assert [json.loads(c.arguments)["city"] for c in reader.calls] == ["Paris", "Rome"]
+    # while streaming, the one being written may have begun: the client is told by "length"
+    assert [a["city"] for _, a in streamed[:2]] == ["Paris", "Rome"]
 
 
 def test_a_tool_takes_only_the_arguments_it_declares_unless_its_schema_says_otherwise(

@@ -12,7 +12,7 @@ from typing import Any
 
 from specgen.structured.tools.json_calls import calls_array, json_rule, listed_calls
 from specgen.structured.tools.request import Tool, ToolChoice
-from specgen.structured.tools.syntax import Parsed, Scan, Syntax, chosen
+from specgen.structured.tools.syntax import Call, Parsed, Scan, Syntax, chosen
 
 
 class Generic(Syntax):
@@ -35,7 +35,7 @@ class Generic(Syntax):
 
     def parse(self, text: str, tools: Sequence[Tool], final: bool) -> Parsed:
         if not final:
-            return Parsed(_partial_response(text) or "")
+            return Parsed(_partial_response(text) or "", _finished_calls(text))
         try:
             found = json.loads(text)
         except json.JSONDecodeError:
@@ -50,8 +50,8 @@ class Generic(Syntax):
         within the string), every whole character and escape is read for good."""
         if at == 0:
             match = _RESPONSE.match(text)
-            if match is None:
-                return Scan(Parsed(""))
+            if match is None:  # calls: read again as a whole, each one once it is whole
+                return Scan(Parsed("", _finished_calls(text)))
             at = match.end()
         said, settled = _response_text(text, at)
         return Scan(Parsed(said), settled)
@@ -81,6 +81,24 @@ class Generic(Syntax):
 
 
 _RESPONSE = re.compile(r'^\s*\{\s*"response"\s*:\s*"')
+_CALLS = re.compile(r'^\s*\{\s*"tool_calls"\s*:\s*\[')
+_BETWEEN = re.compile(r"\s*,?\s*")
+
+
+def _finished_calls(text: str) -> list[Call]:
+    """The whole calls of a ``{"tool_calls": [...`` answer so far (or cut short)."""
+    match = _CALLS.match(text)
+    if match is None:
+        return []
+    decoder, at, entries = json.JSONDecoder(), match.end(), []
+    while True:
+        at = _BETWEEN.match(text, at).end()  # type: ignore[union-attr]
+        try:
+            entry, at = decoder.raw_decode(text, at)
+        except json.JSONDecodeError:
+            break
+        entries.append(entry)
+    return listed_calls(entries) or []
 
 
 def _partial_response(text: str) -> str | None:

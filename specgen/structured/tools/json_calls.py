@@ -9,6 +9,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from specgen.structured.grammar import closed_objects
 from specgen.structured.tools.request import Tool
 from specgen.structured.tools.syntax import Call, hold
 
@@ -94,12 +95,10 @@ def listed_calls(entries: Any) -> list[Call] | None:
 
 
 def schema_of(tool: Tool) -> dict[str, Any]:
-    """A tool's arguments' schema as its grammar holds them: only the properties it declares,
-    unless the schema says ``additionalProperties`` itself (a function takes what it names;
-    left open, a small model invents arguments until ``max_tokens``)."""
-    schema = dict(tool.parameters) or {"type": "object"}
-    if schema.get("type") == "object" and "properties" in schema:
-        schema.setdefault("additionalProperties", False)
+    """A tool's arguments' schema as its grammar holds them: objects closed as every JSON
+    Schema is (``closed_objects``: a function takes what it names; left open, a small model
+    invents arguments until ``max_tokens``)."""
+    schema: dict[str, Any] = closed_objects(dict(tool.parameters) or {"type": "object"})
     return schema
 
 

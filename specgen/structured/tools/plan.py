@@ -14,7 +14,7 @@ from specgen.structured.grammar import Grammar, checked
 from specgen.structured.tools.generic import Generic
 from specgen.structured.tools.request import Tool, ToolCall, ToolChoice, new_call_id
 from specgen.structured.tools.stream import ToolStream
-from specgen.structured.tools.syntax import Syntax
+from specgen.structured.tools.syntax import Syntax, kept_calls
 
 
 @dataclass(frozen=True)
@@ -65,23 +65,28 @@ class ToolPlan:
         """The conversation as the chat template takes it: tool calls with their arguments as
         objects and a null content as "". A template without tools (the generic form) gets them
         described in the system message, calls written as the JSON the model answers with, and
-        results as the user's turn (one turn for results in a row)."""
+        results as the user's turn (one turn for results in a row); a turn of calls that repeats
+        an earlier one and got the same results is shown once (``_once``)."""
         out: list[dict[str, Any]] = []
         results: list[bool] = []  # whether out[i] holds tool results
+        names: dict[str, str] = {}  # a call's id -> its function's name
         for message in messages:
             item = dict(message)
             if item.get("content") is None:
                 item["content"] = ""
             if item.get("tool_calls"):
                 item["tool_calls"] = [_call_for_template(c) for c in item["tool_calls"]]
+                names.update(_names_of(item["tool_calls"]))
             result = item.get("role") == "tool"
             if not self.syntax.native:
-                item = _as_text(item)
+                item = _as_text(item, names)
                 if result and results and results[-1]:
                     out[-1]["content"] += "\n" + item["content"]
                     continue
             out.append(item)
             results.append(result)
+        if not self.syntax.native:
+            out = _once(out, results)
         if self.active and isinstance(self.syntax, Generic):
             text = self.syntax.instructions(self.tools, self.choice)
             if out and out[0]["role"] == "system":
@@ -90,21 +95,42 @@ class ToolPlan:
                 out.insert(0, {"role": "system", "content": text})
         return out
 
-    def parse(self, text: str) -> tuple[str | None, list[ToolCall]]:
-        """The final text's content (None when it is only calls) and its calls, with new ids."""
+    def parse(self, text: str, cut: bool = False) -> tuple[str | None, list[ToolCall]]:
+        """The final text's content (None when it is only calls) and its calls, with new ids:
+        the finished calls up to any repeat of an earlier one (``kept_calls``; ``cut``: the
+        answer was cut short, so a call still being written is dropped)."""
         if not self.active:
             return text, []
-        parsed = self.syntax.parse(text, self.tools, final=True)
-        calls = [
-            ToolCall(new_call_id(), c.name, c.arguments)
-            for c in parsed.calls
-            if c.name is not None and c.arguments is not None
-        ]
+        parsed = self.syntax.parse(text, self.tools, final=not cut)
+        kept, _ = kept_calls(parsed.calls)
+        calls = [ToolCall(new_call_id(), c.name or "", c.arguments or "") for c in kept]
         content = parsed.content if parsed.content.strip() or not calls else None
         return content, calls
 
     def stream(self) -> ToolStream:
         return ToolStream(self.syntax, self.tools)
+
+
+def _once(out: list[dict[str, Any]], results: list[bool]) -> list[dict[str, Any]]:
+    """The conversation less each turn of calls, with its results, that repeats an earlier turn
+    and its results word for word: it told nothing new, and a small model that sees itself
+    call twice calls again (``benchmarks/tool_results.py``: the SmolLM2 demo pair answered 25
+    times in 30 after one call and its result, 0 in 30 after the same call and result twice).
+    A call whose result changed (polling) is kept."""
+    seen: set[tuple[str, str]] = set()
+    kept: list[dict[str, Any]] = []
+    i = 0
+    while i < len(out):
+        if out[i]["role"] == "assistant" and i + 1 < len(out) and results[i + 1]:
+            turn = (out[i]["content"], out[i + 1]["content"])
+            if turn not in seen:
+                seen.add(turn)
+                kept.extend(out[i : i + 2])
+            i += 2
+            continue
+        kept.append(out[i])
+        i += 1
+    return kept
 
 
 def _call_for_template(call: Any) -> dict[str, Any]:
@@ -121,10 +147,24 @@ def _call_for_template(call: Any) -> dict[str, Any]:
     return {**call, "type": call.get("type", "function"), "function": function}
 
 
-def _as_text(item: dict[str, Any]) -> dict[str, Any]:
-    """A message for a template without tools: calls as the generic JSON, results as user text."""
+def _names_of(calls: list[Any]) -> dict[str, str]:
+    """Each call's id -> its function's name (what a result names when it comes back)."""
+    return {
+        c["id"]: c["function"]["name"]
+        for c in calls
+        if isinstance(c, dict)
+        and isinstance(c.get("id"), str)
+        and isinstance(c.get("function"), dict)
+        and isinstance(c["function"].get("name"), str)
+    }
+
+
+def _as_text(item: dict[str, Any], names: Mapping[str, str]) -> dict[str, Any]:
+    """A message for a template without tools: calls as the generic JSON, results as user text
+    named by their function (a client's call id means nothing to the model)."""
     if item.get("role") == "tool":
-        name = item.get("name") or item.get("tool_call_id") or "the tool"
+        called = names.get(item.get("tool_call_id") or "")
+        name = item.get("name") or called or item.get("tool_call_id") or "the tool"
         return {"role": "user", "content": f"The result of {name}: {item['content']}"}
     calls = item.get("tool_calls")
     if calls:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specgen.structured.tools.request import Tool, ToolCall, new_call_id
-from specgen.structured.tools.syntax import Parsed, Syntax
+from specgen.structured.tools.syntax import Call, Parsed, Syntax, kept_calls, same_call
 
 
 @dataclass
@@ -23,18 +23,27 @@ class Delta:
 class ToolStream:
     """The streamed text of one answer, read as it comes: content is passed on until a call may
     begin; a call's first delta carries its index, id, type and name, later ones fragments of
-    its arguments. What streams is always a prefix of what the whole text parses to."""
+    its arguments. What streams is always a prefix of what the whole text parses to.
+
+    A call that repeats an earlier one of the answer (``kept_calls``) is not sent: while it may
+    still turn out the same (the same function, its arguments so far a prefix of the earlier
+    one's) it is held back, and once it is the same, ``repeated`` says the answer is over (the
+    caller stops the generation); the reader takes no more text."""
 
     def __init__(self, syntax: Syntax, tools: Sequence[Tool]) -> None:
         self.syntax, self.tools, self.text = syntax, tools, ""
         self.sent_content = 0
         self.sent: list[tuple[str, str]] = []  # per call: its id, the arguments sent so far
+        self.names: list[str] = []  # per call sent: its function
         self.calls: list[ToolCall] = []
+        self.repeated = False
         # The text before ``settled`` is read for good: it said ``settled_content`` characters
         # of content and the first ``settled_calls`` calls, all of which have been sent.
         self.settled = self.settled_content = self.settled_calls = 0
 
     def feed(self, piece: str) -> Delta:
+        if self.repeated:
+            return Delta()
         self.text += piece
         scan = self.syntax.scan(self.text, self.settled, self.tools)
         delta = self._diff(scan.parsed, self.settled_content, self.settled_calls)
@@ -44,16 +53,34 @@ class ToolStream:
             self.settled_calls += scan.whole
         return delta
 
-    def finish(self) -> Delta:
-        """The rest, from the whole text; ``self.calls`` are then the answer's calls."""
-        parsed = self.syntax.parse(self.text, self.tools, final=True)
-        delta = self._diff(parsed)
+    def finish(self, cut: bool = False) -> Delta:
+        """The rest, from the whole text; ``self.calls`` are then the answer's calls. ``cut``:
+        the answer was cut short (``max_tokens``), so a call still being written is dropped,
+        as is one that repeated an earlier one."""
+        ended = cut or self.repeated
+        parsed = self.syntax.parse(self.text, self.tools, final=not ended)
+        calls, repeated = kept_calls(parsed.calls)
+        self.repeated = self.repeated or repeated
+        delta = self._diff(Parsed(parsed.content, calls))
         self.calls = [
             ToolCall(self.sent[i][0], c.name, c.arguments)
-            for i, c in enumerate(parsed.calls)
+            for i, c in enumerate(calls)
             if i < len(self.sent) and c.name is not None and c.arguments is not None
         ]
         return delta
+
+    def _may_repeat(self, call: Call) -> bool:
+        """Whether ``call`` is, or may still become, a call already sent."""
+        for name, (_, arguments) in zip(self.names, self.sent, strict=True):
+            if name != call.name:
+                continue
+            if (
+                same_call(call, Call(name, arguments))
+                if call.done
+                else (arguments.startswith(call.arguments or ""))
+            ):
+                return True
+        return False
 
     def _diff(self, parsed: Parsed, content_at: int = 0, first_call: int = 0) -> Delta:
         """What ``parsed`` (what the text says from content offset ``content_at`` and call
@@ -69,7 +96,11 @@ class ToolStream:
             if call.name is None:
                 break
             if index == len(self.sent):
+                if self._may_repeat(call):
+                    self.repeated = self.repeated or call.done
+                    break
                 self.sent.append((new_call_id(), ""))
+                self.names.append(call.name)
                 delta.tool_calls.append(
                     {
                         "index": index,

@@ -8,6 +8,7 @@ settled, so a stream reads each call once (``ToolStream``). Knows no particular 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -42,6 +43,33 @@ class Scan:
     parsed: Parsed
     settled: int = 0
     whole: int = 0
+
+
+def kept_calls(calls: Sequence[Call]) -> tuple[list[Call], bool]:
+    """The calls an answer gives: the finished ones (one still being written when the answer
+    was cut is dropped), up to the first that repeats an earlier one, the same function with
+    the same arguments; and whether one did (a model that repeats a call would go on repeating
+    it until ``max_tokens``: the repeat ends the answer)."""
+    kept: list[Call] = []
+    for call in calls:
+        if not call.done or call.name is None or call.arguments is None:
+            break
+        if any(same_call(call, earlier) for earlier in kept):
+            return kept, True
+        kept.append(call)
+    return kept, False
+
+
+def same_call(a: Call, b: Call) -> bool:
+    """The same function with the same arguments (as JSON values, however they are spaced)."""
+    return a.name == b.name and _value(a.arguments) == _value(b.arguments)
+
+
+def _value(arguments: str | None) -> object:
+    try:
+        return json.loads(arguments) if arguments is not None else None
+    except json.JSONDecodeError:
+        return arguments
 
 
 def hold(text: str, marker: str) -> str:
