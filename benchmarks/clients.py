@@ -3,7 +3,7 @@ own random sampling: no seed): how many of their requests give them what they as
 filled model, a tool call, a finished agent loop). The clients are in tests/clients.py, which the
 compatibility suite (tests/integration/test_clients.py) runs with fixed seeds.
 
-    specgen serve --api-key sk-local --port 8101 &   # the demo pair
+    specgen serve --api-key sk-specgen-test --port 8101 &   # the demo pair
     python benchmarks/clients.py --url http://127.0.0.1:8101 --runs 10
 
 Each row: a client, what it asked for, how many runs it got it, and what it said otherwise.

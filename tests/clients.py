@@ -21,7 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-KEY = "sk-local"
+KEY = "sk-specgen-test"  # the key tests/integration/test_server.py serves with
 # Any request a client makes to somewhere other than the loopback server fails at once.
 LOOPBACK_ONLY = {
     "HTTP_PROXY": "http://127.0.0.1:9",

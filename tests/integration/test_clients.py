@@ -9,25 +9,13 @@ sends any other request to a refused port). The clients are pinned in the `test`
 
 from __future__ import annotations
 
-import signal
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 
-from tests.clients import CLIENTS, KEY, LOOPBACK_ONLY
-from tests.integration.test_server import start
+from tests.clients import CLIENTS, LOOPBACK_ONLY
+from tests.integration.test_server import server  # noqa: F401 - the demo pair's server
 
 pytestmark = pytest.mark.slow
 SEEDS = (0, 1, 2)
-
-
-@pytest.fixture(scope="module")
-def url(smollm2_target: Path, smollm2_draft: Path) -> Iterator[str]:
-    proc, url = start(smollm2_target, smollm2_draft, "--api-key", KEY, "--queue", "0")
-    yield url
-    proc.send_signal(signal.SIGTERM)
-    proc.wait(timeout=60)
 
 
 @pytest.fixture(autouse=True)
@@ -39,13 +27,13 @@ def loopback_only(monkeypatch: pytest.MonkeyPatch) -> None:
 # The Agents SDK loop is not asserted: with a fixed seed a turn that calls the tool again
 # calls it again every turn (issue 37 stays open on it; benchmarks/clients.py counts it).
 @pytest.mark.parametrize("client", sorted(set(CLIENTS) - {"agents-sdk-loop"}))
-def test_each_client_gets_what_it_asked_for(url: str, client: str) -> None:
+def test_each_client_gets_what_it_asked_for(server: str, client: str) -> None:  # noqa: F811
     what, run_one = CLIENTS[client]
-    problems = {seed: run_one(url, seed, seed) for seed in SEEDS}
+    problems = {seed: run_one(server, seed, seed) for seed in SEEDS}
     assert problems == dict.fromkeys(SEEDS), f"{what}: {problems}"
 
 
-def test_nothing_but_the_server_is_reached(url: str) -> None:
+def test_nothing_but_the_server_is_reached(server: str) -> None:  # noqa: F811
     """The guard itself: a client pointed elsewhere fails at once instead of going out."""
     import openai
 

@@ -62,10 +62,10 @@ class ToolStream:
         calls, repeated = kept_calls(parsed.calls)
         self.repeated = self.repeated or repeated
         delta = self._diff(Parsed(parsed.content, calls))
-        self.calls = [
-            ToolCall(self.sent[i][0], c.name, c.arguments)
+        self.calls = [  # kept calls are whole: each has its name and arguments
+            ToolCall(self.sent[i][0], c.name or "", c.arguments or "")
             for i, c in enumerate(calls)
-            if i < len(self.sent) and c.name is not None and c.arguments is not None
+            if i < len(self.sent)
         ]
         return delta
 
