@@ -182,7 +182,7 @@ def create_app(
         tools, choice = body.tool_request()
         plan = None
         if tools or any(m.role == "tool" or m.tool_calls for m in body.messages):
-            plan = generator.tool_plan(tools, choice, body.parallel_tool_calls)
+            plan = generator.tool_plan(tools, choice, body.parallel_tool_calls).after(messages)
             messages = plan.messages(messages)
         return await respond(request, body, messages, chat=True, plan=plan)
 

@@ -24,9 +24,7 @@ def loopback_only(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setenv(name, value)
 
 
-# The Agents SDK loop is not asserted: with a fixed seed a turn that calls the tool again
-# calls it again every turn (issue 37 stays open on it; benchmarks/clients.py counts it).
-@pytest.mark.parametrize("client", sorted(set(CLIENTS) - {"agents-sdk-loop"}))
+@pytest.mark.parametrize("client", sorted(CLIENTS))
 def test_each_client_gets_what_it_asked_for(server: str, client: str) -> None:  # noqa: F811
     what, run_one = CLIENTS[client]
     problems = {seed: run_one(server, seed, seed) for seed in SEEDS}

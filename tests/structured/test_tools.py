@@ -325,6 +325,42 @@ def test_a_call_repeated_with_the_same_result_is_shown_once_to_a_template_withou
     # a native template gets the conversation as the client sent it
     native = T.ToolPlan(T.syntax_for(HERMES_TEMPLATE), TOOLS, T.ToolChoice("auto"))
     assert len(native.messages(history)) == len(history)
+    assert native.after(history[:5]) is native
+
+
+def test_a_model_that_repeats_its_last_call_is_told_to_answer_and_can_only_answer() -> None:
+    """An agent loop with a fixed seed: the collapsed prompt is the prompt it had, so the model
+    would call again every turn. After a repeat, the answer is an answer."""
+    template = (
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+        "{% endfor %}<|im_start|>assistant\n"
+    )
+
+    def turn(ident: str, city: str, result: str) -> list[dict]:
+        call = {"name": "get_weather", "arguments": json.dumps({"city": city})}
+        return [
+            {"role": "assistant", "content": None, "tool_calls": [{"id": ident, "function": call}]},
+            {"role": "tool", "tool_call_id": ident, "content": result},
+        ]
+
+    ask = [{"role": "user", "content": "The weather in Paris?"}]
+    plan = T.ToolPlan(T.syntax_for(template), TOOLS, T.ToolChoice("auto"))
+    once = [*ask, *turn("a", "Paris", "18 C")]
+    assert plan.after(once) is plan  # one call and its result: the model may call again
+    moved_on = [*once, *turn("b", "Paris", "18 C"), *turn("c", "Rome", "20 C")]
+    assert plan.after(moved_on) is plan  # the repeat was not the last turn
+    polled = [*once, *turn("b", "Paris", "19 C")]
+    assert plan.after(polled) is plan  # a new result is news
+    looped = [*once, *turn("b", "Paris", "18 C")]
+    answer = plan.after(looped)
+    assert answer.answer and answer.active
+    system = answer.messages(looped)[0]["content"]
+    assert "Answer now" in system and '"tool_calls"' not in system
+    grammar = answer.grammar()
+    assert grammar is not None and "tool_calls" not in grammar.text
+    # what the client asked for otherwise is not overridden
+    required = T.ToolPlan(T.syntax_for(template), TOOLS, T.ToolChoice("required"))
+    assert required.after(looped) is required
 
 
 # -- grammars, checked by llguidance on a real vocabulary ------------------------------------

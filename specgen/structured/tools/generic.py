@@ -33,6 +33,19 @@ class Generic(Syntax):
             answer += ', or {"response": <your answer>} to answer directly'
         return f"You can call these tools:\n{listed}\n{answer}."
 
+    def answer_instructions(self, tools: Sequence[Tool]) -> str:
+        """What the model is told when it must answer from the results it has (its last calls
+        repeated earlier ones and got the same results)."""
+        names = ", ".join(t.name for t in tools)
+        return (
+            f"The results of your calls to {names} are above; calling again returns the same. "
+            'Answer now with one JSON object: {"response": <your answer>}.'
+        )
+
+    def answer_grammar(self) -> str:
+        """An answer and no calls (``answer_instructions``)."""
+        return f"%llguidance {{}}\nstart: {json_rule(_RESPONSE_OBJECT)}"
+
     def parse(self, text: str, tools: Sequence[Tool], final: bool) -> Parsed:
         if not final:
             return Parsed(_partial_response(text) or "", _finished_calls(text))
@@ -69,17 +82,16 @@ class Generic(Syntax):
             }
         ]
         if choice.mode == "auto":
-            answers.append(
-                {
-                    "type": "object",
-                    "properties": {"response": {"type": "string"}},
-                    "required": ["response"],
-                    "additionalProperties": False,
-                }
-            )
+            answers.append(_RESPONSE_OBJECT)
         return f"%llguidance {{}}\nstart: {json_rule({'anyOf': answers})}"
 
 
+_RESPONSE_OBJECT: dict[str, Any] = {
+    "type": "object",
+    "properties": {"response": {"type": "string"}},
+    "required": ["response"],
+    "additionalProperties": False,
+}
 _RESPONSE = re.compile(r'^\s*\{\s*"response"\s*:\s*"')
 _CALLS = re.compile(r'^\s*\{\s*"tool_calls"\s*:\s*\[')
 _BETWEEN = re.compile(r"\s*,?\s*")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from specgen.errors import UsageError
@@ -22,13 +22,15 @@ class ToolPlan:
     """One request's tools: the syntax, what the prompt gets, what the output must match, and
     how the text is read back. ``markers``: the syntax's markers that the vocabulary holds as
     single special tokens (text -> token id), which the grammar writes as those tokens and the
-    output keeps as their text."""
+    output keeps as their text. ``answer``: the model must answer now, without calling
+    (``after``)."""
 
     syntax: Syntax
     tools: tuple[Tool, ...]
     choice: ToolChoice
     parallel: bool = True
     markers: Mapping[str, int] = field(default_factory=dict)
+    answer: bool = False
 
     @property
     def active(self) -> bool:
@@ -55,11 +57,24 @@ class ToolPlan:
             return f"<[{token}]>" if token is not None else json.dumps(text)
 
         try:
+            if self.answer and isinstance(self.syntax, Generic):
+                return checked(Grammar("lark", self.syntax.answer_grammar()))
             return checked(
                 Grammar("lark", self.syntax.grammar(self.tools, self.choice, self.parallel, lit))
             )
         except UsageError as err:
             raise UsageError(f"the tools' schemas give no usable grammar: {err}") from err
+
+    def after(self, messages: Sequence[Mapping[str, Any]]) -> ToolPlan:
+        """This plan for the answer that follows ``messages``. Under ``auto``, with a template
+        without tools: when the last turn of calls repeats an earlier turn word for word and
+        got the same results, the model is looping (a third call can tell it nothing new), so
+        it is told to answer and its grammar allows only an answer. With a fixed seed the same
+        prompt would give the same call every turn, past any turn limit."""
+        if self.syntax.native or not self.active or self.choice.mode != "auto":
+            return self
+        _, repeated = _once(*self._rendered(messages))
+        return replace(self, answer=True) if repeated else self
 
     def messages(self, messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         """The conversation as the chat template takes it: tool calls with their arguments as
@@ -67,33 +82,39 @@ class ToolPlan:
         described in the system message, calls written as the JSON the model answers with, and
         results as the user's turn (one turn for results in a row); a turn of calls that repeats
         an earlier one and got the same results is shown once (``_once``)."""
-        out: list[dict[str, Any]] = []
-        results: list[bool] = []  # whether out[i] holds tool results
-        names: dict[str, str] = {}  # a call's id -> its function's name
-        for message in messages:
-            item = dict(message)
-            if item.get("content") is None:
-                item["content"] = ""
-            if item.get("tool_calls"):
-                item["tool_calls"] = [_call_for_template(c) for c in item["tool_calls"]]
-                names.update(_names_of(item["tool_calls"]))
-            result = item.get("role") == "tool"
-            if not self.syntax.native:
-                item = _as_text(item, names)
-                if result and results and results[-1]:
-                    out[-1]["content"] += "\n" + item["content"]
-                    continue
-            out.append(item)
-            results.append(result)
-        if not self.syntax.native:
-            out = _once(out, results)
+        if self.syntax.native:
+            out = [_for_template(m, {}) for m in messages]
+        else:
+            out, _ = _once(*self._rendered(messages))
         if self.active and isinstance(self.syntax, Generic):
-            text = self.syntax.instructions(self.tools, self.choice)
+            if self.answer:
+                text = self.syntax.answer_instructions(self.tools)
+            else:
+                text = self.syntax.instructions(self.tools, self.choice)
             if out and out[0]["role"] == "system":
                 out[0] = {**out[0], "content": f"{out[0]['content']}\n\n{text}"}
             else:
                 out.insert(0, {"role": "system", "content": text})
         return out
+
+    def _rendered(
+        self, messages: Sequence[Mapping[str, Any]]
+    ) -> tuple[list[dict[str, Any]], list[bool]]:
+        """The conversation for a template without tools (``_as_text``), with whether each
+        message holds tool results."""
+        out: list[dict[str, Any]] = []
+        results: list[bool] = []
+        names: dict[str, str] = {}  # a call's id -> its function's name
+        for message in messages:
+            item = _for_template(message, names)
+            result = item.get("role") == "tool"
+            item = _as_text(item, names)
+            if result and results and results[-1]:
+                out[-1]["content"] += "\n" + item["content"]
+                continue
+            out.append(item)
+            results.append(result)
+        return out, results
 
     def parse(self, text: str, cut: bool = False) -> tuple[str | None, list[ToolCall]]:
         """The final text's content (None when it is only calls) and its calls, with new ids:
@@ -111,26 +132,41 @@ class ToolPlan:
         return ToolStream(self.syntax, self.tools)
 
 
-def _once(out: list[dict[str, Any]], results: list[bool]) -> list[dict[str, Any]]:
+def _once(out: list[dict[str, Any]], results: list[bool]) -> tuple[list[dict[str, Any]], bool]:
     """The conversation less each turn of calls, with its results, that repeats an earlier turn
     and its results word for word: it told nothing new, and a small model that sees itself
     call twice calls again (``benchmarks/tool_results.py``: the SmolLM2 demo pair answered 25
     times in 30 after one call and its result, 0 in 30 after the same call and result twice).
-    A call whose result changed (polling) is kept."""
+    A call whose result changed (polling) is kept. Also: whether the last turn of calls was
+    such a repeat."""
     seen: set[tuple[str, str]] = set()
     kept: list[dict[str, Any]] = []
+    repeated = False
     i = 0
     while i < len(out):
         if out[i]["role"] == "assistant" and i + 1 < len(out) and results[i + 1]:
             turn = (out[i]["content"], out[i + 1]["content"])
-            if turn not in seen:
+            repeated = turn in seen
+            if not repeated:
                 seen.add(turn)
                 kept.extend(out[i : i + 2])
             i += 2
             continue
         kept.append(out[i])
         i += 1
-    return kept
+    return kept, repeated
+
+
+def _for_template(message: Mapping[str, Any], names: dict[str, str]) -> dict[str, Any]:
+    """A message as a template takes it: a null content as "", tool calls' arguments as
+    objects (their ids and functions' names noted in ``names``)."""
+    item = dict(message)
+    if item.get("content") is None:
+        item["content"] = ""
+    if item.get("tool_calls"):
+        item["tool_calls"] = [_call_for_template(c) for c in item["tool_calls"]]
+        names.update(_names_of(item["tool_calls"]))
+    return item
 
 
 def _call_for_template(call: Any) -> dict[str, Any]:
