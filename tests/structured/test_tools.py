@@ -289,20 +289,24 @@ def test_a_template_without_tools_gets_them_described_and_the_history_as_text() 
     assert "18 C <sunny>" in messages[3]["content"] and "and dry" in messages[3]["content"]
 
 
+CHATML_WITHOUT_TOOLS = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+    "{% endfor %}<|im_start|>assistant\n"
+)
+
+
+def turn(ident: str, city: str, result: str) -> list[dict]:
+    """One turn of an agent loop: a call to get_weather with the client's id, and its result."""
+    call = {"name": "get_weather", "arguments": json.dumps({"city": city})}
+    return [
+        {"role": "assistant", "content": None, "tool_calls": [{"id": ident, "function": call}]},
+        {"role": "tool", "tool_call_id": ident, "content": result},
+    ]
+
+
 def test_a_call_repeated_with_the_same_result_is_shown_once_to_a_template_without_tools() -> None:
     """As an agent loop sends it: the call ids are the client's, the results name no function."""
-    template = (
-        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
-        "{% endfor %}<|im_start|>assistant\n"
-    )
-
-    def turn(ident: str, city: str, result: str) -> list[dict]:
-        call = {"name": "get_weather", "arguments": json.dumps({"city": city})}
-        return [
-            {"role": "assistant", "content": None, "tool_calls": [{"id": ident, "function": call}]},
-            {"role": "tool", "tool_call_id": ident, "content": result},
-        ]
-
+    template = CHATML_WITHOUT_TOOLS
     ask = [{"role": "user", "content": "The weather in Paris?"}]
     history = [
         *ask,
@@ -331,18 +335,7 @@ def test_a_call_repeated_with_the_same_result_is_shown_once_to_a_template_withou
 def test_a_model_that_repeats_its_last_call_is_told_to_answer_and_can_only_answer() -> None:
     """An agent loop with a fixed seed: the collapsed prompt is the prompt it had, so the model
     would call again every turn. After a repeat, the answer is an answer."""
-    template = (
-        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
-        "{% endfor %}<|im_start|>assistant\n"
-    )
-
-    def turn(ident: str, city: str, result: str) -> list[dict]:
-        call = {"name": "get_weather", "arguments": json.dumps({"city": city})}
-        return [
-            {"role": "assistant", "content": None, "tool_calls": [{"id": ident, "function": call}]},
-            {"role": "tool", "tool_call_id": ident, "content": result},
-        ]
-
+    template = CHATML_WITHOUT_TOOLS
     ask = [{"role": "user", "content": "The weather in Paris?"}]
     plan = T.ToolPlan(T.syntax_for(template), TOOLS, T.ToolChoice("auto"))
     once = [*ask, *turn("a", "Paris", "18 C")]
