@@ -336,9 +336,9 @@ SAMPLING = ("temperature", "top_k", "top_p", "min_p")
 def _settings(given: dict[str, Any]) -> Settings:
     """``Settings`` from keyword arguments: ``temperature``, ``top_k``, ``top_p``, ``min_p``
     (the rest as ``run``'s defaults), ``max_tokens``, ``seed``, ``stop`` (one text or
-    several), ``logit_bias`` (a mapping), ``logprobs``, ``lookahead``; the output's constraint
-    is ``json_schema`` (a dict or JSON text), ``grammar`` (GBNF), ``format="json"`` or
-    ``response_format`` (OpenAI's), at most one."""
+    several), ``logit_bias`` (a mapping), ``logprobs``, ``lookahead``, ``coupling``; the
+    output's constraint is ``json_schema`` (a dict or JSON text), ``grammar`` (GBNF),
+    ``format="json"`` or ``response_format`` (OpenAI's), at most one."""
     stop = given.get("stop")
     if stop is not None:
         given = {**given, "stop": (stop,) if isinstance(stop, str) else tuple(stop)}

@@ -66,6 +66,7 @@ class Stats:
     host_seconds: float | None = None
     # How the target's rows came: their top-k from the backend (k), or whole (0).
     row_top_k: int = 0
+    coupling: str | None = None  # "gumbel" or "residual" (None: greedy)
     gen_started: float | None = None
     gen_seconds: float = 0.0
     current_lookahead: int = 0
@@ -175,6 +176,7 @@ class Stats:
         return {
             "lookahead": self.lookahead,
             "seed": self.seed,
+            "coupling": self.coupling,
             "prompt_tokens": self.n_prompt,
             "prompt_tokens_cached": self.n_prompt_cached,
             "prompt_seconds": round(self.prompt_seconds, 6),

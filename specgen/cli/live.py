@@ -65,7 +65,8 @@ def stats_segments(stats: Stats, final: bool = False) -> list[Text]:
                 style="dim",
             )
         )
-        parts.append(Text(f"seed {stats.seed}", style="dim"))
+        if stats.coupling == "gumbel":  # the seed gives this text again, at any K
+            parts.append(Text(f"seed {stats.seed}", style="dim"))
         if stats.stop_reason:
             parts.append(Text(f"stop: {stats.stop_reason}", style="dim"))
     return parts

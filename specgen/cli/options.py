@@ -214,7 +214,8 @@ SeedOpt = Annotated[
         "-s",
         min=0,
         max=MAX_SEED,
-        help="Random seed (default: random; printed with the stats).",
+        help="Seed: the same sampled text again, at any -k and with any drafter, on this "
+        "build and machine (default: none).",
         show_default=False,
         rich_help_panel=SAMPLING,
     ),

@@ -15,9 +15,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-import numpy as np
-
 from specgen.core.constraint import Constraint
+from specgen.core.coupling import Draws
 from specgen.core.sampling import Dist, Rows, SamplingParams
 from specgen.structured.grammar import LogitBias
 
@@ -150,7 +149,7 @@ class Drafter(Protocol):
         candidate: Candidate,
         k: int,
         sampling: SamplingParams,
-        rng: np.random.Generator,
+        rng: Draws,
     ) -> Proposal:
         """Up to ``k`` guesses continuing ``context``, from one of this cycle's candidates."""
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
-
 from specgen.core.constraint import Constraint
+from specgen.core.coupling import Draws
 from specgen.core.sampling import SamplingParams
 from specgen.drafters.base import Candidate, Proposal
 from specgen.drafters.model import ModelDrafter
@@ -54,7 +53,7 @@ class HybridDrafter:
         candidate: Candidate,
         k: int,
         sampling: SamplingParams,
-        rng: np.random.Generator,
+        rng: Draws,
     ) -> Proposal:
         if candidate.source in LOOKUP_SOURCES:
             self._last = self.ngram

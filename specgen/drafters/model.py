@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from specgen.core.constraint import Constraint, shaped
+from specgen.core.coupling import Draws, Keyed
 from specgen.core.sampling import Dist, Row, SamplingParams, best, row_top_k, sample, warp
 from specgen.drafters.base import (
     Candidate,
@@ -80,7 +81,7 @@ class ModelDrafter:
         candidate: Candidate,
         k: int,
         sampling: SamplingParams,
-        rng: np.random.Generator,
+        rng: Draws,
         follow: FollowUp | None = None,
     ) -> Proposal:
         """Up to ``k`` guesses; after each, ``follow`` may finish the run with free guesses."""
@@ -152,7 +153,7 @@ def draw_guesses(
     logits_after: Callable[[int | None], Row],
     k: int,
     sampling: SamplingParams,
-    rng: np.random.Generator,
+    rng: Draws,
     p_min: float,
     is_eog: Callable[[int], bool],
     context: Sequence[int],
@@ -202,7 +203,7 @@ def _draw(
     out: Proposal,
     logits: Row,
     sampling: SamplingParams,
-    rng: np.random.Generator,
+    rng: Draws,
     p_min: float,
     masked_row: bool,
 ) -> int | None:
@@ -215,7 +216,7 @@ def _draw(
         dist = warp(logits, sampling, masked_row)
         if p_min and float(dist.probs.max()) < p_min:
             return None
-        guess = sample(dist, rng)
+        guess = rng.pick(dist) if isinstance(rng, Keyed) else sample(dist, rng)
         out.q.append(dist)
     out.tokens.append(guess)
     return guess

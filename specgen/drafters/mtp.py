@@ -14,9 +14,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-import numpy as np
-
 from specgen.core.constraint import Constraint
+from specgen.core.coupling import Draws
 from specgen.core.sampling import Row, SamplingParams
 from specgen.drafters.base import Candidate, FollowUp, Proposal
 from specgen.drafters.model import draft_top_k, draw_guesses
@@ -80,7 +79,7 @@ class MtpDrafter:
         candidate: Candidate,
         k: int,
         sampling: SamplingParams,
-        rng: np.random.Generator,
+        rng: Draws,
         follow: FollowUp | None = None,
     ) -> Proposal:
         out, head = Proposal(), self.head

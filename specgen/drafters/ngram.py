@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
-
+from specgen.core.coupling import Draws
 from specgen.core.sampling import Dist, SamplingParams
 from specgen.drafters.base import Candidate, Proposal
 from specgen.drafters.suffix import SuffixCache
@@ -103,7 +102,7 @@ class NgramDrafter:
         candidate: Candidate,
         k: int,
         sampling: SamplingParams,
-        rng: np.random.Generator,
+        rng: Draws,
     ) -> Proposal:
         tokens = list(candidate.preview[:k])
         q = [] if sampling.greedy else [Dist.one_hot(t) for t in tokens]

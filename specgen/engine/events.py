@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
 import numpy as np
 
@@ -18,6 +19,9 @@ from specgen.structured.grammar import Grammar, LogitBias
 
 # New tokens per generation unless told otherwise (run, batches, the API, the server).
 DEFAULT_MAX_TOKENS = 256
+
+
+Coupling = Literal["auto", "gumbel", "residual"]
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,10 @@ class GenerationConfig:
     # Special tokens printed as their text (a tool call's markers), which otherwise print as
     # nothing: (token, text) pairs.
     keep_text: tuple[tuple[int, bytes], ...] = ()
+    # How a sampled token is tied to the guesses (``specgen.core.coupling``): "gumbel" makes the
+    # text a function of (seed, position) at any K; "residual" is the min(1, p/q) rule, which
+    # keeps the most guesses; "auto": gumbel where a seed is given, else residual.
+    coupling: Coupling = "auto"
 
     def __post_init__(self) -> None:
         if self.lookahead is not None:
@@ -48,6 +56,16 @@ class GenerationConfig:
             raise ValueError("max_tokens must be >= 1")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
             raise ValueError(f"logprobs must be from 0 to {MAX_TOP_LOGPROBS}")
+        if self.coupling not in get_args(Coupling):
+            raise ValueError(f"coupling must be one of {', '.join(get_args(Coupling))}")
+
+    def rule(self) -> str | None:
+        """The coupling this generation runs (None: greedy, the argmax, needs none)."""
+        if self.sampling.greedy:
+            return None
+        if self.coupling == "auto":
+            return "gumbel" if self.seed is not None else "residual"
+        return self.coupling
 
 
 # The most alternatives a token's log-probability comes with (OpenAI's top_logprobs bound).

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from specgen.core.constraint import Constraint, shaped
+from specgen.core.coupling import Keyed, gumbel_pick
 from specgen.core.lookahead import DEFAULT_LOOKAHEAD, Lookahead, effective_lookahead
 from specgen.core.sampling import (
     Dist,
@@ -123,6 +124,7 @@ class SpeculativeEngine:
             seed=seed,
             speculative=self.drafter is not None,
             clock=self.clock,
+            coupling=config.rule(),
         )
 
     def generate(
@@ -197,6 +199,7 @@ class _Generation:
             engine.slot,
         )
         self.rng = np.random.default_rng(stats.seed)
+        self.keyed = stats.coupling == "gumbel"  # tokens keyed on (seed, position)
         self.emit = Emitter(self.target, config)
         self.tokens = list(prompt)
         self.n_prompt = len(prompt)
@@ -216,6 +219,11 @@ class _Generation:
         if engine.busy is not None:
             stats.host_seconds = 0.0
 
+    @property
+    def position(self) -> int:
+        """The index, in the generated text, of the token the next pass gives."""
+        return len(self.tokens) - self.n_prompt
+
     # -- 1. the prompt ---------------------------------------------------------------------
     def prompt_pass(self, reuse_prefix: bool) -> Generator[Event, None, None]:
         """One target pass over all of the prompt gives the first token at once; a draft model
@@ -234,7 +242,8 @@ class _Generation:
         if self.sampling.greedy:
             first = best(row)
         else:
-            first = sample(warp(row, self.sampling, self.constraint is not None), self.rng)
+            dist = warp(row, self.sampling, self.constraint is not None)
+            first = gumbel_pick(dist, stats.seed, 0) if self.keyed else sample(dist, self.rng)
         if self.constraint is not None:
             self.constraint.consume(first)
         top = self.config.logprobs
@@ -292,8 +301,9 @@ class _Generation:
             return _Guesses(plan, Proposal(forced, one_hot), forced=True)
         candidates = drafter.candidates(self.tokens) if drafter is not None and budget > 0 else []
         plan = self.policy.plan(candidates, budget)
+        draws = Keyed(stats.seed, self.position) if self.keyed else self.rng
         proposal = (
-            drafter.propose(self.tokens, plan.candidate, plan.lookahead, self.sampling, self.rng)
+            drafter.propose(self.tokens, plan.candidate, plan.lookahead, self.sampling, draws)
             if drafter is not None and plan.candidate and plan.lookahead
             else Proposal()
         )
@@ -316,8 +326,9 @@ class _Generation:
         rows = target.decode([self.tokens[-1], *guesses], len(guesses) + 1)
         top = self.config.logprobs
         read: list[Row] | None = [] if top is not None else None
+        keyed = (self.stats.seed, self.position) if self.keyed else None
         verdict = verdict_on(
-            proposal, rows, self.sampling, self.rng, self.constraint, self.bias, read
+            proposal, rows, self.sampling, self.rng, self.constraint, self.bias, read, keyed
         )
         logprobs: tuple[TokenLogprob, ...] = ()
         if read is not None and top is not None:  # before the rollback, which may decode

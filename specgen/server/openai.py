@@ -356,6 +356,8 @@ def timings(stats: Stats) -> dict[str, object]:
         "predicted_per_token_ms": predicted_ms / stats.n_generated if stats.n_generated else None,
         "predicted_per_second": stats.tokens_per_second,
         "draft_n": stats.n_drafted,
+        # specgen's: how sampled tokens were tied to the guesses (None: greedy)
+        "coupling": stats.coupling,
         "draft_n_accepted": stats.n_accepted,
         # specgen's: the loop's own host time outside the models' decodes (None: not known)
         "host_ms": None if stats.host_seconds is None else stats.host_seconds * 1000,

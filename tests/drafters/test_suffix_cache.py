@@ -110,8 +110,9 @@ def test_a_second_request_is_guessed_from_the_first_and_stays_the_target_alone()
     assert second_stats.n_cycles < first_stats.n_cycles / 2
 
 
+@pytest.mark.parametrize("coupling", ["residual", "gumbel"])
 @pytest.mark.parametrize("lookahead", [3, "auto"])
-def test_cache_guesses_keep_the_target_distribution(lookahead) -> None:
+def test_cache_guesses_keep_the_target_distribution(lookahead, coupling) -> None:
     """Chi-square on (x2, x3) against sum over x1 of p(x1) p(x2 | x1) p(x3 | x1 x2): the cache
     holds, for every x, a document "0 1 ... 9 x y z" (y, z fixed per x), so whatever x1 is,
     the text ends in an 11-token match and the cache guesses (point masses) at both
@@ -136,13 +137,13 @@ def test_cache_guesses_keep_the_target_distribution(lookahead) -> None:
     engine = SpeculativeEngine(target, drafter, clock=target.clock)  # auto learns as it goes
     for seed in range(n):
         drafter.cache = cached()
-        config = GenerationConfig(lookahead, SAMPLING, 4, seed=seed)
+        config = GenerationConfig(lookahead, SAMPLING, 4, seed=seed, coupling=coupling)
         tokens, stats = run_to_end(engine, config, prompt)
         counts[tokens[1], tokens[2]] += 1
         guessed += stats.by_source["cache"].drafted if "cache" in stats.by_source else 0
     # cache guesses at both positions in every run at K=3; auto weighs them (they seldom
     # survive here) and still makes some
-    assert guessed >= (2 * n if lookahead == 3 else n / 20)
+    assert guessed >= (2 * n if lookahead == 3 else n / 30)
     assert pooled_chisquare_pvalue(counts, joint * n) > 1e-3
 
 

@@ -97,11 +97,12 @@ def test_sampling_reproducible_with_seed() -> None:
     assert first != other
 
 
+@pytest.mark.parametrize("coupling", ["residual", "gumbel"])
 @pytest.mark.parametrize(
     "lookahead, p_min, top_k", [(0, 0.0, 0), (3, 0.0, 0), (3, 0.2, 0), (0, 0.0, 6), (3, 0.0, 6)]
 )
 def test_tokens_two_and_three_follow_target_distribution(
-    lookahead: int, p_min: float, top_k: int
+    lookahead: int, p_min: float, top_k: int, coupling: str
 ) -> None:
     """Chi-square on (x2, x3), the first cycle's guess positions (x1 comes from the prompt's own
     pass), against the target's sum over x1 of p(x1) p(x2 | x1) p(x3 | x1 x2). With a top-k,
@@ -121,7 +122,11 @@ def test_tokens_two_and_three_follow_target_distribution(
         tokens, _, _ = drive(
             engine,
             GenerationConfig(
-                lookahead=lookahead, sampling=sampling, max_tokens=lookahead + 3, seed=seed
+                lookahead=lookahead,
+                sampling=sampling,
+                max_tokens=lookahead + 3,
+                seed=seed,
+                coupling=coupling,
             ),
             PROMPT,
         )
@@ -379,3 +384,45 @@ def test_a_generation_broken_mid_cycle_is_not_reused() -> None:
     assert stats.n_prompt_cached == 0  # the cache held unverified guesses: start afresh
     stats = list(engine.generate(PROMPT + [7, 8], config, reuse_prefix=True))[-1].stats
     assert stats.n_prompt_cached == len(PROMPT) + 1  # a clean end is reused
+
+
+@pytest.mark.parametrize("drafter", ["model", "ngram"])
+def test_a_seed_gives_the_same_sampled_text_at_any_k(drafter: str) -> None:
+    """With a seed the tokens are the target alone's Gumbel-max sample: the same at K 1, 4, 8
+    and auto, from a draft model or prompt lookup; the min(1, p/q) rule's are not."""
+    from specgen.drafters import NgramDrafter
+
+    sampling = SamplingParams(temperature=0.9, top_k=8, top_p=0.95, min_p=0.0)
+    prompt = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2]  # prompt lookup finds matches
+
+    def engine() -> SpeculativeEngine:
+        target, draft = pair()
+        if drafter == "ngram":
+            return SpeculativeEngine(target, NgramDrafter(), clock=target.clock)
+        return spec(target, draft)
+
+    for seed in range(5):
+        alone = drive(
+            SpeculativeEngine(FakeModel()), GenerationConfig(0, sampling, 60, seed=seed), prompt
+        )
+        assert alone.finished.stats.coupling == "gumbel"
+        for k in (1, 4, 8, "auto"):
+            done = drive(engine(), GenerationConfig(k, sampling, 60, seed=seed), prompt)
+            assert done.tokens == alone.tokens, (seed, k)
+    # the min(1, p/q) rule spends its draws by how many guesses a cycle made
+    residual = [
+        drive(
+            engine(), GenerationConfig(k, sampling, 60, seed=0, coupling="residual"), prompt
+        ).tokens
+        for k in (1, 4, 8)
+    ]
+    assert len({tuple(t) for t in residual}) > 1
+    # without a seed, the rule that keeps the most guesses
+    assert (
+        drive(engine(), GenerationConfig(4, sampling, 20), prompt).finished.stats.coupling
+        == "residual"
+    )
+    assert (
+        drive(engine(), GenerationConfig(4, GREEDY, 20, seed=1), prompt).finished.stats.coupling
+        is None
+    )

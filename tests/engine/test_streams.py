@@ -55,16 +55,21 @@ def _run_together(
     return [done[i] for i in range(len(engines))]
 
 
-@pytest.mark.parametrize("lookahead", [1, 4, 8, "auto"])
-def test_each_sequence_is_the_target_alone_greedy(lookahead: object) -> None:
-    """Six sequences of different prompt lengths at once: each one's tokens are the target's
-    own greedy continuation of its prompt, as a lone target gives them."""
+def _six() -> tuple[FakeModel, FakeModel, list[SpeculativeEngine], Streams]:
+    """Six sequences' engines on one target and one draft context, and their scheduler."""
     clock = FakeClock()
     target, draft = _models(6, clock)
     costs, load = CostBook(), BatchLoad(CostBook())
     load.costs = costs
     engines = _engines(target, draft, 6, load, costs)
-    streams = Streams(target, [draft], load=load, clock=clock)
+    return target, draft, engines, Streams(target, [draft], load=load, clock=clock)
+
+
+@pytest.mark.parametrize("lookahead", [1, 4, 8, "auto"])
+def test_each_sequence_is_the_target_alone_greedy(lookahead: object) -> None:
+    """Six sequences of different prompt lengths at once: each one's tokens are the target's
+    own greedy continuation of its prompt, as a lone target gives them."""
+    target, draft, engines, streams = _six()
     configs = [
         GenerationConfig(lookahead=lookahead, sampling=GREEDY, max_tokens=20 + 3 * i)  # type: ignore[arg-type]
         for i in range(6)
@@ -171,3 +176,21 @@ def test_a_mutant_that_shares_one_cache_fails_identity() -> None:
         out = _run_together(engines, [config] * 2, [[1, 2], [3, 4]], streams)
         alone = drive(SpeculativeEngine(FakeModel(sharpness=1.5)), config, [1, 2])
         assert out[0].tokens == alone.tokens
+
+
+def test_a_seed_gives_the_same_sampled_tokens_alone_and_in_a_batch() -> None:
+    """Under the Gumbel-max rule (a seed given): six sequences at once, each at its own K, give
+    each prompt's tokens as the target alone gives them with the same seed."""
+    sampling = SamplingParams(temperature=0.9, top_k=8, top_p=0.95, min_p=0.0)
+    target, draft, engines, streams = _six()
+    ks: list[object] = [1, 4, 8, "auto", 2, 0]
+    configs = [
+        GenerationConfig(lookahead=k, sampling=sampling, max_tokens=30, seed=40 + i)  # type: ignore[arg-type]
+        for i, k in enumerate(ks)
+    ]
+    together = _run_together(engines, configs, PROMPTS, streams)
+    for i, prompt in enumerate(PROMPTS):
+        alone = drive(SpeculativeEngine(FakeModel(sharpness=1.5)), configs[i], prompt)
+        assert together[i].tokens == alone.tokens, f"sequence {i}"
+        assert together[i].finished.stats.coupling == "gumbel"
+    assert max(len(b) for b in target.batches) > 1

@@ -1,0 +1,104 @@
+"""The Gumbel-max coupling: every position's token a function of (seed, position) alone.
+
+The token at position t is x_t = argmax_x(log p_t(x) + G_t(x)), where G_t(x) is a standard Gumbel
+variable keyed on (seed, t, x): an exact draw from p_t, since the noise at t is independent of
+the noise before it, on which the text before t depends. A drafter proposes with the same
+noise, argmax_x(log q_t(x) + G_t(x)), and a guess is kept iff it equals the target's pick at
+its position; a point-mass guess (n-gram, suffix cache, grammar) is kept iff it equals it, with
+probability p_t(guess), as under the min(1, p/q) rule. The output is then the target's own
+Gumbel-max sample whatever was guessed: the same at any K, with any drafter, alone or in a batch
+(up to a float at a near tie), and p-distributed.
+
+The price is acceptance: the two picks agree with probability between (1-TV)/(1+TV) and 1-TV,
+where the min(1, p/q) rule keeps 1-TV of the draft's guesses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from specgen.core.sampling import Dist
+from specgen.core.speculative import Verdict, verify_greedy
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX2 = np.uint64(0x94D049BB133111EB)
+_POSITION = np.uint64(0xD6E8FEB86659FD93)
+
+
+def _mix(z: np.ndarray) -> np.ndarray:
+    """splitmix64's finalizer, on uint64 arrays (wrapping multiplication)."""
+    z = z ^ (z >> np.uint64(30))
+    z = z * _MIX1
+    z = z ^ (z >> np.uint64(27))
+    z = z * _MIX2
+    return z ^ (z >> np.uint64(31))
+
+
+def uniforms(seed: int, position: int, ids: np.ndarray) -> np.ndarray:
+    """U_t(x) in (0, 1) for each token id of ``ids``, a function of (seed, position, id) only:
+    the same for a token whichever support it is read in."""
+    key = _mix(np.array([seed * 2 + 1], dtype=np.uint64) * _GOLDEN)
+    key = _mix(key ^ (np.array([position], dtype=np.uint64) * _POSITION))
+    z = _mix(key + (np.asarray(ids, dtype=np.uint64) + np.uint64(1)) * _GOLDEN)
+    return ((z >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-53
+
+
+def gumbel(seed: int, position: int, ids: np.ndarray) -> np.ndarray:
+    """G_t(x) = -log(-log U_t(x)): standard Gumbel noise keyed on (seed, position, id)."""
+    return -np.log(-np.log(uniforms(seed, position, ids)))
+
+
+def gumbel_pick(dist: Dist, seed: int, position: int) -> int:
+    """argmax_x(log dist(x) + G_t(x)) over the support: an exact draw from ``dist``."""
+    if len(dist.ids) == 1:
+        return int(dist.ids[0])
+    scores = np.log(dist.probs) + gumbel(seed, position, dist.ids)
+    return int(dist.ids[int(np.argmax(scores))])
+
+
+class Keyed:
+    """A drafter's draws under the Gumbel-max rule: each ``pick`` is the Gumbel-max pick of its
+    distribution at the next position, from ``position`` on (what a drafter is handed in place
+    of a random generator when the target picks this way)."""
+
+    def __init__(self, seed: int, position: int) -> None:
+        self.seed, self.position = seed, position
+
+    def pick(self, dist: Dist) -> int:
+        token = gumbel_pick(dist, self.seed, self.position)
+        self.position += 1
+        return token
+
+
+# What a drafter draws its guesses with: a random generator, or the keyed noise.
+Draws = np.random.Generator | Keyed
+
+
+def verify_gumbel(
+    guesses: Sequence[int], p: Callable[[int], Dist], seed: int, position: int
+) -> Verdict:
+    """Keep while a guess equals the target's Gumbel-max pick at its position (``position`` is
+    the first guess's); the token that follows is the target's pick where the guesses end.
+    ``p(i)`` is called lazily, in order, as ``verify``'s."""
+    return verify_greedy(guesses, lambda i: gumbel_pick(p(i), seed, position + i))
+
+
+def agreement(p: Dist, q: Dist) -> float:
+    """P(the Gumbel picks of p and q agree) under shared noise, exactly:
+    sum_x 1 / sum_y max(p(y)/p(x), q(y)/q(x)) over the tokens both hold (as exponential races:
+    x wins both iff every y's time exceeds x's times the larger of its two ratios)."""
+    ids = np.intersect1d(p.ids, q.ids)
+    if len(ids) == 0:
+        return 0.0
+    union = np.union1d(p.ids, q.ids)
+    p_u = np.zeros(len(union))
+    q_u = np.zeros(len(union))
+    p_u[np.searchsorted(union, p.ids)] = p.probs
+    q_u[np.searchsorted(union, q.ids)] = q.probs
+    total = 0.0
+    for x in np.searchsorted(union, ids):
+        total += 1.0 / float(np.maximum(p_u / p_u[x], q_u / q_u[x]).sum())
+    return total
