@@ -70,3 +70,19 @@ def test_a_second_chat_turn_reuses_the_first_through_a_real_tokenizer(client) ->
     assert cached >= answer["usage"]["prompt_tokens"]  # all of turn one's prompt, at least
     assert two["timings"]["prompt_n"] < two["usage"]["prompt_tokens"] - cached + 1
     assert two["usage"]["prompt_tokens_details"]["cached_tokens"] == cached
+
+
+def test_a_requests_seed_gives_its_text_again_and_says_which_rule_ran(client) -> None:
+    """The server runs -k auto, whose K follows the timings: a seed's text is the same anyway."""
+
+    def ask(seed: int | None) -> tuple[str, object]:
+        raw = client.completions.with_raw_response.create(
+            model="x", prompt="Once upon a time", temperature=0.8, seed=seed, max_tokens=32
+        )
+        body = json.loads(raw.text)
+        return body["choices"][0]["text"], body["timings"]["coupling"]
+
+    first, rule = ask(11)
+    assert first and rule == "gumbel"
+    assert [ask(11) for _ in range(2)] == [(first, "gumbel")] * 2
+    assert ask(None)[1] == "residual"
