@@ -156,11 +156,15 @@ def test_a_recurrent_target_reads_a_reused_prefix_again(tiny: dict[str, Path]) -
     assert first[-1].stats.n_generated == 20
 
 
+@pytest.mark.parametrize("coupling", ["residual", "gumbel"])
 @pytest.mark.parametrize("on_device", [False, True])
-def test_mtp_guesses_keep_the_target_distribution(tiny: dict[str, Path], on_device: bool) -> None:
+def test_mtp_guesses_keep_the_target_distribution(
+    tiny: dict[str, Path], on_device: bool, coupling: str
+) -> None:
     """Chi-square over fixed seeds on the first two tokens: x1 from the prompt's own pass, x2
     drafted by the MTP head from its own full-vocabulary q and kept by min(1, p/q), else drawn
-    from the residual. Their joint law must be p(x1) p(x2 | x1). (A residual replaced by p,
+    from the residual; or (``gumbel``) drafted as q's Gumbel-max pick and kept iff it is p's
+    under the same noise. Their joint law must be p(x1) p(x2 | x1). (A residual replaced by p,
     which biases towards q, fails this: the head's q overlaps p by about 10% here.) Rows read
     whole (here) and as their top-k from the backend (as on a GPU)."""
     sampling = SamplingParams(temperature=2.0, top_k=12, top_p=1.0, min_p=0.0)
@@ -178,8 +182,11 @@ def test_mtp_guesses_keep_the_target_distribution(tiny: dict[str, Path], on_devi
     n, rows = 1500, {a: i for i, a in enumerate(p1.ids.tolist())}
     counts, rejected = np.zeros_like(expected), 0
     for seed in range(n):
-        config = GenerationConfig(lookahead=2, sampling=sampling, max_tokens=3, seed=seed)
+        config = GenerationConfig(
+            lookahead=2, sampling=sampling, max_tokens=3, seed=seed, coupling=coupling
+        )
         tokens, stats = run_to_end(engine, config, PROMPT)
+        assert stats.coupling == coupling
         counts[rows[tokens[0]], tokens[1]] += 1
         mtp = stats.by_source["mtp"]
         rejected += mtp.accepted < min(mtp.drafted, 1)
@@ -264,3 +271,21 @@ def test_hybrid_sequences_of_one_context_are_each_the_target_alone(
         assert target.rollbacks.bounded > 0 and target.rollbacks.checkpoint == 0
     else:
         assert target.rollbacks.checkpoint > 0
+
+
+def test_a_seed_gives_the_same_tokens_with_the_mtp_head_at_any_k(tiny: dict[str, Path]) -> None:
+    """The Gumbel-max rule with the MTP head drafting: the target alone's keyed sample."""
+    sampling = SamplingParams(temperature=1.0, top_k=12, top_p=1.0, min_p=0.0)
+    target = load(tiny["mtp"], 8, mtp=True)
+    for seed in range(4):
+        target.reset()
+        alone, _ = run_to_end(
+            SpeculativeEngine(target), GenerationConfig(0, sampling, 12, seed=seed), PROMPT
+        )
+        for k in (1, 2, 3):
+            target.reset()
+            head = attach_mtp(target)
+            engine = SpeculativeEngine(target, make_drafter(None, False, head=head, target=target))
+            tokens, stats = run_to_end(engine, GenerationConfig(k, sampling, 12, seed=seed), PROMPT)
+            assert stats.by_source["mtp"].drafted > 0
+            assert tokens == alone, (seed, k)
