@@ -126,6 +126,8 @@ class BenchSession:
                 max_tokens=self.max_tokens,
                 seed=seed,
                 grammar=self.grammars[prompt],
+                # what `run` does without a seed (the seed here only repeats the sample)
+                coupling="residual",
             )
             for event in engine.generate(self.encoded[prompt], config):
                 if isinstance(event, Finished):

@@ -344,7 +344,10 @@ def _streams_row(
     from specgen.engine import GenerationConfig
 
     config = GenerationConfig(
-        sampling=sampling_at(temperature), max_tokens=max_tokens, seed=seed or 0
+        sampling=sampling_at(temperature),
+        max_tokens=max_tokens,
+        seed=seed or 0,
+        coupling="residual",
     )
     chat = many.wants_chat(prompts[0], None)
     with out.err.status(f"bench: {', '.join(map(str, counts))} streams at once"):
