@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from specgen.core.sampling import Dist
+from specgen.core.sampling import Dist, sample
 from specgen.core.speculative import Verdict, verify_greedy
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -73,8 +73,13 @@ class Keyed:
         return token
 
 
-# What a drafter draws its guesses with: a random generator, or the keyed noise.
+# What a generation draws its tokens with: a random generator, or the keyed noise.
 Draws = np.random.Generator | Keyed
+
+
+def draw(dist: Dist, draws: Draws) -> int:
+    """One token from ``dist``: the keyed pick at the next position, or a generator's draw."""
+    return draws.pick(dist) if isinstance(draws, Keyed) else sample(dist, draws)
 
 
 def verify_gumbel(

@@ -8,8 +8,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from specgen.core.constraint import Constraint, shaped
-from specgen.core.coupling import Draws, Keyed
-from specgen.core.sampling import Dist, Row, SamplingParams, best, row_top_k, sample, warp
+from specgen.core.coupling import Draws, draw
+from specgen.core.sampling import Dist, Row, SamplingParams, best, row_top_k, warp
 from specgen.drafters.base import (
     Candidate,
     FollowUp,
@@ -216,7 +216,7 @@ def _draw(
         dist = warp(logits, sampling, masked_row)
         if p_min and float(dist.probs.max()) < p_min:
             return None
-        guess = rng.pick(dist) if isinstance(rng, Keyed) else sample(dist, rng)
+        guess = draw(dist, rng)
         out.q.append(dist)
     out.tokens.append(guess)
     return guess

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from specgen.core.constraint import Constraint, shaped
-from specgen.core.coupling import Keyed, gumbel_pick
+from specgen.core.coupling import Draws, Keyed, draw
 from specgen.core.lookahead import DEFAULT_LOOKAHEAD, Lookahead, effective_lookahead
 from specgen.core.sampling import (
     Dist,
@@ -29,7 +29,6 @@ from specgen.core.sampling import (
     SamplingParams,
     best,
     row_top_k,
-    sample,
     warp,
 )
 from specgen.core.speculative import Verdict
@@ -219,10 +218,12 @@ class _Generation:
         if engine.busy is not None:
             stats.host_seconds = 0.0
 
-    @property
-    def position(self) -> int:
-        """The index, in the generated text, of the token the next pass gives."""
-        return len(self.tokens) - self.n_prompt
+    def draws(self) -> Draws:
+        """What the next pass draws its tokens with: the noise keyed on (seed, position) from
+        the index, in the generated text, of the token it gives; or the random generator."""
+        if self.keyed:
+            return Keyed(self.stats.seed, len(self.tokens) - self.n_prompt)
+        return self.rng
 
     # -- 1. the prompt ---------------------------------------------------------------------
     def prompt_pass(self, reuse_prefix: bool) -> Generator[Event, None, None]:
@@ -242,8 +243,7 @@ class _Generation:
         if self.sampling.greedy:
             first = best(row)
         else:
-            dist = warp(row, self.sampling, self.constraint is not None)
-            first = gumbel_pick(dist, stats.seed, 0) if self.keyed else sample(dist, self.rng)
+            first = draw(warp(row, self.sampling, self.constraint is not None), self.draws())
         if self.constraint is not None:
             self.constraint.consume(first)
         top = self.config.logprobs
@@ -301,9 +301,10 @@ class _Generation:
             return _Guesses(plan, Proposal(forced, one_hot), forced=True)
         candidates = drafter.candidates(self.tokens) if drafter is not None and budget > 0 else []
         plan = self.policy.plan(candidates, budget)
-        draws = Keyed(stats.seed, self.position) if self.keyed else self.rng
         proposal = (
-            drafter.propose(self.tokens, plan.candidate, plan.lookahead, self.sampling, draws)
+            drafter.propose(
+                self.tokens, plan.candidate, plan.lookahead, self.sampling, self.draws()
+            )
             if drafter is not None and plan.candidate and plan.lookahead
             else Proposal()
         )
@@ -326,9 +327,8 @@ class _Generation:
         rows = target.decode([self.tokens[-1], *guesses], len(guesses) + 1)
         top = self.config.logprobs
         read: list[Row] | None = [] if top is not None else None
-        keyed = (self.stats.seed, self.position) if self.keyed else None
         verdict = verdict_on(
-            proposal, rows, self.sampling, self.rng, self.constraint, self.bias, read, keyed
+            proposal, rows, self.sampling, self.draws(), self.constraint, self.bias, read
         )
         logprobs: tuple[TokenLogprob, ...] = ()
         if read is not None and top is not None:  # before the rollback, which may decode

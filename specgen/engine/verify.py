@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from specgen.core.constraint import Constraint, shaped
-from specgen.core.coupling import verify_gumbel
+from specgen.core.coupling import Draws, Keyed, verify_gumbel
 from specgen.core.sampling import Row, Rows, SamplingParams, best, warp
 from specgen.core.speculative import Verdict, verify, verify_greedy
 from specgen.drafters import NgramTail, Proposal
@@ -19,24 +19,25 @@ def verdict_on(
     proposal: Proposal,
     rows: Rows,
     sampling: SamplingParams,
-    rng: np.random.Generator,
+    draws: Draws,
     constraint: Constraint | None = None,
     bias: LogitBias | None = None,
     read: list[Row] | None = None,
-    keyed: tuple[int, int] | None = None,
 ) -> Verdict:
     """The verdict on a proposal; into ``read`` (where given) the rows the rule read, as it
-    read them (biased and masked), one per position it reached. ``keyed``: (seed, position of
-    the first guess) for the Gumbel-max rule (``core.coupling``), else the min(1, p/q) rule
-    with ``rng``."""
+    read them (biased and masked), one per position it reached. ``draws``: keyed noise from the
+    first guess's position for the Gumbel-max rule (``core.coupling``), or the random
+    generator for the min(1, p/q) rule."""
     if constraint is None and bias is None:
         if read is not None:
             read.extend(rows[: len(proposal.tokens) + 1])
         if sampling.greedy:
             return verify_greedy(proposal.tokens, lambda i: best(rows[i]))
-        if keyed is not None:
-            return verify_gumbel(proposal.tokens, lambda i: warp(rows[i], sampling), *keyed)
-        return verify(proposal.tokens, proposal.q, lambda i: warp(rows[i], sampling), rng)
+        if isinstance(draws, Keyed):
+            return verify_gumbel(
+                proposal.tokens, lambda i: warp(rows[i], sampling), draws.seed, draws.position
+            )
+        return verify(proposal.tokens, proposal.q, lambda i: warp(rows[i], sampling), draws)
     # The bias first, then the grammar's mask, whose state for each row is the one after the
     # guesses before it: the rule asks for rows in order (0, 1, ...), each once, so the state
     # follows the kept guesses and ends after the token drawn.
@@ -53,10 +54,12 @@ def verdict_on(
     grammar = constraint is not None
     if sampling.greedy:
         verdict = verify_greedy(guesses, lambda i: best(row(i)))
-    elif keyed is not None:
-        verdict = verify_gumbel(guesses, lambda i: warp(row(i), sampling, grammar), *keyed)
+    elif isinstance(draws, Keyed):
+        verdict = verify_gumbel(
+            guesses, lambda i: warp(row(i), sampling, grammar), draws.seed, draws.position
+        )
     else:
-        verdict = verify(guesses, proposal.q, lambda i: warp(row(i), sampling, grammar), rng)
+        verdict = verify(guesses, proposal.q, lambda i: warp(row(i), sampling, grammar), draws)
     if constraint is not None:
         constraint.consume(verdict.next_token)
     return verdict
