@@ -19,7 +19,7 @@ from specgen.cli.doctor import doctor
 from specgen.cli.models import app as models_app
 from specgen.cli.options import HELP, readable_help_placeholders
 from specgen.cli.output import out
-from specgen.cli.run import run
+from specgen.cli.run import chat, run
 from specgen.cli.serve import serve
 from specgen.cli.worker import worker
 from specgen.errors import (
@@ -61,6 +61,7 @@ def _root(
 
 
 app.command()(run)
+app.command("chat")(chat)
 app.add_typer(models_app, name="models")
 app.command("bench")(bench)
 app.command("doctor")(doctor)

@@ -45,6 +45,7 @@ from specgen.cli.options import (
     TargetOpt,
     ThreadsOpt,
     VerboseOpt,
+    seed_of,
 )
 from specgen.cli.output import out
 
@@ -204,7 +205,7 @@ def bench(
         variants,
         max_tokens=max_tokens,
         repeats=repeats,
-        seed=seed if seed is not None else 0,
+        seed=seed_of(seed) or 0,
         prompts_file=prompts_file,
         local_head=rpc_local_head,
         grammars=grammars,

@@ -225,10 +225,11 @@ class StreamView:
             self.out.write(text)
             self.out.flush()
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
+        # An error ends the command with its own one line: no statistics of nothing above it.
+        self.close(final_stats=kind is None or issubclass(kind, KeyboardInterrupt))
 
-    def close(self) -> None:
+    def close(self, final_stats: bool = True) -> None:
         if self._bar is not None:
             self._bar.stop()
             self._bar = None
@@ -238,7 +239,7 @@ class StreamView:
         if not self._ended_with_newline and self.out.isatty():
             self.out.write("\n")
         self.out.flush()
-        if self.show_stats:
+        if self.show_stats and final_stats:
             # Where stdout and stderr are one file (`> log 2>&1`), start the stats on a line of
             # their own; stdout itself keeps exactly the generated text.
             if (

@@ -18,6 +18,8 @@ WORKERS = "Workers (RPC)"
 HELP = {"help_option_names": ["-h", "--help"]}
 # llama.cpp rounds a context up to a multiple of 256 tokens; below that it silently uses 256.
 MIN_CTX = 256
+# -n -1: more than any context holds, so the context or the answer ends first
+UNLIMITED_TOKENS = 2**31 - 1
 
 
 def readable_help_placeholders() -> None:
@@ -66,7 +68,6 @@ PairOpt = Annotated[
     str | None,
     typer.Option(
         "--pair",
-        "-p",
         metavar="NAME",
         help="A named draft/target pair from models.toml "
         "(default: the default pair; see `specgen models list`).",
@@ -212,10 +213,10 @@ SeedOpt = Annotated[
     typer.Option(
         "--seed",
         "-s",
-        min=0,
+        min=-1,
         max=MAX_SEED,
         help="Seed: the same sampled text again, at any -k and with any drafter, on this "
-        "build and machine (default: none).",
+        "build and machine (default and -1: none, a random run).",
         show_default=False,
         rich_help_panel=SAMPLING,
     ),
@@ -225,8 +226,8 @@ MaxTokensOpt = Annotated[
     typer.Option(
         "--max-tokens",
         "-n",
-        min=1,
-        help="Stop after this many new tokens.",
+        min=-1,
+        help="Stop after this many new tokens (-1: at the end of the answer or of the context).",
         rich_help_panel=SAMPLING,
     ),
 ]
@@ -301,25 +302,46 @@ LocalHeadOpt = Annotated[
 
 
 def read_prompt(argument: str | None, file: Path | None) -> str:
-    """The prompt from the argument, a file (``-``: stdin), or both the argument and piped
-    stdin; the one newline a file or ``echo`` ends with is dropped."""
+    """The prompt from the argument or a file (``-``: stdin); with no argument and no file,
+    piped stdin. stdin is read only then, or when ``-f -`` asks for it beside an argument
+    (which it follows on a new line): a command in a ``while read`` loop or after a pipe
+    that stays open never waits on stdin it was not given. The one newline a file or
+    ``echo`` ends with is dropped."""
     from specgen.session.prompts import combine, read_file, stdin_is_piped, strip_final_newline
 
-    if argument is not None and file is not None:
-        raise UsageError("give the prompt either as an argument or with --file, not both")
+    if argument is not None and file is not None and str(file) != "-":
+        raise UsageError(
+            "give the prompt either as an argument or with --file, not both "
+            "(-f - adds stdin after the argument)"
+        )
     if file is not None:
-        text: str | None = strip_final_newline(read_file(file))
+        text: str | None = combine(argument, strip_final_newline(read_file(file)))
+    elif argument is None and stdin_is_piped():
+        text = strip_final_newline(sys.stdin.read())
     else:
-        piped = sys.stdin.read() if stdin_is_piped() else None
-        text = combine(argument, None if piped is None else strip_final_newline(piped))
+        text = argument
     if text is None:
         raise UsageError(
-            "no prompt: give one as an argument, with -f FILE, or on stdin "
-            "(e.g. cat prompt.txt | specgen run ...)"
+            "no prompt: give one as an argument or with -p, with -f FILE, or on stdin "
+            "(e.g. cat prompt.txt | specgen run); `specgen chat` talks"
         )
     if not text.strip():
         raise UsageError("the prompt is empty: give some text to continue")
     return text
+
+
+def seed_of(value: int | None) -> int | None:
+    """``--seed``: -1 (llama.cpp's spelling of random) is no seed."""
+    return None if value is None or value < 0 else value
+
+
+def max_tokens_of(value: int) -> int:
+    """``-n``: -1 (llama.cpp's spelling) runs to the end of the answer or of the context."""
+    if value == 0:
+        raise UsageError(
+            "--max-tokens (-n) 0 generates nothing: give a count of tokens, or -1 for no limit"
+        )
+    return UNLIMITED_TOKENS if value < 0 else value
 
 
 def logit_bias_of(given: list[str]) -> LogitBias | None:

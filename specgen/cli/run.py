@@ -8,8 +8,10 @@ where: text on stdout, statistics and progress on stderr.
 
 from __future__ import annotations
 
+import inspect
+import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -42,7 +44,9 @@ from specgen.cli.options import (
     logit_bias_of,
     lookahead_of,
     lookup_cache_of,
+    max_tokens_of,
     read_prompt,
+    seed_of,
 )
 from specgen.cli.output import out
 from specgen.core.sampling import DEFAULT_SAMPLING
@@ -61,19 +65,37 @@ def run(
         str | None,
         typer.Argument(
             metavar="PROMPT",
-            help="The prompt (escapes like \\n are processed). Piped text is "
-            "added after it on a new line.",
+            help="The prompt (escapes like \\n are processed). With none: -p, -f, piped "
+            "stdin, or a chat on a terminal.",
             show_default=False,
         ),
     ] = None,
+    prompt_option: Annotated[
+        str | None,
+        typer.Option(
+            "--prompt",
+            "-p",
+            metavar="TEXT",
+            help="The prompt, as llama.cpp's -p (the same as the argument).",
+            show_default=False,
+        ),
+    ] = None,
+    conversation: Annotated[
+        bool,
+        typer.Option(
+            "--conversation",
+            "-cnv",
+            help="Chat: a conversation in the terminal (as `specgen chat`; llama.cpp's -cnv).",
+        ),
+    ] = False,
     file: Annotated[
         Path | None,
         typer.Option(
             "--file",
             "-f",
             metavar="FILE",
-            help="Read the prompt from a file ('-': stdin); a "
-            ".jsonl file, or --each-line, runs every prompt in it.",
+            help="Read the prompt from a file ('-': stdin, after the argument if one is "
+            "given); a .jsonl file, or --each-line, runs every prompt in it.",
             show_default=False,
         ),
     ] = None,
@@ -276,7 +298,18 @@ def run(
     from specgen.session.prompts import unescape
 
     esc = unescape if escapes else (lambda text: text)
+    if prompt_option is not None:
+        if prompt is not None:
+            raise UsageError("give the prompt once: as the argument or with -p, not both")
+        _not_a_pair(prompt_option)
+        prompt = prompt_option
     batch = each_line or jsonl or (file is not None and file.suffix in (".jsonl", ".ndjson"))
+    talk = conversation or (prompt is None and file is None and not batch and sys.stdin.isatty())
+    if talk and (batch or file is not None or prompt is not None or json_out):
+        raise UsageError(
+            "a chat takes its messages from the terminal: drop the prompt, --file and --json "
+            "(or drop -cnv to run them)"
+        )
     if (output is not None or resume) and not batch:
         raise UsageError(
             "--output and --resume are for batches: add --each-line, or give a .jsonl --file"
@@ -291,7 +324,7 @@ def run(
     if batch:
         items = read_batch(prompt, file, each_line, jsonl)
         sink = open_output(output)
-    else:
+    elif not talk:
         text = read_prompt(None if prompt is None else esc(prompt), file)
     try:
         sampling = SamplingParams(temperature, top_k, top_p, min_p)
@@ -299,9 +332,9 @@ def run(
         raise UsageError(str(err).replace("top_p", "--top-p").replace("min_p", "--min-p")) from err
     settings = Settings(
         sampling=sampling,
-        max_tokens=max_tokens,
+        max_tokens=max_tokens_of(max_tokens),
         stop=tuple(esc(s) for s in stop or ()),
-        seed=seed,
+        seed=seed_of(seed),
         grammar=grammar.from_options(json_schema, grammar_text, output_format),
         logit_bias=logit_bias_of(logit_bias or []),
         logprobs=logprobs,
@@ -332,6 +365,11 @@ def run(
     )
     for note in sg.pair.notes:
         out.warning(note)
+    if talk:
+        from specgen.cli.chat import converse
+
+        converse(sg, settings, system_text, show_stats=not no_stats)
+        return
     use_chat = sg.wants_chat("", system_text)
     if batch:
         code = run_batch_shown(
@@ -341,6 +379,21 @@ def run(
             raise Interrupted()
         raise typer.Exit(code)
     _single(sg, settings, text, use_chat, system_text, json_out, no_stats)
+
+
+def _not_a_pair(prompt: str) -> None:
+    """``-p`` was the pair before it was the prompt: a prompt that is a pair's name is that."""
+    from specgen.errors import UserError
+    from specgen.models.registry import Registry
+
+    try:
+        names = Registry.load().pairs
+    except UserError:  # a broken models.toml is said where a pair is looked up
+        return
+    if prompt in names:
+        raise UsageError(
+            f"-p is the prompt now, as in llama.cpp: name the pair with --pair {prompt}"
+        )
 
 
 def _single(
@@ -409,3 +462,32 @@ def _run_facts(sg: Specgen, settings: Settings, chat: bool) -> dict[str, object]
             "n_ctx": loaded.target.n_ctx,
         },
     }
+
+
+# What a chat has no use for: its messages come from the terminal, its answers go there.
+_NOT_IN_CHAT = (
+    "prompt",
+    "prompt_option",
+    "conversation",
+    "chat",
+    "file",
+    "each_line",
+    "jsonl",
+    "output",
+    "resume",
+    "json_out",
+    "logprobs",
+    "parallel",
+)
+
+
+def chat(**options: Any) -> None:
+    """Chat with the pair in the terminal: the conversation's prefix reused each turn."""
+    run(**{**_CHAT_DEFAULTS, **options, "conversation": True})
+
+
+_RUN = inspect.signature(run, eval_str=True)
+_CHAT_DEFAULTS = {name: _RUN.parameters[name].default for name in _NOT_IN_CHAT}
+chat.__signature__ = _RUN.replace(  # type: ignore[attr-defined]
+    parameters=[p for name, p in _RUN.parameters.items() if name not in _NOT_IN_CHAT]
+)

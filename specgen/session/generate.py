@@ -17,14 +17,21 @@ from specgen.engine import (
     TextChunk,
     TokenLogprob,
 )
-from specgen.errors import UsageError
+from specgen.errors import ChatTemplateError, UsageError
 from specgen.session.chat import conversation, render_chat
 from specgen.session.pair import LoadedModel, Pair
 from specgen.session.prompts import Message
 from specgen.stats import Stats
 
 Prompt = str | Sequence[Message]
-SYSTEM_NEEDS_CHAT = "--system needs a chat; drop --raw (a system message only exists in a chat)"
+SYSTEM_NEEDS_CHAT = (
+    "--system needs a chat (a system message only exists in one): drop --raw, or drop --system "
+    "and put the instructions in the prompt"
+)
+NO_TEMPLATE_FOR_SYSTEM = (
+    "the target model has no chat template, so no system message: drop --system and put the "
+    "instructions in the prompt"
+)
 
 
 def wants_chat(pair: Pair, by_pair: bool | None, flag: bool | None, system: str | None) -> bool:
@@ -56,6 +63,8 @@ def prompt_tokens(
             raise UsageError(SYSTEM_NEEDS_CHAT)
         text = prompt
     else:
+        if system and not model.chat_template():
+            raise ChatTemplateError(NO_TEMPLATE_FOR_SYSTEM)
         messages = conversation(prompt, system) if isinstance(prompt, str) else list(prompt)
         if system and not any(m["role"] == "system" for m in messages):
             messages.insert(0, {"role": "system", "content": system})

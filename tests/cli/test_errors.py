@@ -249,15 +249,13 @@ def test_a_prompt_longer_than_the_context_says_both_lengths(fake_pair: FakePair)
     done = specgen(
         "run", "word " * 60, "--target", str(fake_pair.target), "--ctx-size", "256", "--raw"
     )
-    # FIXME: the live view prints the (empty) final stats above the error today (its exit runs
-    # on the way out of a refused run); once it does not, this is one line and progress goes.
+    # one line: no (empty) statistics above it
     one_line_error(
         done,
         "the prompt (300 tokens)",  # a fake's token is a byte
         "(256 tokens)",
         "--ctx-size",
         code=EXIT_FAILED,
-        progress=True,
     )
     assert done.stdout == ""
 
@@ -273,3 +271,17 @@ def test_models_list_never_splits_a_name_at_80_columns() -> None:
     # one line per built-in pair: nothing wrapped onto a second line
     assert len(rows) == len(Registry.load().pairs)
     assert all(row.split()[-2] == "auto" for row in rows)  # the K column is whole
+
+
+def test_system_advice_is_one_line_and_never_circular(fake_pair: FakePair, tmp_path: Path) -> None:
+    """--system with --raw, and --system on a model with no chat template: each one line
+    (no empty statistics first), and neither sends the user to the other's refusal."""
+    from tests.fakes import write_fake
+
+    raw = specgen("run", "Hi", *fake_pair.args("--system", "Be brief.", "--raw"))
+    line = one_line_error(raw, "--system needs a chat", "drop --raw", code=EXIT_USAGE)
+    assert "put the instructions in the prompt" in line
+    bare = write_fake(tmp_path / "bare.gguf", chat_template=None)
+    untemplated = specgen("run", "Hi", "--target", str(bare), "--system", "Be brief.")
+    line = one_line_error(untemplated, "no chat template", "drop --system", code=EXIT_FAILED)
+    assert "--raw" not in line

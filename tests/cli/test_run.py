@@ -262,11 +262,62 @@ def test_stop_escapes_match_a_real_newline(fake_pair: FakePair) -> None:
     assert literal["params"]["stop"] == ["\\n"] and literal["stats"]["stop_reason"] != "stop"
 
 
-def test_argument_and_piped_text_are_combined(fake_pair: FakePair) -> None:
-    piped = run_json(fake_pair, "Translate to French:", input="Good morning, my friend.\n")
-    joined = run_json(fake_pair, r"Translate to French:\nGood morning, my friend.")
+def test_argument_and_stdin_are_combined_when_asked_with_f_dash(fake_pair: FakePair) -> None:
+    piped = run_json(fake_pair, "Translate to French:", "-f", "-", input="Good morning.\n")
+    joined = run_json(fake_pair, r"Translate to French:\nGood morning.")
     assert piped["text"] == joined["text"]
     assert piped["stats"]["prompt_tokens"] == joined["stats"]["prompt_tokens"]
+
+
+def test_a_prompt_argument_never_reads_stdin(fake_pair: FakePair) -> None:
+    """`sleep 12 | specgen run "Hi"` and a `while read` loop: stdin is not the prompt's, so
+    it is not read (a pipe that stays open would hang the run, or a loop lose its lines)."""
+    proc = specgen_popen(
+        "run",
+        "Hi",
+        *fake_pair.args(*GREEDY, "--json"),
+        fakes=True,
+        stdin=subprocess.PIPE,  # open, and never written nor closed
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    alone = run_json(fake_pair, "Hi")
+    assert json.loads(out)["text"] == alone["text"]
+    lines = specgen_here("run", "Hi", *fake_pair.args(*GREEDY, "--json"), input="more\n")
+    assert json.loads(lines.stdout)["stats"]["prompt_tokens"] == alone["stats"]["prompt_tokens"]
+
+
+def test_llama_cpp_spellings(fake_pair: FakePair) -> None:
+    """-p is the prompt, --seed -1 is random, -n -1 runs to the end, as in llama.cpp."""
+    by_flag = run_json(fake_pair, "Name three colours:")
+    done = specgen_here("run", "-p", "Name three colours:", *fake_pair.args(*GREEDY, "--json"))
+    assert json.loads(done.stdout)["text"] == by_flag["text"]
+    random = run_json(fake_pair, "Hi", "--temperature", "0.8", "--seed", "-1")
+    seeded = run_json(fake_pair, "Hi", "--temperature", "0.8", "--seed", "5")
+    assert (random["stats"]["coupling"], seeded["stats"]["coupling"]) == ("residual", "gumbel")
+    endless = specgen_here(
+        "run",
+        "Hi",
+        *fake_pair.args("--temperature", "0", "-n", "-1", "--ctx-size", "256", "--json"),
+    )
+    stats = json.loads(endless.stdout)["stats"]
+    assert stats["stop_reason"] in ("eog", "context_full") and stats["generated_tokens"] > 24
+    one_line_error(specgen_here("run", "Hi", *fake_pair.args("-n", "0")), "(-n) 0", code=2)
+    one_line_error(specgen_here("run", "Hi", *fake_pair.args("-n", "-2")), "-n", code=2)
+
+
+def test_the_old_p_pair_spelling_says_what_changed(fake_pair: FakePair) -> None:
+    name = fake_pair.named("fakes")
+    done = specgen_here("run", "-p", name, "Hello")
+    one_line_error(done, "give the prompt once", code=2)
+    done = specgen_here("run", "-p", name)
+    one_line_error(done, "-p is the prompt now", f"--pair {name}", code=2)
 
 
 def test_piped_prompt_loses_its_trailing_newline(fake_pair: FakePair) -> None:
