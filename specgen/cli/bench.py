@@ -120,6 +120,21 @@ def bench(
             show_default=False,
         ),
     ] = None,
+    no_remember: Annotated[
+        bool,
+        typer.Option(
+            "--no-remember",
+            help="Measure and report only: leave run's and serve's defaults as they are.",
+        ),
+    ] = False,
+    forget: Annotated[
+        bool,
+        typer.Option(
+            "--forget",
+            help="Forget what bench found for these models on this machine (run and serve go "
+            "back to their own defaults), and measure nothing.",
+        ),
+    ] = False,
     streams: Annotated[
         str | None,
         typer.Option(
@@ -140,7 +155,8 @@ def bench(
 ) -> None:
     """Measure the pair on this machine: sweep K, compare with the target alone, recommend K.
 
-    What it finds best is remembered: `specgen run` and `serve` use it for these models here.
+    What it finds best is remembered (a whole bench of 3 prompts and 256 tokens a row at
+    least): `specgen run` and `serve` use it for these models here.
     """
     from specgen.api import Specgen
     from specgen.bench.prompts import (
@@ -153,9 +169,11 @@ def bench(
     from specgen.bench.sweep import parse_lookaheads
     from specgen.errors import UsageError
     from specgen.lookahead import snapshots_for
+    from specgen.session import memo
     from specgen.session.decide import decide
-    from specgen.session.memo import remember
 
+    if plot_path is not None:  # before the work, not after it
+        _needs_matplotlib()
     variants = parse_lookaheads(lookaheads)
     counts = _stream_counts(streams) if streams else []
     kinds: list[str] | None
@@ -168,6 +186,15 @@ def bench(
     fixed = [k for k in variants if isinstance(k, int)]
     probe = decide(pair, target, draft, ngram=False, mtp=mtp, rpc=rpc, keep_draft=True)
     choice = probe.choice
+    if forget:
+        removed = memo.forget(choice)
+        out.note(
+            f"forgot what bench found for these models here ({len(removed)} record"
+            f"{'s' if len(removed) != 1 else ''}); run and serve use their own defaults"
+            if removed
+            else "bench has remembered nothing for these models here"
+        )
+        return
     if choice.draft is None and not choice.mtp:
         if lookaheads == DEFAULT_VARIANTS:
             variants = list(LOOKUP_VARIANTS)  # a target alone can still draft by prompt lookup
@@ -211,10 +238,22 @@ def bench(
         grammars=grammars,
     )
     settings = [temperature] if temperature is not None else [0.0, DEFAULT_SAMPLING.temperature]
+    out.note(
+        _estimate(loaded, len(settings) * repeats * len(prompts) * (len(variants) + 1), max_tokens)
+    )
     reports, interrupted = session.all(settings, _ProgressBar(len(prompts), repeats))
     if not reports:
         out.warning("interrupted before anything was measured; nothing written")
         raise Interrupted()
+    ran_with = "".join(
+        f" {flag} {value}"
+        for flag, value, default in (
+            ("-t", threads, 0),
+            ("-ngl", gpu_layers, -1),
+            ("-c", ctx_size, 0),
+        )
+        if value != default
+    )
     for report in reports:
         out.show(
             render(
@@ -223,11 +262,19 @@ def bench(
                 loaded.target.path,
                 loaded.draft.path if loaded.draft else None,
                 mtp=loaded.mtp,
+                ran_with=ran_with,
             )
         )
     session.remember_costs()
-    if not interrupted:
-        remember(
+    small = memo.too_small(len(prompts), repeats, max_tokens)
+    if interrupted:
+        pass  # said below: a partial bench changes nothing
+    elif no_remember:
+        out.note("--no-remember: run's and serve's defaults are as they were")
+    elif small is not None:
+        out.warning(small)
+    else:
+        memo.remember(
             decision.memo,
             [report.finding() for report in reports],
             datetime.date.today().isoformat(),
@@ -243,8 +290,33 @@ def bench(
         )  # fmt: skip
         _streams_row(many, prompts, counts, max_tokens, settings[0], seed)
     if interrupted:
-        out.warning("interrupted: the tables above hold what was measured so far (partial)")
+        out.warning(
+            "interrupted: the tables above hold what was measured so far (partial); "
+            "nothing remembered"
+        )
         raise Interrupted()
+
+
+def _needs_matplotlib() -> None:
+    from importlib.util import find_spec
+
+    from specgen.errors import UsageError
+
+    if find_spec("matplotlib") is None:
+        raise UsageError("--plot needs matplotlib: pip install 'specgen[plot]' (or drop --plot)")
+
+
+def _estimate(loaded: Pair, runs: int, max_tokens: int) -> str:
+    """What the bench is about to do, and how long the target alone would take for it (the
+    slowest row; speculation shortens the rest) where its speed here is known."""
+    what = f"bench: {runs} runs of up to {max_tokens} tokens"
+    step = loaded.costs.of(True).verify(1)
+    if step is None:
+        return what + "; the bar shows the time left once it starts"
+    minutes = runs * max_tokens * step / 60
+    return (
+        what + f", at most about {max(1, round(minutes))} min here (Ctrl-C keeps the tables so far)"
+    )
 
 
 class _ProgressBar:

@@ -23,6 +23,7 @@ def render(
     target: Path | None = None,
     draft: Path | None = None,
     mtp: bool = False,
+    ran_with: str = "",
 ) -> Group:
     """The table, acceptance by position, speedup by kind of prompt, a chart, the verdict.
 
@@ -90,7 +91,7 @@ def render(
         # One line however long, so a copy of it pastes as one command.
         command = (
             f"  specgen run {variant_options(best.variant, pair, target, draft, mtp)}"
-            f"{_workers_option(report)}"
+            f"{_workers_option(report)}{ran_with}"
             f'{_temperature_option(report)} "Your prompt"'
         )
         parts.append(Text(command, no_wrap=True, overflow="ignore"))

@@ -81,6 +81,33 @@ class Finding:
     cost_ratio: float | None = None
 
 
+# The least a bench must measure before it changes run's defaults: a few prompts (one prompt's
+# acceptance says little of another's) and some hundreds of tokens a row.
+MIN_PROMPTS, MIN_TOKENS = 3, 256
+
+
+def too_small(prompts: int, repeats: int, max_tokens: int) -> str | None:
+    """Why a bench of this size is too small to remember (None: large enough)."""
+    runs = prompts * repeats
+    if runs >= MIN_PROMPTS and runs * max_tokens >= MIN_TOKENS:
+        return None
+    return (
+        f"{runs} run{'s' if runs != 1 else ''} of {max_tokens} tokens a row is too small a "
+        f"sample to change run's defaults (at least {MIN_PROMPTS} prompts and {MIN_TOKENS} "
+        f"tokens a row); nothing remembered"
+    )
+
+
+def forget(choice: Choice) -> list[Path]:
+    """Drop what bench found for these models on this machine, at any threads, GPU layers or
+    workers; the files removed."""
+    folder = store.path("bench", "x").parent
+    removed = sorted(folder.glob(f"{_models_key(choice)}-*.json")) if folder.is_dir() else []
+    for found in removed:
+        found.unlink(missing_ok=True)
+    return removed
+
+
 def remember(path: Path, findings: Sequence[Finding], when: str) -> None:
     """Keep each sampling mode's best variant for `run` to use by default."""
     memo = found_here(path)

@@ -23,7 +23,7 @@ from specgen.errors import UserError
 from specgen.stats import SourceStats, Stats
 from specgen.structured.grammar import any_json_object
 from tests.conftest import FakePair
-from tests.invoke import specgen_here, specgen_popen
+from tests.invoke import one_line_error, specgen_here, specgen_popen
 
 DRAFT, TARGET = 1.0, 4.0  # seconds per token, fake
 
@@ -172,7 +172,8 @@ def test_lookahead_list_and_prompt_files(tmp_path: Path) -> None:
 
 def test_a_short_bench_writes_every_field(tmp_path: Path, fake_pair: FakePair) -> None:
     prompts = tmp_path / "prompts.txt"
-    prompts.write_text("The capital of France is\nList three colours:\n")
+    # three prompts of 96 tokens: the least sample bench remembers from (memo.too_small)
+    prompts.write_text("The capital of France is\nList three colours:\nOnce upon a time\n")
     outputs = {name: tmp_path / f"bench.{name}" for name in ("json", "csv", "png")}
     pair = fake_pair.named()
     done = specgen_here(
@@ -182,7 +183,7 @@ def test_a_short_bench_writes_every_field(tmp_path: Path, fake_pair: FakePair) -
         "-k",
         "2,4",
         "-n",
-        "12",
+        "96",
         "--prompts",
         str(prompts),
         "--threads",
@@ -202,7 +203,7 @@ def test_a_short_bench_writes_every_field(tmp_path: Path, fake_pair: FakePair) -
     assert sampled["meta"]["params"]["temperature"] == 0.8
     assert sampled["meta"]["params"]["top_k"] == 40 and sampled["meta"]["params"]["top_p"] == 0.95
     for record in (greedy, sampled):
-        assert record["runs"] == 2 * 3 and len(record["per_k"]) == 2
+        assert record["runs"] == 3 * 3 and len(record["per_k"]) == 2
         for row in record["per_k"]:
             for key in (
                 "lookahead",
@@ -221,7 +222,7 @@ def test_a_short_bench_writes_every_field(tmp_path: Path, fake_pair: FakePair) -
             assert len(row["position_accept_rates"]) == row["lookahead"]
     meta = greedy["meta"]
     assert meta["machine"]["llama_cpp_system_info"] and meta["machine"]["target_threads"] == 2
-    assert meta["target"]["file"].endswith(".gguf") and meta["params"]["max_tokens"] == 12
+    assert meta["target"]["file"].endswith(".gguf") and meta["params"]["max_tokens"] == 96
     assert meta["title"] == f"{pair}, 2 threads, T=0.0" and meta["partial"] is False
     rows = list(csv.reader(outputs["csv"].open()))
     assert rows[0] == CSV_FIELDS  # a plain CSV: the header on line 1
@@ -233,6 +234,7 @@ def test_a_short_bench_writes_every_field(tmp_path: Path, fake_pair: FakePair) -
     ]
     assert outputs["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "--temperature 0 " in done.stdout and '"..."' not in done.stdout
+    assert " -t 2 " in done.stdout  # the command recommended runs as bench ran
     # `run` now uses what bench found for this pair here, and says so
     ran = specgen_here(
         "run", "Hi", "--pair", pair, "--threads", "2", "-n", "4", "--temperature", "0", "--json"
@@ -261,6 +263,50 @@ def test_a_short_bench_writes_every_field(tmp_path: Path, fake_pair: FakePair) -
         "--json",
     )
     assert json.loads(chosen.stdout)["params"]["lookahead"] == 3  # -k still wins
+
+
+def test_bench_earns_the_right_to_change_defaults(
+    tmp_path: Path, fake_pair: FakePair, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bench too small, or told --no-remember, changes nothing run does; --forget undoes
+    what a whole one remembered; --plot without matplotlib stops before any work."""
+    pair = fake_pair.named()
+    one = tmp_path / "one.txt"
+    one.write_text("List three colours:\n")
+    three = tmp_path / "three.txt"
+    three.write_text("List three colours:\nOnce upon a time\nThe sea is\n")
+    memos = Path(os.environ["SPECGEN_CACHE"]) / "bench"
+
+    def bench(prompts: Path, *extra: str) -> str:
+        done = specgen_here(
+            "bench", "--pair", pair, "-k", "4", "--temperature", "0", "--prompts", str(prompts),
+            *extra,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return done.stderr
+
+    said = bench(one, "-n", "8")
+    assert "too small a sample" in said and "nothing remembered" in said
+    assert "bench: 2 runs of up to 8 tokens" in said  # what it is about to do, first
+    assert not list(memos.glob("*.json")) if memos.is_dir() else True
+    assert "--no-remember" in bench(three, "-n", "96", "--no-remember")
+    assert not memos.is_dir() or not list(memos.glob("*.json"))
+    bench(three, "-n", "96")
+    assert len(list(memos.glob("*.json"))) == 1
+    assert "forgot what bench found" in bench(three, "--forget")
+    assert not list(memos.glob("*.json"))
+    assert "remembered nothing" in bench(three, "--forget")
+
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "matplotlib" else real(name, *a),
+    )
+    done = specgen_here("bench", "--pair", pair, "--plot", str(tmp_path / "p.png"))
+    one_line_error(done, "--plot needs matplotlib", code=2)
 
 
 def test_bench_leaves_the_costs_auto_learned_for_run(tmp_path: Path, fake_pair: FakePair) -> None:
