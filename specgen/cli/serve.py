@@ -91,6 +91,26 @@ def serve(
             rich_help_panel=SERVER,
         ),
     ] = DEFAULT_MAX_TOKENS,
+    max_tokens_limit: Annotated[
+        int | None,
+        typer.Option(
+            "--max-tokens-limit",
+            metavar="N",
+            min=1,
+            help="The most new tokens any request gets (a larger max_tokens is lowered to "
+            "it); past the context, a request is refused (default: the context).",
+            show_default=False,
+            rich_help_panel=SERVER,
+        ),
+    ] = None,
+    access_log: Annotated[
+        bool,
+        typer.Option(
+            "--access-log/--no-access-log",
+            help="One line per request on stderr: status, tokens, tok/s, acceptance.",
+            rich_help_panel=SERVER,
+        ),
+    ] = True,
     threads: ThreadsOpt = 0,
     gpu_layers: GpuLayersOpt = -1,
     ctx_size: CtxOpt = 0,
@@ -137,6 +157,9 @@ def serve(
         max_queue=queue,
         default_max_tokens=max_tokens,
         parallel=parallel,
+        n_ctx=generator.pair.target.n_ctx,
+        max_tokens_limit=max_tokens_limit,
+        access_log=(lambda line: out.note(line)) if access_log else None,
     )
     where = f"http://{host}:{port}/v1"
     out.note(

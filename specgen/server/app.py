@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 
 from fastapi import FastAPI, Request
@@ -36,11 +36,40 @@ from specgen.server.openai import (
 )
 from specgen.server.queue import GenerationQueue, Generator, Job, SlotQueue
 from specgen.session.generate import Prompt, Result
+from specgen.stats import Stats
 from specgen.structured.tools import Delta, ToolCall, ToolPlan
 
 MAX_BODY = 1 << 20
 # How often a non-streaming request looks for its client having gone away.
 DISCONNECT_CHECK_SECONDS = 0.2
+
+
+SHUT_DOWN = "the server shut down before the answer ended; send the request again"
+
+
+def access_line(
+    method: str,
+    path: str,
+    status: int,
+    what: str,
+    stats: Stats | None = None,
+    seconds: float | None = None,
+) -> str:
+    """One request on the console: status, tokens, speed and acceptance (or what failed)."""
+    parts = [f"{method} {path}", str(status)]
+    if stats is not None:
+        parts.append(f"{stats.n_prompt} prompt + {stats.n_generated} new tokens")
+        if stats.tokens_per_second is not None:
+            parts.append(f"{stats.tokens_per_second:.1f} tok/s")
+        if stats.speculative and stats.accept_rate is not None:
+            parts.append(f"accept {stats.accept_rate * 100:.0f}%")
+        if stats.stop_reason:
+            parts.append(f"stop: {stats.stop_reason}")
+    if what and what != "stream":
+        parts.append(what)
+    if seconds is not None:
+        parts.append(f"{seconds:.2f}s")
+    return "  ".join(parts)
 
 
 def create_app(
@@ -51,9 +80,14 @@ def create_app(
     max_body: int = MAX_BODY,
     default_max_tokens: int = DEFAULT_MAX_TOKENS,
     parallel: int = 1,
+    n_ctx: int | None = None,
+    max_tokens_limit: int | None = None,
+    access_log: Callable[[str], None] | None = None,
 ) -> FastAPI:
     """The FastAPI app over a loaded pair; ``parallel`` > 1 (a pair loaded with that many
-    sequences) serves that many requests side by side."""
+    sequences) serves that many requests side by side. A request's ``max_tokens`` past the
+    context (``n_ctx``) is refused, past ``max_tokens_limit`` lowered to it; ``access_log``
+    gets one line per request."""
     app = FastAPI(title="specgen", docs_url=None, redoc_url=None)
     metrics = Metrics()
     queue: GenerationQueue | SlotQueue = (
@@ -64,18 +98,26 @@ def create_app(
 
     app.add_middleware(Guard, api_key=api_key, max_body=max_body, metrics=metrics)
 
+    def logged(request: Request, status: int, what: str, stats: Stats | None = None) -> None:
+        if access_log is not None:
+            started = getattr(request.state, "started", None)
+            took = time.monotonic() - started if started is not None else None
+            access_log(access_line(request.method, request.url.path, status, what, stats, took))
+
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, err: RequestValidationError) -> JSONResponse:
         first = err.errors()[0] if err.errors() else {}
         if first.get("type") == "json_invalid":
-            return error_response(
-                400, f"the body is not valid JSON: {first.get('msg', '')}", code="invalid_json"
-            )
+            message = f"the body is not valid JSON: {first.get('msg', '')}"
+            logged(request, 400, message)
+            return error_response(400, message, code="invalid_json")
         where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+        logged(request, 422, f"{where}: {first.get('msg', 'invalid')}")
         return error_response(422, f"{where}: {first.get('msg', 'invalid')}", code="invalid_value")
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, err: ApiError) -> JSONResponse:
+        logged(request, err.status, err.message)
         return error_response(err.status, err.message, err.kind, err.code, err.headers)
 
     @app.get("/health")
@@ -110,7 +152,17 @@ def create_app(
         plan: ToolPlan | None = None,
     ) -> Response:
         # /v1/completions sends the prompt as it is, as OpenAI's and llama.cpp's servers do
+        request.state.started = time.monotonic()
         settings = body.settings(default_max_tokens)
+        if n_ctx is not None and settings.max_tokens > n_ctx:
+            raise ApiError(
+                400,
+                f"max_tokens {settings.max_tokens} is more than the context holds ({n_ctx} "
+                f"tokens, the prompt's included): ask for at most {n_ctx}",
+                code="context_length_exceeded",
+            )
+        if max_tokens_limit is not None and settings.max_tokens > max_tokens_limit:
+            settings = replace(settings, max_tokens=max_tokens_limit)
         if plan is not None and plan.active:
             try:
                 constraint = plan.grammar()
@@ -132,7 +184,18 @@ def create_app(
             raise as_api_error(err) from err
         if body.stream:
             return StreamingResponse(
-                _sse(first, events, job, ident, model_id, chat, metrics, plan),
+                _sse(
+                    first,
+                    events,
+                    job,
+                    ident,
+                    model_id,
+                    chat,
+                    metrics,
+                    plan,
+                    queue.draining,
+                    lambda stats, error: logged(request, 200, error or "stream", stats),
+                ),
                 media_type="text/event-stream",
             )
         # With tools, the text is read as it comes, so that a repeated call ends the answer.
@@ -151,6 +214,9 @@ def create_app(
                     job.cancelled.set()
             item = await anext(events)
         metrics.record(item.stats)
+        if item.stats.stop_reason == "cancelled" and queue.draining.is_set():
+            raise ApiError(503, SHUT_DOWN, "server_error", "server_shutdown")
+        logged(request, 200, "", item.stats)
         calls: list[ToolCall] = []
         if reader is not None:
             pieces.append(reader.finish(cut=openai.was_cut(item.stats)).content)
@@ -202,10 +268,14 @@ async def _sse(
     chat: bool,
     metrics: Metrics,
     plan: ToolPlan | None = None,
+    draining: threading.Event | None = None,
+    done: Callable[[Stats | None, str | None], None] | None = None,
 ) -> AsyncIterator[bytes]:
     """Server-sent events: one chunk per piece of text (with tools: content until a call
     begins, then the calls' deltas), a final chunk with the finish reason, usage and timings,
-    then ``[DONE]``. A client that leaves cancels the generation."""
+    then ``[DONE]``. A client that leaves cancels the generation. A stream cut by the server
+    shutting down (``draining``) ends with an error event instead of a finish reason, so the
+    client can tell a cut answer from a finished one. ``done`` hears how it ended."""
     created = int(time.time())
     chunk_kind = "chat.completion.chunk" if chat else "text_completion"
 
@@ -259,12 +329,23 @@ async def _sse(
                 yield said(delta)
     except Exception as err:  # an error after the stream started: say so in the stream
         error = as_api_error(err)
+        if done is not None:
+            done(None, error.message)
         yield event({"error": {"message": error.message, "type": error.kind}})
         yield DONE
         return
     finally:
         job.cancelled.set()  # the client went away (or the stream ended): stop generating
     metrics.record(item.stats)
+    cut = item.stats.stop_reason == "cancelled" and draining is not None and draining.is_set()
+    if done is not None:
+        done(item.stats, SHUT_DOWN if cut else None)
+    if cut:
+        yield event(
+            {"error": {"message": SHUT_DOWN, "type": "server_error", "code": "server_shutdown"}}
+        )
+        yield DONE
+        return
     yield chunk(
         None if chat else "",
         openai.finish_reason(

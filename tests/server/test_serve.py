@@ -96,7 +96,12 @@ def test_queue_overflow_and_a_client_that_leaves(server: str, client) -> None:
     assert spent < 400, spent
 
 
-def test_sigterm_ends_streams_with_a_final_event(fake_pair: FakePair) -> None:
+def test_sigterm_ends_a_stream_with_an_error_event_a_client_can_tell(
+    fake_pair: FakePair,
+) -> None:
+    """A stream the shutdown cuts ends in an error event (as OpenAI streams report one), not a
+    finish_reason of "stop": the openai client raises on it instead of returning half an
+    answer as whole. The console has one access-log line per request."""
     import httpx2 as httpx
 
     proc, url = start(fake_pair)
@@ -120,11 +125,39 @@ def test_sigterm_ends_streams_with_a_final_event(fake_pair: FakePair) -> None:
                 proc.send_signal(signal.SIGTERM)
     assert events[-1] == "data: [DONE]"
     final = json.loads(events[-2].removeprefix("data: "))
-    assert final["choices"][0]["finish_reason"] == "stop"
-    assert final["usage"]["completion_tokens"] < 1000
+    assert final["error"]["code"] == "server_shutdown" and "shut down" in final["error"]["message"]
+    chunks = [json.loads(e.removeprefix("data: ")) for e in events[:-2]]
+    assert all(c["choices"][0]["finish_reason"] is None for c in chunks)  # none says "stop"
     # uvicorn ends gracefully, then re-raises the signal, as a terminated process should
     assert proc.wait(timeout=60) in (0, -signal.SIGTERM)
-    assert "Traceback" not in proc.communicate()[1]
+    err = proc.communicate()[1]
+    assert "Traceback" not in err
+    (line,) = [x for x in err.splitlines() if x.startswith("POST /v1/completions")]
+    assert " 200 " in line and "stop: cancelled" in line and "shut down" in line
+
+
+def test_max_tokens_is_bounded_by_the_context_and_the_limit(fake_pair: FakePair) -> None:
+    import httpx2 as httpx
+
+    proc, url = specgen_serve(
+        *fake_pair.args("--ctx-size", "512", "--max-tokens-limit", "6"), fakes=True
+    )
+    try:
+        asked = {"prompt": "Count: 1, 2, 3,", "temperature": 0}
+        done = httpx.post(f"{url}/v1/completions", json={**asked, "max_tokens": 40}, timeout=60)
+        assert done.status_code == 200, done.text
+        assert done.json()["usage"]["completion_tokens"] <= 6  # lowered to the limit
+        assert done.json()["choices"][0]["finish_reason"] == "length"
+        huge = httpx.post(f"{url}/v1/completions", json={**asked, "max_tokens": 100000}, timeout=60)
+        assert huge.status_code == 400
+        assert huge.json()["error"]["code"] == "context_length_exceeded"
+        assert "512" in huge.json()["error"]["message"]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        err = proc.communicate(timeout=60)[1]
+    lines = [x for x in err.splitlines() if x.startswith("POST /v1/completions")]
+    assert len(lines) == 2 and " 200 " in lines[0] and " 400 " in lines[1], err
+    assert "new tokens" in lines[0] and "tok/s" in lines[0] and "stop: max_tokens" in lines[0]
 
 
 def test_a_non_streaming_client_that_leaves_cancels_too(server: str, client) -> None:
