@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from specgen.cli.options import DraftOpt, TargetOpt
@@ -94,27 +95,37 @@ def list_pairs(
     # pair drafts, what it downloads and whether it is here. File names, long and alike, are
     # for `models list -v` and `models info`.
     table = Table(box=None, pad_edge=False)
-    columns = ["PAIR", "TARGET", "DRAFT", "SIZE", "K", "DOWNLOADED"]
-    if verbose:
-        columns[1:3] = ["TARGET FILE", "DRAFT FILE"]
-    for column in columns:
-        table.add_column(column, no_wrap=not verbose, overflow="fold")
+    for column in ["PAIR", "TARGET", "DRAFT", "SIZE", "K", "DOWNLOADED"]:
+        table.add_column(column, no_wrap=True)
+    blocks: list[str] = []  # -v: a block a pair, each spec whole on its own line
     for pair, files in rows:
         sizes = [size_of(spec, files[r]) for r, spec in pair.members()]
         total = size(sum(s for s in sizes if s is not None)) if None not in sizes else "-"
         have = [files[r] is not None for r, _ in pair.members()]
         state = "[green]yes[/]" if all(have) else "partly" if any(have) else "no"
         name = pair.name + (" *" if pair.name == registry.default else "")
-        if verbose:
-            models = [spec.label() for _, spec in pair.members()]
-        else:
-            models = [model_summary(spec) for _, spec in pair.members()]
+        models = [model_summary(spec) for _, spec in pair.members()]
         if pair.draft is None:
             models.append("MTP head" if pair.mtp else "n-grams")
         table.add_row(name, *models, total, str(pair.lookahead), state)
         if verbose:
-            table.add_row("", f"[dim]{pair.description}[/]", f"[dim]{pair.license}[/]")
-    out.out.print(table)
+            members = [f"  {role:<7} {spec.label()}" for role, spec in pair.members()]
+            if pair.draft is None:
+                members.append(f"  {'draft':<7} {'MTP head' if pair.mtp else 'n-grams'}")
+            blocks.append(
+                "\n".join(
+                    [
+                        f"[bold]{name}[/]  K={pair.lookahead}  {total}  downloaded: {state}",
+                        *(escape(m) for m in members),
+                        f"  [dim]{escape(pair.description or '')} "
+                        f"({escape(pair.license or '-')})[/]",
+                    ]
+                )
+            )
+    if verbose:
+        out.out.print("\n\n".join(blocks), soft_wrap=True, highlight=False)
+    else:
+        out.out.print(table)
     out.note(
         "* default pair. `specgen models list -v` shows the files, `specgen models info "
         f"PAIR:target` one file's details. Add your own pairs in {user_models_file()}"
@@ -316,3 +327,139 @@ def path() -> None:
     table.add_row("Hugging Face cache", str(hub_cache))
     table.add_row("specgen cache", str(cache_root()))
     out.out.print(table)
+
+
+YesOpt = Annotated[
+    bool, typer.Option("--yes", "-y", help="Delete without asking (what a script needs).")
+]
+
+
+@app.command("rm")
+def remove(
+    names: Annotated[
+        list[str],
+        typer.Argument(
+            metavar="PAIR|PAIR:target|PAIR:draft|MODEL...",
+            help="What to delete: a pair's downloaded files (both models), one member, or a "
+            "model spec (org/repo:file.gguf). Your own files (paths) are never deleted, only "
+            "specgen's conversions of them.",
+            show_default=False,
+        ),
+    ],
+    yes: YesOpt = False,
+) -> None:
+    """Delete downloaded models and their conversions, after saying what that frees."""
+    from specgen.models.registry import Registry
+
+    registry = Registry.load()
+    found: dict[Path, int] = {}
+    for name in names:
+        specs = (
+            [spec for _, spec in registry.pair(name).members()]
+            if name in registry.pairs
+            else [registry.spec(name)]
+        )
+        for spec in specs:
+            found.update(_files_of(spec))
+    _delete(found, "nothing of these is downloaded or converted here", yes)
+
+
+@app.command()
+def clean(
+    everything: Annotated[
+        bool,
+        typer.Option(
+            "--all", help="Also every model downloaded from the package index or the Hub."
+        ),
+    ] = False,
+    yes: YesOpt = False,
+) -> None:
+    """Free disk space: cut-short downloads and F32 conversions (remade on next use); --all:
+    the downloads too.
+
+    What goes is listed with its size, and asked before anything is deleted."""
+    from huggingface_hub import constants
+
+    from specgen.host.store import cache_root
+
+    root, hub = cache_root(), Path(constants.HF_HUB_CACHE)
+    found: dict[Path, int] = {}
+    for folder, patterns in (
+        (root, ["**/*.partial"]),
+        (hub, ["**/*.incomplete"]),
+        (root / "derived", ["**/*.gguf"]),
+        *([(root / "pip", ["**/*.gguf"]), (hub, ["models--*/blobs/*"])] if everything else []),
+    ):
+        for pattern in patterns:
+            for file in folder.glob(pattern) if folder.is_dir() else ():
+                if file.is_file() and not file.is_symlink():
+                    found[file] = file.stat().st_size
+    if everything:  # the Hub's snapshots point at the blobs: they go with them
+        for link in hub.glob("models--*/snapshots/**/*") if hub.is_dir() else ():
+            if link.is_symlink():
+                found.setdefault(link, 0)
+    _delete(found, "nothing to clean", yes)
+
+
+def _files_of(spec: ModelSpec) -> dict[Path, int]:
+    """The files specgen downloaded or converted for a model (a Hub file: its snapshot link
+    and the blob it points at), with their sizes."""
+    from specgen.models import fetch, hub
+
+    base: Path | None
+    if spec.kind == "pip":
+        base = fetch.pip_file_path(spec.pip, spec.file or "")
+    elif spec.kind == "hub":
+        base = hub.cached_file(spec.repo or "", spec.file or "", spec.revision)
+    else:
+        base = Path(spec.path or "").expanduser()
+    found: dict[Path, int] = {}
+    if base is None or not base.exists():
+        return found
+    if spec.quant:
+        derived = fetch.derived_path(base, spec.quant)
+        if derived.is_file():
+            found[derived] = derived.stat().st_size
+    if spec.kind == "path":
+        return found
+    for part in _parts(base):
+        if part.is_symlink():
+            blob = part.resolve()
+            if blob.is_file():
+                found[blob] = blob.stat().st_size
+            found[part] = 0
+        elif part.is_file():
+            found[part] = part.stat().st_size
+    return found
+
+
+def _delete(found: dict[Path, int], nothing: str, yes: bool) -> None:
+    """Say what would go and what it frees, ask (unless ``yes``), then delete."""
+    import sys
+
+    from specgen.errors import UsageError
+
+    if not found:
+        out.note(nothing)
+        return
+    for file, bytes_ in sorted(found.items()):
+        if bytes_:
+            out.note(f"{size(bytes_):>9}  {file}", style=None)
+    total = size(sum(found.values()))
+    if not yes:
+        if not sys.stdin.isatty():
+            raise UsageError(f"this deletes {total}: add --yes to delete without asking")
+        if not typer.confirm(f"delete these ({total})?", default=False, err=True):
+            out.note("nothing deleted")
+            return
+    for file in found:
+        file.unlink(missing_ok=True)
+        folder = file.parent  # specgen's own folder of one model (the Hub's layout is kept)
+        if (
+            folder.parent.name in ("pip", "derived")
+            and folder.is_dir()
+            and not any(folder.iterdir())
+        ):
+            folder.rmdir()
+    count = len([b for b in found.values() if b])
+    out.note(f"deleted {count} file{'s' if count != 1 else ''}, freed {total}")

@@ -22,8 +22,11 @@ from specgen.errors import EXIT_INTERRUPTED
 T = TypeVar("T")
 
 
-def interruptible(call: Callable[[], T], what: str = "") -> T:
-    """``call()`` on a worker thread; Ctrl-C meanwhile exits 130 with one line on stderr."""
+def interruptible(
+    call: Callable[[], T], what: str = "", cleanup: Callable[[], None] | None = None
+) -> T:
+    """``call()`` on a worker thread; Ctrl-C meanwhile runs ``cleanup`` (a half-written file
+    removed) and exits 130 with one line on stderr."""
     if threading.current_thread() is not threading.main_thread():
         return call()
     values: list[T] = []
@@ -41,14 +44,20 @@ def interruptible(call: Callable[[], T], what: str = "") -> T:
         while worker.is_alive():
             worker.join(0.05)
     except KeyboardInterrupt:
-        abandon(what)
+        abandon(what, cleanup)
     if errors:
         raise errors[0]
     return values[0]
 
 
-def abandon(what: str = "") -> None:
-    """End the process at once after Ctrl-C: flush what was printed, say so, exit 130."""
+def abandon(what: str = "", cleanup: Callable[[], None] | None = None) -> None:
+    """End the process at once after Ctrl-C: run ``cleanup``, flush what was printed, say so
+    (over a spinner's last frame on a terminal), exit 130."""
+    if cleanup is not None:
+        try:
+            cleanup()
+        except OSError:
+            pass
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
@@ -56,7 +65,8 @@ def abandon(what: str = "") -> None:
             pass
     note = f" while {what}" if what else ""
     try:
-        sys.stderr.write(f"interrupted{note}\n")
+        clear = "\r\x1b[2K" if sys.stderr.isatty() else ""
+        sys.stderr.write(f"{clear}interrupted{note}\n")
         sys.stderr.flush()
     except (OSError, ValueError):
         pass

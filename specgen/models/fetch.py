@@ -109,7 +109,11 @@ def derive(src: Path, quant: str) -> Path:
     dest.parent.mkdir(parents=True, exist_ok=True)
     partial = dest.with_name(f"{dest.name}.{os.getpid()}.partial")  # a process's own
     try:
-        interruptible(lambda: quantize(src, partial, quant), f"converting {src.name}")
+        interruptible(
+            lambda: quantize(src, partial, quant),
+            f"converting {src.name}",
+            cleanup=lambda: partial.unlink(missing_ok=True),
+        )
         partial.replace(dest)
     except BaseException as err:
         partial.unlink(missing_ok=True)  # never leave a half-written file behind

@@ -333,6 +333,13 @@ def resolve(spec: ModelSpec, progress: bool = True) -> Path:
     if spec.kind == "path":
         base = Path(spec.path or "").expanduser()
         if not base.is_file():
+            word = spec.path or ""
+            if "/" not in word and not word.endswith(".gguf"):  # a name, not a path
+                raise UserError(
+                    f"model file not found: {word} (a model is a .gguf path, org/repo:file or "
+                    f"PAIR:draft; the drafters named by a word are {NGRAM!r}, prompt lookup, and "
+                    f"{MTP!r}, the target's own head; EAGLE3 and DFlash heads are not read yet)"
+                )
             raise UserError(f"model file not found: {base} (give the path of a .gguf file)")
     elif spec.kind == "pip":
         wanted = fetch.pip_file_path(spec.pip, spec.file or "")

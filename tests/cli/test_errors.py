@@ -271,6 +271,11 @@ def test_models_list_never_splits_a_name_at_80_columns() -> None:
     # one line per built-in pair: nothing wrapped onto a second line
     assert len(rows) == len(Registry.load().pairs)
     assert all(row.split()[-2] == "auto" for row in rows)  # the K column is whole
+    verbose = specgen("models", "list", "-v", env={"COLUMNS": "80"})
+    assert verbose.returncode == 0, verbose.stderr
+    for pair in Registry.load().pairs.values():  # each spec whole on a line of its own
+        for role, spec in pair.members():
+            assert f"  {role:<7} {spec.label()}" in verbose.stdout.splitlines()
 
 
 def test_system_advice_is_one_line_and_never_circular(fake_pair: FakePair, tmp_path: Path) -> None:
@@ -285,3 +290,8 @@ def test_system_advice_is_one_line_and_never_circular(fake_pair: FakePair, tmp_p
     untemplated = specgen("run", "Hi", "--target", str(bare), "--system", "Be brief.")
     line = one_line_error(untemplated, "no chat template", "drop --system", code=EXIT_FAILED)
     assert "--raw" not in line
+
+
+def test_a_drafter_name_specgen_does_not_know_names_those_it_does(fake_pair: FakePair) -> None:
+    done = specgen("run", "Hi", "--target", str(fake_pair.target), "--draft", "eagle")
+    one_line_error(done, "model file not found: eagle", "'ngram'", "'mtp'", code=EXIT_FAILED)

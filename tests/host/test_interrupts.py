@@ -42,3 +42,34 @@ def test_ctrl_c_during_the_call_ends_the_process_at_once_with_one_line() -> None
     assert proc.returncode == 130 and out == ""  # the call was not waited for
     assert err.strip().splitlines() == ["interrupted while waiting for nothing"]
     assert time.monotonic() - sent < 30  # well before the 60 s sleep would have ended
+
+
+def test_ctrl_c_during_a_conversion_leaves_no_partial_file(tmp_path) -> None:
+    """The F32 copy being written (gigabytes for a 7B) is removed before the process ends."""
+    src = tmp_path / "model.gguf"
+    src.write_bytes(b"GGUF" + bytes(64))
+    code = (
+        "import time, specgen.backend as backend\n"
+        "from specgen.models import fetch\n"
+        "def quantize(src, dest, quant):\n"
+        "    dest.write_bytes(b'half a model')\n"
+        "    print('writing', flush=True)\n"
+        "    time.sleep(60)\n"
+        "backend.quantize = quantize\n"
+        f"fetch.derive(__import__('pathlib').Path({str(src)!r}), 'F32')\n"
+    )
+    cache = tmp_path / "cache"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**__import__("os").environ, "SPECGEN_CACHE": str(cache)},
+    )
+    assert proc.stdout is not None and proc.stdout.readline() == "writing\n"
+    assert list(cache.rglob("*.partial"))  # the half-written file is there
+    time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130 and "interrupted while converting model.gguf" in err
+    assert not list(cache.rglob("*.partial")) and not list(cache.rglob("*.gguf"))

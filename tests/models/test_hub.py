@@ -511,3 +511,44 @@ def test_a_2026_pair_resolves_to_its_pinned_hub_file(hub: FakeHub, home: Path, t
     one_line_error(
         specgen(["models", "pull", "qwen3.6-27b-mtp"], hub, home), "sha256", progress=True
     )
+
+
+def test_models_rm_frees_a_pairs_files_after_asking(hub: FakeHub, home: Path) -> None:
+    write_models(home, TINY)
+    assert specgen(["models", "pull", "tiny"], hub, home).returncode == 0
+    blobs = repo_dir(home) / "blobs"
+    assert len(list(blobs.iterdir())) == 2
+    asked = specgen(["models", "rm", "tiny"], hub, home)  # stdin is not a terminal: no asking
+    assert asked.returncode == 2 and "add --yes" in asked.stderr
+    assert len(list(blobs.iterdir())) == 2  # nothing deleted without a yes
+    one = specgen(["models", "rm", "tiny:draft", "--yes"], hub, home)
+    assert one.returncode == 0, one.stderr
+    assert "freed 120 kB" in one.stderr and len(list(blobs.iterdir())) == 1
+    both = specgen(["models", "rm", "tiny", "-y"], hub, home)
+    assert both.returncode == 0 and "deleted 1 file," in both.stderr, both.stderr
+    assert not list(blobs.iterdir())
+    listing = json.loads(specgen(["models", "list", "--json"], hub, home, offline=True).stdout)
+    tiny = next(p for p in listing if p["name"] == "tiny")
+    assert tiny["target"]["cached"] is None and tiny["draft"]["cached"] is None
+    again = specgen(["models", "rm", "tiny", "-y"], hub, home)
+    assert again.returncode == 0 and "nothing of these is downloaded" in again.stderr
+    assert specgen(["models", "pull", "tiny"], hub, home).returncode == 0  # and it comes back
+
+
+def test_models_clean_frees_leftovers_and_conversions(hub: FakeHub, home: Path) -> None:
+    write_models(home, TINY)
+    assert specgen(["models", "pull", "tiny"], hub, home).returncode == 0
+    cache = home.parent / "cache"
+    leftover = cache / "derived" / "abc" / "model.F32.gguf.123.partial"
+    leftover.parent.mkdir(parents=True)
+    leftover.write_bytes(bytes(5000))
+    converted = cache / "derived" / "abc" / "model.F32.gguf"
+    converted.write_bytes(bytes(3000))
+    done = specgen(["models", "clean", "--yes"], hub, home)
+    assert done.returncode == 0, done.stderr
+    assert "freed 8 kB" in done.stderr and not leftover.exists() and not converted.exists()
+    assert len(list((repo_dir(home) / "blobs").iterdir())) == 2  # downloads stay
+    assert "nothing to clean" in specgen(["models", "clean", "--yes"], hub, home).stderr
+    everything = specgen(["models", "clean", "--all", "--yes"], hub, home)
+    assert everything.returncode == 0 and "freed 420 kB" in everything.stderr
+    assert not list((repo_dir(home) / "blobs").iterdir())
