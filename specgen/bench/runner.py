@@ -194,7 +194,7 @@ class BenchSession:
         report.temperature, report.sampling = temperature, sampling_params(temperature)
         report.partial, report.setting = partial, setting
         report.title = (
-            f"{setting.name}, {self.pair.target.n_threads} threads{where}, "
+            f"{setting.name}, {_threads(self.pair.target.n_threads)}{where}, "
             f"T={temperature}" + (" (partial: interrupted)" if partial else "")
         )
         return report
@@ -280,3 +280,7 @@ def sampling_params(temperature: float) -> dict[str, object]:
         "top_p": DEFAULT_SAMPLING.top_p,
         "min_p": DEFAULT_SAMPLING.min_p,
     }
+
+
+def _threads(n: int) -> str:
+    return f"{n} thread" + ("" if n == 1 else "s")

@@ -41,12 +41,9 @@ def stats_segments(stats: Stats, final: bool = False) -> list[Text]:
     parts: list[Text] = []
     speculating = stats.speculative and stats.lookahead != 0
     if speculating:
-        rate = stats.accept_rate
         parts += [
-            Text(lookahead_label(stats), style="bold cyan"),
-            Text.assemble(
-                "accept ", (figure(None if rate is None else rate * 100, ".0f") + "%", "bold green")
-            ),
+            Text(lookahead_label(stats, final), style="bold cyan"),
+            accept_label(stats),
             Text(f"{figure(stats.tokens_per_cycle, '.2f')} tok/cycle"),
         ]
     else:
@@ -88,21 +85,42 @@ def plural(n: int, word: str) -> str:
     return f"{n} {word}" + ("" if n == 1 else "s")
 
 
-def lookahead_label(stats: Stats) -> str:
-    """``K=8``, or ``K=auto (now 5)`` while ``auto`` chooses; ``off`` when it chose none."""
+def lookahead_label(stats: Stats, final: bool = False) -> str:
+    """``K=8``; while ``auto`` chooses, ``K=auto (now 5)``; at the end, the K it chose most
+    (``K=auto (mostly 5)``), not the last cycle's, which a run's end often leaves at 0."""
     if stats.lookahead != "auto":
         return f"K={stats.lookahead}"
-    now = stats.current_lookahead
-    return f"K=auto (now {now if now else 'off'})" if stats.n_cycles else "K=auto"
+    if not stats.n_cycles:
+        return "K=auto"
+    if final:
+        guessing = {k: n for k, n in stats.k_counts.items() if k}
+        if not guessing:
+            return "K=auto (target alone)"
+        return f"K=auto (mostly {max(guessing, key=lambda k: (guessing[k], k))})"
+    return f"K=auto (now {stats.current_lookahead})"
+
+
+def accept_label(stats: Stats) -> Text:
+    """The share of guesses kept: one figure for one source, one a source for several (a
+    prompt lookup's cheap guesses would otherwise hide a draft model's)."""
+    sources = {name: src for name, src in stats.by_source.items() if src.drafted}
+    if len(sources) <= 1:
+        rate = stats.accept_rate
+        return Text.assemble(
+            "accept ", (figure(None if rate is None else rate * 100, ".0f") + "%", "bold green")
+        )
+    label = Text("accept")
+    for name, src in sorted(sources.items()):
+        label.append(f" {name} ")
+        label.append(f"{src.accepted / src.drafted * 100:.0f}%", style="bold green")
+    return label
 
 
 def sources_label(stats: Stats) -> str:
-    """Accepted/drafted guesses by source: ``model 40/52 ngram 31/33``."""
+    """Accepted/drafted guesses by source, one wording whatever the sources:
+    ``accepted model 40/52 ngram 31/33``."""
     if not stats.by_source:
-        return "0/0 drafted accepted"
-    if len(stats.by_source) == 1:
-        ((name, only),) = stats.by_source.items()
-        return f"{only.accepted}/{only.drafted} {name} guesses accepted"
+        return "accepted 0/0"
     return "accepted " + " ".join(
         f"{name} {src.accepted}/{src.drafted}" for name, src in sorted(stats.by_source.items())
     )

@@ -222,7 +222,8 @@ def info(
             value = size(value) if isinstance(value, int) else None
         elif isinstance(value, bool):
             value = "yes" if value else "no"
-        table.add_row(key.replace("_", " "), "-" if value is None else str(value))
+        label = key.removesuffix("_bytes")  # "size", not "size bytes 0.54 GB": units are shown
+        table.add_row(label.replace("_", " "), "-" if value is None else str(value))
     out.out.print(table)
 
 

@@ -128,7 +128,7 @@ def _check_port_free(endpoint: rpc.Endpoint) -> None:
 def _banner(endpoint: rpc.Endpoint, devices: list, threads: int, cache_dir: object) -> None:
     out.err.print(
         f"specgen worker at [bold]{endpoint}[/] (RPC protocol "
-        f"{'.'.join(map(str, rpc.PROTOCOL))}), {threads} threads"
+        f"{'.'.join(map(str, rpc.PROTOCOL))}), {threads} thread{'s' if threads != 1 else ''}"
         + (f", cache {cache_dir}" if cache_dir else ""),
         highlight=False,
         soft_wrap=True,

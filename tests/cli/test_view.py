@@ -41,6 +41,25 @@ def test_final_stats_fit_80_columns() -> None:
     assert " ".join(lines).split() == wide.split()  # nothing lost, nothing split mid-word
 
 
+def test_acceptance_is_per_source_and_each_count_has_one_name() -> None:
+    """A draft model at 89% beside prompt lookup at 12% reads as both, not as a mixed 40%;
+    the counts are "accepted" for one source or several; a run whose last cycle chose no
+    guess (a run's end often does) is not called off."""
+    stats = Stats(lookahead="auto", seed=1, n_cycles=30, n_generated=100, n_drafted=71)
+    stats.n_accepted = 44
+    stats.by_source = {"model": SourceStats(10, 46, 41), "ngram": SourceStats(5, 25, 3)}
+    stats.k_counts, stats.current_lookahead = {0: 2, 4: 20, 6: 8}, 0
+    final = stats_text(stats, final=True).plain
+    assert "accept model 89% ngram 12%" in final and "62%" not in final
+    assert "accepted model 41/46 ngram 3/25" in final
+    assert "K=auto (mostly 4)" in final and "off" not in final
+    assert "K=auto (now 0)" in stats_text(stats).plain  # live: the cycle's own K
+    stats.by_source = {"model": SourceStats(10, 46, 41)}
+    stats.n_drafted, stats.n_accepted = 46, 41
+    one = stats_text(stats, final=True).plain
+    assert "accept 89%" in one and "accepted model 41/46" in one
+
+
 def test_a_terminal_that_reports_no_size_gets_no_bar(fake_pair: FakePair) -> None:
     """stdout and stderr on one pseudo-terminal of 0x0 (what `script`, some CI runners and
     `docker exec -t` give): there is no bottom row to keep a bar on, so no scroll region is
