@@ -50,6 +50,7 @@ class Facts(TypedDict):
     logical_cpus: int | None
     physical_cores: int | None
     default_threads: int
+    others_busy: float | None  # CPUs other processes kept busy while doctor looked
     self_test: dict[str, Any]
     caches: dict[str, dict[str, Any]]
     pairs: list[PairFacts]
@@ -63,7 +64,13 @@ class Facts(TypedDict):
 def facts(hub_timeout: float = 3.0, rpc: str | None = None) -> Facts:
     """Everything doctor knows about this machine, as plain data."""
     from specgen import backend
-    from specgen.host.machine import cpu_flags, cpu_name, default_threads, physical_cores
+    from specgen.host.machine import (
+        cpu_flags,
+        cpu_name,
+        default_threads,
+        load_now,
+        physical_cores,
+    )
     from specgen.host.store import cache_root
     from specgen.models.registry import user_models_file
 
@@ -83,6 +90,7 @@ def facts(hub_timeout: float = 3.0, rpc: str | None = None) -> Facts:
         "logical_cpus": os.cpu_count(),
         "physical_cores": cores,
         "default_threads": default_threads(),
+        "others_busy": load_now(0.5),
         "self_test": _self_test(),
         "caches": {
             "your models.toml": _folder(user_models_file()),
@@ -129,6 +137,17 @@ def advice(found: Facts) -> list[str]:
                 f"{worker['endpoint']}` to find the K that amortizes it"
             )
     cores, threads = found["physical_cores"], found["default_threads"]
+    from specgen.host.machine import BUSY_FROM, threads_given
+
+    others = found.get("others_busy")
+    if others is not None and others >= BUSY_FROM:
+        cpus = found["logical_cpus"] or 1
+        given = threads_given(threads, cpus, others)
+        tips.append(
+            f"other processes keep {others:.1f} of {cpus} CPUs busy now: run, chat and serve "
+            f"use {given} thread{'s' if given != 1 else ''} instead of {threads} while they do "
+            "(a decode waits for its slowest thread); bench measures best on an idle machine"
+        )
     if cores and threads > cores:
         tips.append(
             f"the default of {threads} threads is more than the {cores} physical "

@@ -67,6 +67,8 @@ class Stats:
     # How the target's rows came: their top-k from the backend (k), or whole (0).
     row_top_k: int = 0
     coupling: str | None = None  # "gumbel" or "residual" (None: greedy)
+    # CPUs other processes kept busy while it ran (bench measures it; None: not measured)
+    outside_load: float | None = None
     gen_started: float | None = None
     gen_seconds: float = 0.0
     current_lookahead: int = 0

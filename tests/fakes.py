@@ -48,6 +48,8 @@ class FakeClock:
 
     def __init__(self) -> None:
         self.now = 0.0
+        # CPUs "other processes" keep busy, as the fake backend's load meter reads it
+        self.outside_load = 0.0
 
     def __call__(self) -> float:
         return self.now
@@ -310,7 +312,7 @@ def fake_backend(clock: FakeClock | None = None) -> Backend:
     def load(path: Path, options: ModelOptions, verbose: bool) -> FakeModel:
         return load_fake(path, options.n_ctx, options.n_threads, clock, options.n_seq)
 
-    return Backend(load, clock)
+    return Backend(load, clock, load_meter=lambda: lambda: clock.outside_load)
 
 
 def machine_facts(*pairs: PairFacts, **changes: object) -> Facts:
@@ -329,6 +331,7 @@ def machine_facts(*pairs: PairFacts, **changes: object) -> Facts:
         "logical_cpus": 16,
         "physical_cores": 16,
         "default_threads": 16,
+        "others_busy": 0.0,
         "self_test": {"ok": True, "message": "passed"},
         "caches": {},
         "pairs": list(pairs),

@@ -52,3 +52,10 @@ def test_doctor_says_how_a_hybrid_target_rolls_back_and_what_it_cost(tmp_path: P
     moe = pair_facts(target_layout={"few_active_experts": True, "experts": "8 of 256"})
     tips = " | ".join(advice(machine_facts(moe)))
     assert "8 of 256 experts a token" in tips and "--draft ngram" in tips
+
+
+def test_doctor_warns_when_other_processes_hold_the_cores() -> None:
+    busy = machine_facts(logical_cpus=2, physical_cores=2, default_threads=2, others_busy=1.1)
+    tips = " | ".join(advice(busy))
+    assert "other processes keep 1.1 of 2 CPUs busy now" in tips and "use 1 thread " in tips
+    assert "other processes" not in " | ".join(advice(machine_facts()))  # an idle machine

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 
 from specgen.bench.sweep import Run, variant_order
 from specgen.core.speculative import expected_tokens, predicted_speedup
+from specgen.host.machine import BUSY_FROM
 from specgen.session.memo import Finding, Variant, variant_name
 
 # Where the model's prediction and the measured speedup part by more than this share, the
@@ -64,6 +65,9 @@ class KReport:
     # The loop's own host time outside the models' decodes, of generation time (None: unknown)
     host_share: float | None = None
     model_guesses: int = 0  # guesses of a draft model (not n-gram ones): what draft and c rest on
+    # Runs of this row (or their target-alone partner) that other processes' load disturbed:
+    # a row with any is shown marked and never recommended.
+    disturbed: int = 0
 
     @property
     def disagreement(self) -> float | None:
@@ -113,6 +117,7 @@ class Report:
     title: str = ""
     partial: bool = False  # cut short by Ctrl-C
     setting: BenchSetting | None = None
+    disturbed_runs: int = 0  # runs during which other processes kept CPUs busy
 
     def best(self) -> KReport | None:
         return next((r for r in self.per_k if r.variant == self.recommended), None)
@@ -174,12 +179,18 @@ def summarize(runs: Sequence[Run], kinds: Sequence[str] | None = None) -> Report
         raise ValueError("a sweep needs target-alone runs (K=0)")
     ratio = _ratio_to_alone(base)
     target_one = _pooled(base, "target_seconds") / max(_pooled(base, "n_cycles"), 1)
+    loaded = [r for r in runs if (r.stats.outside_load or 0.0) >= BUSY_FROM]
+    loaded_alone = {(r.prompt, r.repeat) for r in loaded if r.variant == 0}
     # 1. One row per K or variant, against the target alone.
     per_k = []
     for variant in sorted({r.variant for r in runs if r.variant != 0}, key=variant_order):
         mine = [r for r in runs if r.variant == variant]
         row = _row(variant, mine, ratio, target_one)
         row.explanation = _explain(row, mine, base)
+        row.disturbed = sum(
+            (r.stats.outside_load or 0.0) >= BUSY_FROM or (r.prompt, r.repeat) in loaded_alone
+            for r in mine
+        )
         per_k.append(row)
     # 2. The same speedups by kind of prompt and by prompt.
     per_kind = {
@@ -189,15 +200,21 @@ def summarize(runs: Sequence[Run], kinds: Sequence[str] | None = None) -> Report
         for kind in dict.fromkeys(kinds or ())
     }
     per_prompt = [_speedups(per_k, runs, ratio, {p}) for p in sorted({r.prompt for r in runs})]
-    # 3. The verdict.
-    fastest = max(per_k, key=lambda r: r.speedup, default=None)
+    # 3. The verdict, from the rows no outside load disturbed.
+    clean = [r for r in per_k if not r.disturbed]
+    fastest = max(clean, key=lambda r: r.speedup, default=None)
     warning = ""
-    if fastest is None or fastest.speedup <= 1.0:
+    if per_k and not clean:
+        warning = (
+            "other processes kept the CPUs busy during every row: nothing to recommend; "
+            "bench again when the machine is quiet (or with fewer --threads)"
+        )
+    elif fastest is None or fastest.speedup <= 1.0:
         warning = (
             "nothing beat the target alone on this machine: this pair is not worth "
             "speculating on here (run with -k 0, or try a smaller draft)"
         )
-    best, note = _recommend(per_k, fastest, runs) if not warning else (None, "")
+    best, note = _recommend(clean, fastest, runs) if not warning else (None, "")
     return Report(
         target_ms_per_token=target_one * 1000,
         baseline_tokens_per_second=statistics.median(r.tokens_per_second for r in base),
@@ -208,6 +225,7 @@ def summarize(runs: Sequence[Run], kinds: Sequence[str] | None = None) -> Report
         runs=len(runs),
         per_kind=per_kind,
         per_prompt=per_prompt,
+        disturbed_runs=len(loaded),
     )
 
 

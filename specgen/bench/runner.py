@@ -129,10 +129,12 @@ class BenchSession:
                 # what `run` does without a seed (the seed here only repeats the sample)
                 coupling="residual",
             )
+            meter = self.pair.load_meter() if self.pair.load_meter is not None else None
             for event in engine.generate(self.encoded[prompt], config):
                 if isinstance(event, Finished):
                     if adaptive:
                         self.learned = engine.costs
+                    event.stats.outside_load = meter() if meter is not None else None
                     return event.stats
             raise AssertionError("the engine always finishes")
 

@@ -267,6 +267,12 @@ def bench(
         )
     session.remember_costs()
     small = memo.too_small(len(prompts), repeats, max_tokens)
+    disturbed = sum(report.disturbed_runs for report in reports)
+    if disturbed:
+        small = (
+            f"other processes kept the CPUs busy during {disturbed} of the runs: nothing "
+            "remembered; bench again when the machine is quiet"
+        )
     if interrupted:
         pass  # said below: a partial bench changes nothing
     elif no_remember:

@@ -52,7 +52,7 @@ def render(
     for row in report.per_k:
         style = "bold green" if row.variant == report.recommended else None
         table.add_row(
-            str(row.variant),
+            f"{row.variant}!" if row.disturbed else str(row.variant),
             f"{row.tokens_per_second:.1f}",
             f"{row.speedup:.2f}x",
             figure(row.predicted_speedup, ".2f", "x"),
@@ -73,6 +73,16 @@ def render(
     notes = [f"{variant_name(r.variant)}: {r.explanation}" for r in report.per_k if r.explanation]
     if notes:
         parts.append(Text("\n".join(notes), style="yellow"))
+    marked = [r for r in report.per_k if r.disturbed]
+    if marked:
+        parts.append(
+            Text(
+                "! disturbed: other processes kept the CPUs busy during "
+                + ", ".join(f"{r.disturbed} runs of {variant_name(r.variant)}" for r in marked)
+                + " (or their target-alone runs); not recommended from",
+                style="yellow",
+            )
+        )
     if report.warning:
         parts.append(Text(f"warning: {report.warning}", style="bold red"))
     best = report.best()

@@ -237,7 +237,8 @@ ThreadsOpt = Annotated[
         "--threads",
         "-t",
         min=0,
-        help="CPU threads for both models (0: physical cores).",
+        help="CPU threads for both models (0: the physical cores; run, chat and serve leave "
+        "out those other processes keep busy now).",
         rich_help_panel=PERFORMANCE,
     ),
 ]
@@ -328,6 +329,20 @@ def read_prompt(argument: str | None, file: Path | None) -> str:
     if not text.strip():
         raise UsageError("the prompt is empty: give some text to continue")
     return text
+
+
+def threads_of(value: int) -> int:
+    """``-t``: as given, or (0) llama.cpp's default less the CPUs other processes keep busy
+    now, said on a terminal (``specgen.host.machine.threads_for_now``)."""
+    if value:
+        return value
+    from specgen.cli.output import out
+    from specgen.host.machine import threads_for_now
+
+    threads, why = threads_for_now()
+    if why and out.err.is_terminal:
+        out.note(why)
+    return threads
 
 
 def seed_of(value: int | None) -> int | None:

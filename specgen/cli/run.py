@@ -47,6 +47,7 @@ from specgen.cli.options import (
     max_tokens_of,
     read_prompt,
     seed_of,
+    threads_of,
 )
 from specgen.cli.output import out
 from specgen.core.sampling import DEFAULT_SAMPLING
@@ -340,6 +341,7 @@ def run(
         logprobs=logprobs,
     )
     system_text = None if system is None else esc(system)
+    threads = threads_of(threads)
     sg = Specgen(
         pair,
         target,
@@ -460,6 +462,7 @@ def _run_facts(sg: Specgen, settings: Settings, chat: bool) -> dict[str, object]
             "stop": list(settings.stop),
             "chat": chat,
             "n_ctx": loaded.target.n_ctx,
+            "threads": loaded.target.n_threads,
         },
     }
 

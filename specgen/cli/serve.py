@@ -25,6 +25,7 @@ from specgen.cli.options import (
     VerboseOpt,
     lookahead_of,
     lookup_cache_of,
+    threads_of,
 )
 from specgen.cli.output import out
 from specgen.engine import DEFAULT_MAX_TOKENS
@@ -128,6 +129,7 @@ def serve(
         raise UserError("specgen serve needs its extra: pip install 'specgen[server]'") from error
     from specgen.api import Specgen
 
+    threads = threads_of(threads)
     generator = Specgen(
         pair,
         target,

@@ -22,7 +22,7 @@ from specgen.drafters import Drafter, Head, Model, SuffixCache, make_drafter
 from specgen.engine import SpeculativeEngine
 from specgen.engine.streams import Gather
 from specgen.errors import UserError
-from specgen.host import store
+from specgen.host import machine, store
 from specgen.host.interrupts import interruptible
 from specgen.lookahead import (
     AUTO_SNAPSHOTS,
@@ -94,6 +94,9 @@ class Backend:
     busy: Clock | None = None
     # The target's own MTP head, following its decodes (``backend.mtp``).
     attach_mtp: Callable[[LoadedModel], Head] = _attach_mtp
+    # Measures the load of other processes from now on (``host.machine.load_meter``; None:
+    # not measured), so that bench can tell a row that outside work disturbed.
+    load_meter: Callable[[], Callable[[], float | None]] | None = machine.load_meter
 
 
 def _decode_seconds() -> float:
@@ -179,6 +182,7 @@ class Pair:
     clock: Clock = time.perf_counter
     head: Head | None = None
     busy: Clock | None = None  # ``Backend.busy``
+    load_meter: Callable[[], Callable[[], float | None]] | None = None  # ``Backend.load_meter``
     costs: CostBook = field(init=False)  # loaded from ``costs_file``
     # What earlier generations read and wrote, for prompt lookup across requests (None: off).
     lookup: SuffixCache | None = None
@@ -410,6 +414,7 @@ def _load(target: str | Path, draft: str | Path | None, options: PairOptions, ng
         backend.clock,
         head=head,
         busy=backend.busy,
+        load_meter=backend.load_meter,
         lookahead=options.lookahead,
         draft_p_min=options.draft_p_min,
         parallel=options.parallel,

@@ -122,6 +122,58 @@ def test_no_k_beats_the_target_alone() -> None:
     assert report.recommended is None and "not worth" in report.warning
 
 
+def test_rows_outside_load_disturbed_are_marked_and_never_recommended() -> None:
+    """The fastest row ran while another process held a CPU (its runs look faster or slower
+    for reasons of the machine's, not the pair's): it is marked, and the best clean row is
+    recommended; when the target-alone runs were disturbed, so is every row beside them."""
+    import io
+
+    from rich.console import Console
+
+    from specgen.cli.bench_report import render
+
+    honest = fake_runner(0.8)
+
+    def run(prompt: int, k: int, seed: int) -> Stats:
+        stats = honest(prompt, k, seed)
+        if k == 2:
+            stats.outside_load = 1.0
+        return stats
+
+    clean = summarize(sweep(honest, 2, [2, 6], 1, seed=0))
+    assert clean.recommended == 2 and clean.disturbed_runs == 0  # the fastest, when honest
+    report = summarize(sweep(run, 2, [2, 6], 1, seed=0))
+    rows = {row.variant: row for row in report.per_k}
+    assert rows[2].disturbed == 2 and rows[6].disturbed == 0
+    assert report.recommended == 6 and report.disturbed_runs == 2
+
+    def alone_loaded(prompt: int, k: int, seed: int) -> Stats:
+        stats = honest(prompt, k, seed)
+        stats.outside_load = 1.5 if k == 0 else 0.0
+        return stats
+
+    every = summarize(sweep(alone_loaded, 2, [2, 6], 1, seed=0))
+    assert all(row.disturbed for row in every.per_k) and every.recommended is None
+    assert "busy during every row" in every.warning
+    text = io.StringIO()
+    Console(file=text, width=200).print(render(report, "demo"))
+    assert "2!" in text.getvalue() and "not recommended from" in text.getvalue()
+
+
+def test_a_bench_under_outside_load_remembers_nothing(tmp_path: Path, fake_pair: FakePair) -> None:
+    three = tmp_path / "three.txt"
+    three.write_text("List three colours:\nOnce upon a time\nThe sea is\n")
+    fake_pair.clock.outside_load = 1.2  # another process holds a CPU all along
+    done = specgen_here(
+        "bench", "--pair", fake_pair.named(), "-k", "4", "--temperature", "0",
+        "--prompts", str(three), "-n", "96",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "busy during 6 of the runs: nothing remembered" in done.stderr
+    memos = Path(os.environ["SPECGEN_CACHE"]) / "bench"
+    assert not memos.is_dir() or not list(memos.glob("*.json"))
+
+
 def test_disagreement_is_explained_by_the_right_cost() -> None:
     report = summarize(sweep(fake_runner(0.9, overhead=0.5), 2, [4], 1, seed=0))
     row = report.per_k[0]

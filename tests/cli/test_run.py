@@ -505,3 +505,29 @@ def test_live_stats_on_stderr_when_stdout_is_a_file(pair_args: list[str]) -> Non
     assert code == 0 and out.strip()
     assert b"tok/s" in screen and b"\x1b[" in screen  # Rich drew on the terminal
     assert b"\x1b[" not in out  # the file got only text
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) > 4, reason="spins a process per CPU")
+def test_default_threads_leave_the_cpus_other_processes_hold(fake_pair: FakePair) -> None:
+    """A laptop with a busy process: the default -t takes fewer threads (the issue's 2-core
+    case ran the target at 0.65x with -t 2); -t says otherwise."""
+    import sys
+
+    from specgen.host.machine import default_threads
+
+    cpus = os.cpu_count() or 1
+    spinners = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(cpus - 1 or 1)
+    ]
+    try:
+        import time
+
+        time.sleep(0.3)
+        busy = run_json(fake_pair, "Hi")
+        given = run_json(fake_pair, "Hi", "-t", str(default_threads()))
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
+    assert busy["params"]["threads"] < default_threads() or default_threads() == 1
+    assert given["params"]["threads"] == default_threads()
