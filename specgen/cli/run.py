@@ -305,7 +305,9 @@ def run(
         _not_a_pair(prompt_option)
         prompt = prompt_option
     batch = each_line or jsonl or (file is not None and file.suffix in (".jsonl", ".ndjson"))
-    talk = conversation or (prompt is None and file is None and not batch and sys.stdin.isatty())
+    talk = conversation or (
+        prompt is None and file is None and not batch and not json_out and sys.stdin.isatty()
+    )
     if talk and (batch or file is not None or prompt is not None or json_out):
         raise UsageError(
             "a chat takes its messages from the terminal: drop the prompt, --file and --json "
