@@ -23,6 +23,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from specgen.core.penalties import REQUEST_FIELDS, penalties_from
+from specgen.core.penalties import Penalties as Penalties  # Settings(penalties=...)
 from specgen.core.sampling import DEFAULT_SAMPLING
 from specgen.engine import GenerationConfig, SpeculativeEngine, TextChunk
 from specgen.errors import UsageError
@@ -57,6 +59,9 @@ class Specgen:
         ngram, mtp: prompt lookup beside the draft; the target's own MTP head (None: the pair's).
         n_ctx, threads, gpu_layers: the context and the target's threads and GPU layers;
             ``draft_threads`` and ``draft_gpu_layers`` the draft's (None: the same).
+        busy_threads: the threads a model with a thread setting of 0 loads with where other
+            processes keep CPUs busy (``specgen.host.machine.threads_for_now``; 0: llama.cpp's
+            default); what bench and ``-k auto`` remember is kept under the setting still.
         draft_p_min: the draft model's floor on q: a guess below it ends the draft.
         chat: chat template or raw text for a text prompt (None: the pair's, else the GGUF's).
         from_bench: take K (and the way of drafting) from what ``specgen bench`` found best for
@@ -89,6 +94,7 @@ class Specgen:
         threads: int = 0,
         gpu_layers: int = -1,
         draft_threads: int | None = None,
+        busy_threads: int = 0,
         draft_gpu_layers: int | None = None,
         draft_p_min: float = 0.0,
         chat: bool | None = None,
@@ -136,6 +142,7 @@ class Specgen:
             lookup_file=None if isinstance(lookup_cache, bool) else Path(lookup_cache),
             draft_p_min=draft_p_min,
             parallel=parallel,
+            busy_threads=busy_threads,
         )
         if parallel < 1:
             raise UsageError("parallel must be at least 1")
@@ -336,7 +343,10 @@ SAMPLING = ("temperature", "top_k", "top_p", "min_p")
 def _settings(given: dict[str, Any]) -> Settings:
     """``Settings`` from keyword arguments: ``temperature``, ``top_k``, ``top_p``, ``min_p``
     (the rest as ``run``'s defaults), ``max_tokens``, ``seed``, ``stop`` (one text or
-    several), ``logit_bias`` (a mapping), ``logprobs``, ``lookahead``, ``coupling``; the
+    several), ``logit_bias`` (a mapping), ``logprobs``, ``lookahead``, ``coupling``,
+    ``repeat_penalty``, ``frequency_penalty``, ``presence_penalty``, ``repeat_last_n``
+    (llama.cpp's, applied to the target's and the draft's rows alike; ``penalties`` all four
+    as a ``specgen.core.penalties.Penalties``); the
     output's constraint is ``json_schema`` (a dict or JSON text), ``grammar`` (GBNF),
     ``format="json"`` or ``response_format`` (OpenAI's), at most one."""
     stop = given.get("stop")
@@ -353,6 +363,12 @@ def _settings(given: dict[str, Any]) -> Settings:
     if isinstance(bias, dict):
         try:
             given = {**given, "logit_bias": LogitBias.from_mapping(bias)}
+        except ValueError as err:
+            raise UsageError(str(err)) from err
+    asked = {k: given.pop(k) for k in REQUEST_FIELDS if k in given}
+    if asked:
+        try:
+            given["penalties"] = penalties_from(asked, given.get("penalties"))
         except ValueError as err:
             raise UsageError(str(err)) from err
     return Settings(**given)

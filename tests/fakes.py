@@ -27,6 +27,7 @@ import numpy as np
 
 from specgen.core.sampling import TopK
 from specgen.engine import CycleDone, Finished, TextChunk
+from specgen.host.machine import default_threads
 
 if TYPE_CHECKING:
     from specgen.backend import ModelOptions
@@ -295,7 +296,7 @@ def load_fake(
     return FakeModel(
         **{**params, "n_ctx": n_ctx or params.get("n_ctx", 512)},
         path=path,
-        n_threads=n_threads or 1,
+        n_threads=n_threads or default_threads(),  # as llama.cpp's 0 does
         clock=clock,
         n_seq=n_seq,
     )

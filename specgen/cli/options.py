@@ -8,6 +8,7 @@ from typing import Annotated, cast
 
 import typer
 
+from specgen.core.penalties import Penalties
 from specgen.errors import UsageError
 from specgen.lookahead import LOOKAHEAD_RANGE, Lookahead, parse_lookahead
 from specgen.session.prompts import MAX_SEED
@@ -208,6 +209,44 @@ MinPOpt = Annotated[
         rich_help_panel=SAMPLING,
     ),
 ]
+RepeatPenaltyOpt = Annotated[
+    float,
+    typer.Option(
+        "--repeat-penalty",
+        min=0.0,
+        help="Penalize tokens of the last --repeat-last-n, as llama.cpp (1: off).",
+        rich_help_panel=SAMPLING,
+    ),
+]
+RepeatLastNOpt = Annotated[
+    int,
+    typer.Option(
+        "--repeat-last-n",
+        min=-1,
+        help="Tokens the penalties count back over (-1: the whole context, 0: off).",
+        rich_help_panel=SAMPLING,
+    ),
+]
+PresencePenaltyOpt = Annotated[
+    float,
+    typer.Option(
+        "--presence-penalty",
+        min=-2.0,
+        max=2.0,
+        help="Lower the logit of every token seen there by this (0: off).",
+        rich_help_panel=SAMPLING,
+    ),
+]
+FrequencyPenaltyOpt = Annotated[
+    float,
+    typer.Option(
+        "--frequency-penalty",
+        min=-2.0,
+        max=2.0,
+        help="Lower a seen token's logit by this times its count (0: off).",
+        rich_help_panel=SAMPLING,
+    ),
+]
 SeedOpt = Annotated[
     int | None,
     typer.Option(
@@ -331,18 +370,32 @@ def read_prompt(argument: str | None, file: Path | None) -> str:
     return text
 
 
-def threads_of(value: int) -> int:
-    """``-t``: as given, or (0) llama.cpp's default less the CPUs other processes keep busy
-    now, said on a terminal (``specgen.host.machine.threads_for_now``)."""
+def busy_threads_of(value: int) -> int:
+    """``-t 0`` (the default) on a machine where other processes keep CPUs busy: the fewer
+    threads to load with, said on a terminal (``specgen.host.machine.threads_for_now``); 0
+    where ``-t`` was given or nothing is busy (what is remembered stays under ``-t``)."""
     if value:
-        return value
+        return 0
     from specgen.cli.output import out
     from specgen.host.machine import threads_for_now
 
     threads, why = threads_for_now()
-    if why and out.err.is_terminal:
+    if why is None:
+        return 0
+    if out.err.is_terminal:
         out.note(why)
     return threads
+
+
+def penalties_of(repeat: float, last_n: int, presence: float, frequency: float) -> Penalties | None:
+    """The penalty options as one ``Penalties`` (None: they change nothing)."""
+
+    from specgen.core.penalties import penalties_of as active
+
+    try:
+        return active(Penalties(repeat, frequency, presence, last_n))
+    except ValueError as err:
+        raise UsageError(f"--{str(err).replace('_', '-')}") from err
 
 
 def seed_of(value: int | None) -> int | None:

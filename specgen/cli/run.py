@@ -23,6 +23,7 @@ from specgen.cli.options import (
     CtxOpt,
     DraftOpt,
     DraftPMinOpt,
+    FrequencyPenaltyOpt,
     GpuLayersOpt,
     LocalHeadOpt,
     LookaheadOpt,
@@ -33,6 +34,9 @@ from specgen.cli.options import (
     NgramOpt,
     PairOpt,
     ParallelOpt,
+    PresencePenaltyOpt,
+    RepeatLastNOpt,
+    RepeatPenaltyOpt,
     RpcOpt,
     SeedOpt,
     TargetOpt,
@@ -41,15 +45,17 @@ from specgen.cli.options import (
     TopKOpt,
     TopPOpt,
     VerboseOpt,
+    busy_threads_of,
     logit_bias_of,
     lookahead_of,
     lookup_cache_of,
     max_tokens_of,
+    penalties_of,
     read_prompt,
     seed_of,
-    threads_of,
 )
 from specgen.cli.output import out
+from specgen.core.penalties import DEFAULT_LAST_N, Penalties
 from specgen.core.sampling import DEFAULT_SAMPLING
 from specgen.engine import DEFAULT_MAX_TOKENS
 from specgen.errors import EXIT_INTERRUPTED, Interrupted, UsageError
@@ -112,6 +118,10 @@ def run(
     top_k: TopKOpt = DEFAULT_SAMPLING.top_k,
     top_p: TopPOpt = DEFAULT_SAMPLING.top_p,
     min_p: MinPOpt = DEFAULT_SAMPLING.min_p,
+    repeat_penalty: RepeatPenaltyOpt = 1.0,
+    repeat_last_n: RepeatLastNOpt = DEFAULT_LAST_N,
+    presence_penalty: PresencePenaltyOpt = 0.0,
+    frequency_penalty: FrequencyPenaltyOpt = 0.0,
     seed: SeedOpt = None,
     max_tokens: MaxTokensOpt = DEFAULT_MAX_TOKENS,
     stop: Annotated[
@@ -341,9 +351,9 @@ def run(
         grammar=grammar.from_options(json_schema, grammar_text, output_format),
         logit_bias=logit_bias_of(logit_bias or []),
         logprobs=logprobs,
+        penalties=penalties_of(repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty),
     )
     system_text = None if system is None else esc(system)
-    threads = threads_of(threads)
     sg = Specgen(
         pair,
         target,
@@ -355,6 +365,7 @@ def run(
         threads=target_threads or threads,
         gpu_layers=gpu_layers if target_gpu_layers is None else target_gpu_layers,
         draft_threads=draft_threads or threads,
+        busy_threads=busy_threads_of(threads),
         draft_gpu_layers=gpu_layers if draft_gpu_layers is None else draft_gpu_layers,
         draft_p_min=draft_p_min,
         chat=chat,
@@ -446,6 +457,7 @@ def _single(
 def _run_facts(sg: Specgen, settings: Settings, chat: bool) -> dict[str, object]:
     """What ran, for ``--json``: the models, the settings and the context."""
     loaded, sampling = sg.pair, settings.sampling
+    penalties = settings.penalties or Penalties()
     return {
         "pair": sg.decision.name,
         "target": str(loaded.target.path),
@@ -460,6 +472,10 @@ def _run_facts(sg: Specgen, settings: Settings, chat: bool) -> dict[str, object]
             "top_k": sampling.top_k,
             "top_p": sampling.top_p,
             "min_p": sampling.min_p,
+            "repeat_penalty": penalties.repeat,
+            "frequency_penalty": penalties.frequency,
+            "presence_penalty": penalties.presence,
+            "repeat_last_n": penalties.last_n,
             "max_tokens": settings.max_tokens,
             "stop": list(settings.stop),
             "chat": chat,

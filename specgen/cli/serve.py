@@ -23,9 +23,9 @@ from specgen.cli.options import (
     TargetOpt,
     ThreadsOpt,
     VerboseOpt,
+    busy_threads_of,
     lookahead_of,
     lookup_cache_of,
-    threads_of,
 )
 from specgen.cli.output import out
 from specgen.engine import DEFAULT_MAX_TOKENS
@@ -129,7 +129,6 @@ def serve(
         raise UserError("specgen serve needs its extra: pip install 'specgen[server]'") from error
     from specgen.api import Specgen
 
-    threads = threads_of(threads)
     generator = Specgen(
         pair,
         target,
@@ -139,6 +138,7 @@ def serve(
         mtp=mtp,
         n_ctx=ctx_size,
         threads=threads,
+        busy_threads=busy_threads_of(threads),
         gpu_layers=gpu_layers,
         draft_p_min=draft_p_min,
         verbose=verbose,

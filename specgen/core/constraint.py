@@ -9,10 +9,12 @@ the target's distribution restricted by the grammar, exactly.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 import numpy as np
 
+from specgen.core.penalties import Penalties
 from specgen.core.sampling import Row
 
 
@@ -40,15 +42,25 @@ class Bias(Protocol):
         """``logits`` with the biases added (a new array)."""
 
 
-def shaped(logits: Row, bias: Bias | None, constraint: Constraint | None) -> Row:
+def shaped(
+    logits: Row,
+    bias: Bias | None,
+    constraint: Constraint | None,
+    penalties: Penalties | None = None,
+    history: Sequence[int] = (),
+    more: Sequence[int] = (),
+) -> Row:
     """A row of logits as the warp reads it, for the target and the draft alike: the logit
-    bias first, then the grammar's mask in its current state (the row itself where neither:
-    a bias or a mask needs the whole row, ``core.sampling.row_top_k``)."""
-    if bias is None and constraint is None:
+    bias first, then the penalties of the text before the row (``history`` then ``more``), then
+    the grammar's mask in its current state, llama.cpp's order (the row itself where none: a
+    bias, penalties or a mask need the whole row, ``core.sampling.row_top_k``)."""
+    if bias is None and constraint is None and penalties is None:
         return logits
-    assert isinstance(logits, np.ndarray), "a bias and a mask are applied to whole rows"
+    assert isinstance(logits, np.ndarray), "a bias, penalties and a mask apply to whole rows"
     if bias is not None:
         logits = bias.apply(logits)
+    if penalties is not None:
+        logits = penalties.apply(logits, history, more)
     if constraint is not None:
         logits = masked(logits, constraint.allowed())
     return logits

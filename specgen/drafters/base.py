@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from specgen.core.constraint import Constraint
 from specgen.core.coupling import Draws
+from specgen.core.penalties import Penalties
 from specgen.core.sampling import Dist, Rows, SamplingParams
 from specgen.structured.grammar import LogitBias
 
@@ -135,10 +136,15 @@ class Drafter(Protocol):
         ``reuse_prefix`` a drafter may keep state for the part the last generation shared.
         Cheap: work on the prompt waits for the first ``propose`` (``Proposal.prompt_seconds``)."""
 
-    def constrain(self, constraint: Constraint | None, bias: LogitBias | None = None) -> None:
-        """This generation's grammar state and logit bias (None: none): a drafter that samples
-        biases and masks its q as the target's p is, so it guesses only what the grammar
-        allows. Called before ``begin``."""
+    def constrain(
+        self,
+        constraint: Constraint | None,
+        bias: LogitBias | None = None,
+        penalties: Penalties | None = None,
+    ) -> None:
+        """This generation's grammar state, logit bias and penalties (None: none): a drafter
+        that samples biases, penalizes and masks its q as the target's p is, so it guesses only
+        what the grammar allows and what the penalties leave likely. Called before ``begin``."""
 
     def candidates(self, context: Sequence[int]) -> list[Candidate]:
         """What this drafter can offer after ``context`` (all tokens so far), best first."""

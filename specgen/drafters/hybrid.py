@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 from specgen.core.constraint import Constraint
 from specgen.core.coupling import Draws
+from specgen.core.penalties import Penalties
 from specgen.core.sampling import SamplingParams
 from specgen.drafters.base import Candidate, Proposal
 from specgen.drafters.model import ModelDrafter
@@ -34,8 +35,13 @@ class HybridDrafter:
         self.ngram = ngram or NgramDrafter()
         self._last: ModelDrafter | MtpDrafter | NgramDrafter = self.model
 
-    def constrain(self, constraint: Constraint | None, bias: LogitBias | None = None) -> None:
-        self.model.constrain(constraint, bias)
+    def constrain(
+        self,
+        constraint: Constraint | None,
+        bias: LogitBias | None = None,
+        penalties: Penalties | None = None,
+    ) -> None:
+        self.model.constrain(constraint, bias, penalties)
 
     def begin(self, prompt: Sequence[int], reuse_prefix: bool = False) -> None:
         self.model.begin(prompt, reuse_prefix)

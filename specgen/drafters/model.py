@@ -9,6 +9,7 @@ import numpy as np
 
 from specgen.core.constraint import Constraint, shaped
 from specgen.core.coupling import Draws, draw
+from specgen.core.penalties import Penalties
 from specgen.core.sampling import Dist, Row, SamplingParams, best, row_top_k, warp
 from specgen.drafters.base import (
     Candidate,
@@ -51,6 +52,7 @@ class ModelDrafter:
         self._unread: tuple[list[int], list[int]] | None = None
         self._constraint: Constraint | None = None
         self._bias: LogitBias | None = None
+        self._penalties: Penalties | None = None
 
     def begin(self, prompt: Sequence[int], reuse_prefix: bool = False) -> None:
         # The engine holds the prompt's last token back to open cycle one; so does the draft.
@@ -87,7 +89,13 @@ class ModelDrafter:
         """Up to ``k`` guesses; after each, ``follow`` may finish the run with free guesses."""
         model, out = self.model, Proposal()
         model.sample_top_k(
-            draft_top_k(sampling, self.p_min, self._constraint, self._bias, model.rows_on_device)
+            draft_top_k(
+                sampling,
+                self.p_min,
+                self._constraint,
+                self._bias or self._penalties,
+                model.rows_on_device,
+            )
         )
         if self._unread is not None:
             started = self.clock()
@@ -119,12 +127,17 @@ class ModelDrafter:
 
         draw_guesses(
             out, logits_after, k, sampling, rng, self.p_min, model.is_eog, context, follow,
-            self._constraint, self._bias,
+            self._constraint, self._bias, self._penalties,
         )  # fmt: skip
         return out
 
-    def constrain(self, constraint: Constraint | None, bias: LogitBias | None = None) -> None:
-        self._constraint, self._bias = constraint, bias
+    def constrain(
+        self,
+        constraint: Constraint | None,
+        bias: LogitBias | None = None,
+        penalties: Penalties | None = None,
+    ) -> None:
+        self._constraint, self._bias, self._penalties = constraint, bias, penalties
 
     def rollback_to(self, n_accepted: int) -> None:
         # The context grows by the kept guesses and one drawn token, which the draft has not
@@ -139,12 +152,12 @@ def draft_top_k(
     sampling: SamplingParams,
     p_min: float,
     constraint: Constraint | None,
-    bias: LogitBias | None,
+    shaping: object | None,
     on_device: bool,
 ) -> int:
     """How a draft's rows are read (``core.sampling.row_top_k``): whole where a mask, a bias or
-    ``p_min``'s softmax under greedy reads the vocabulary."""
-    whole = constraint is not None or bias is not None or (sampling.greedy and p_min > 0)
+    penalties (``shaping``: either), or ``p_min``'s softmax under greedy reads the vocabulary."""
+    whole = constraint is not None or shaping is not None or (sampling.greedy and p_min > 0)
     return row_top_k(sampling, whole, on_device)
 
 
@@ -160,6 +173,7 @@ def draw_guesses(
     follow: FollowUp | None = None,
     constraint: Constraint | None = None,
     bias: LogitBias | None = None,
+    penalties: Penalties | None = None,
 ) -> None:
     """Up to ``k`` guesses into ``out``, each drawn from the q of ``logits_after(the last guess)``
     (None: the first). The last guess is never fed back, since nothing would read its logits.
@@ -169,7 +183,8 @@ def draw_guesses(
     than q, and bias the output. After each guess ``follow`` may finish the run with free ones.
     Under a grammar (``constraint``) q is masked by its state along the guesses, as the
     target's p is, so the draft guesses only what the grammar allows; the state is rolled back
-    after the run.
+    after the run. ``penalties`` count the context and the guesses before each row, as the
+    target's do.
     """
     guess: int | None = None
     consumed = 0
@@ -178,7 +193,7 @@ def draw_guesses(
             if constraint is not None and guess is not None:  # the state after the last guess
                 constraint.consume(guess)
                 consumed += 1
-            logits = shaped(logits_after(guess), bias, constraint)
+            logits = shaped(logits_after(guess), bias, constraint, penalties, context, out.tokens)
             guess = _draw(out, logits, sampling, rng, p_min, constraint is not None)
             if guess is None:
                 break

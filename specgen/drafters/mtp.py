@@ -16,6 +16,7 @@ from typing import Protocol
 
 from specgen.core.constraint import Constraint
 from specgen.core.coupling import Draws
+from specgen.core.penalties import Penalties
 from specgen.core.sampling import Row, SamplingParams
 from specgen.drafters.base import Candidate, FollowUp, Proposal
 from specgen.drafters.model import draft_top_k, draw_guesses
@@ -61,9 +62,15 @@ class MtpDrafter:
         self._fresh = True
         self._constraint: Constraint | None = None
         self._bias: LogitBias | None = None
+        self._penalties: Penalties | None = None
 
-    def constrain(self, constraint: Constraint | None, bias: LogitBias | None = None) -> None:
-        self._constraint, self._bias = constraint, bias
+    def constrain(
+        self,
+        constraint: Constraint | None,
+        bias: LogitBias | None = None,
+        penalties: Penalties | None = None,
+    ) -> None:
+        self._constraint, self._bias, self._penalties = constraint, bias, penalties
 
     def begin(self, prompt: Sequence[int], reuse_prefix: bool = False) -> None:
         """The head reads the prompt (its end) when first asked for guesses."""
@@ -84,7 +91,13 @@ class MtpDrafter:
     ) -> Proposal:
         out, head = Proposal(), self.head
         head.sample_top_k(
-            draft_top_k(sampling, self.p_min, self._constraint, self._bias, head.rows_on_device)
+            draft_top_k(
+                sampling,
+                self.p_min,
+                self._constraint,
+                self._bias or self._penalties,
+                head.rows_on_device,
+            )
         )
         # What the head reads first is the prompt's end (prompt time, as a draft model's
         # prompt pass is) or what the target decoded alone (a cost of having been off).
@@ -103,7 +116,7 @@ class MtpDrafter:
 
             draw_guesses(
                 out, logits_after, k, sampling, rng, self.p_min, self.is_eog, context, follow,
-                self._constraint, self._bias,
+                self._constraint, self._bias, self._penalties,
             )  # fmt: skip
         finally:
             head.end()

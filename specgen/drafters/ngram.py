@@ -32,7 +32,7 @@ class NgramDrafter:
         self.cache = cache
         self.begin(())
 
-    def constrain(self, constraint: object, bias: object = None) -> None:
+    def constrain(self, constraint: object, bias: object = None, penalties: object = None) -> None:
         """A match's guesses are point masses: the engine cuts those the grammar refuses."""
 
     def begin(self, prompt: Sequence[int], reuse_prefix: bool = False) -> None:

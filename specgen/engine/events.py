@@ -13,6 +13,7 @@ from typing import Literal, get_args
 import numpy as np
 
 from specgen.core.lookahead import Lookahead, check_lookahead
+from specgen.core.penalties import Penalties
 from specgen.core.sampling import SamplingParams, top_ids
 from specgen.stats import Stats, StopReason
 from specgen.structured.grammar import Grammar, LogitBias
@@ -38,6 +39,8 @@ class GenerationConfig:
     seed: int | None = None
     grammar: Grammar | None = None  # what the output must match (``specgen.structured.grammar``)
     logit_bias: LogitBias | None = None  # added to the target's logits and the draft's
+    # Repetition, frequency and presence penalties (``core.penalties``), of both models' rows.
+    penalties: Penalties | None = None
     # Log-probabilities of each generated token (and of the ``logprobs`` likeliest there):
     # None for none; from the target's own rows, which the verify pass has computed anyway.
     logprobs: int | None = None

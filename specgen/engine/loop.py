@@ -23,6 +23,7 @@ import numpy as np
 from specgen.core.constraint import Constraint, shaped
 from specgen.core.coupling import Draws, Keyed, draw
 from specgen.core.lookahead import DEFAULT_LOOKAHEAD, Lookahead, effective_lookahead
+from specgen.core.penalties import Penalties, penalties_of
 from specgen.core.sampling import (
     Dist,
     Row,
@@ -207,11 +208,17 @@ class _Generation:
         )
         bias = config.logit_bias
         self.bias: LogitBias | None = bias if bias is not None and bias.ids else None
+        self.penalties: Penalties | None = penalties_of(config.penalties)
         if self.drafter is not None:
-            self.drafter.constrain(self.constraint, self.bias)
+            self.drafter.constrain(self.constraint, self.bias, self.penalties)
         # Rows whole where something reads the whole vocabulary, else their top-k (on the
         # backend where the model can): the same p either way.
-        whole = self.constraint is not None or self.bias is not None or config.logprobs is not None
+        whole = (
+            self.constraint is not None
+            or self.bias is not None
+            or self.penalties is not None
+            or config.logprobs is not None
+        )
         stats.row_top_k = self.target.sample_top_k(
             row_top_k(self.sampling, whole, self.target.rows_on_device)
         )
@@ -239,7 +246,7 @@ class _Generation:
         held = engine._context[: target.n_past] if reuse_prefix and engine._clean else []
         engine._context, engine._clean = self.tokens, False
         stats.n_prompt_cached, rows = reuse_prefix_cache(target, held, self.tokens, 1)
-        row = shaped(rows[0], self.bias, self.constraint)
+        row = shaped(rows[0], self.bias, self.constraint, self.penalties, self.tokens)
         if self.sampling.greedy:
             first = best(row)
         else:
@@ -328,7 +335,15 @@ class _Generation:
         top = self.config.logprobs
         read: list[Row] | None = [] if top is not None else None
         verdict = verdict_on(
-            proposal, rows, self.sampling, self.draws(), self.constraint, self.bias, read
+            proposal,
+            rows,
+            self.sampling,
+            self.draws(),
+            self.constraint,
+            self.bias,
+            read,
+            self.penalties,
+            self.tokens,
         )
         logprobs: tuple[TokenLogprob, ...] = ()
         if read is not None and top is not None:  # before the rollback, which may decode

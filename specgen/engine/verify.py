@@ -1,14 +1,17 @@
 """Step 3's rule: the verdict on a cycle's guesses from the target's rows, under the logit
-bias and the grammar's mask where there are any, and the guesses a grammar cuts before the
-verify pass reads them. Pure: no model, no clock.
+bias, the penalties and the grammar's mask where there are any, and the guesses a grammar cuts
+before the verify pass reads them. Pure: no model, no clock.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import numpy as np
 
 from specgen.core.constraint import Constraint, shaped
 from specgen.core.coupling import Draws, Keyed, verify_gumbel
+from specgen.core.penalties import Penalties
 from specgen.core.sampling import Row, Rows, SamplingParams, best, warp
 from specgen.core.speculative import Verdict, verify, verify_greedy
 from specgen.drafters import NgramTail, Proposal
@@ -23,12 +26,15 @@ def verdict_on(
     constraint: Constraint | None = None,
     bias: LogitBias | None = None,
     read: list[Row] | None = None,
+    penalties: Penalties | None = None,
+    history: Sequence[int] = (),
 ) -> Verdict:
     """The verdict on a proposal; into ``read`` (where given) the rows the rule read, as it
-    read them (biased and masked), one per position it reached. ``draws``: keyed noise from the
-    first guess's position for the Gumbel-max rule (``core.coupling``), or the random
-    generator for the min(1, p/q) rule."""
-    if constraint is None and bias is None:
+    read them (biased, penalized and masked), one per position it reached. ``draws``: keyed
+    noise from the first guess's position for the Gumbel-max rule (``core.coupling``), or the
+    random generator for the min(1, p/q) rule. ``history``: the context before the first row
+    (what the penalties count, with the guesses before each row)."""
+    if constraint is None and bias is None and penalties is None:
         if read is not None:
             read.extend(rows[: len(proposal.tokens) + 1])
         if sampling.greedy:
@@ -38,15 +44,16 @@ def verdict_on(
                 proposal.tokens, lambda i: warp(rows[i], sampling), draws.seed, draws.position
             )
         return verify(proposal.tokens, proposal.q, lambda i: warp(rows[i], sampling), draws)
-    # The bias first, then the grammar's mask, whose state for each row is the one after the
-    # guesses before it: the rule asks for rows in order (0, 1, ...), each once, so the state
-    # follows the kept guesses and ends after the token drawn.
+    # The bias first, then the penalties of the context and the guesses before the row, then
+    # the grammar's mask, whose state for each row is the one after the guesses before it: the
+    # rule asks for rows in order (0, 1, ...), each once, so the state follows the kept guesses
+    # and ends after the token drawn.
     guesses = proposal.tokens
 
     def row(i: int) -> Row:
         if constraint is not None and i > 0:
             constraint.consume(guesses[i - 1])
-        out = shaped(rows[i], bias, constraint)
+        out = shaped(rows[i], bias, constraint, penalties, history, guesses[:i])
         if read is not None:
             read.append(out)
         return out

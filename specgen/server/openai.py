@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from specgen.api import Settings
+from specgen.core.penalties import REQUEST_FIELDS, penalties_from
 from specgen.core.sampling import DEFAULT_SAMPLING, SamplingParams
 from specgen.engine import MAX_TOP_LOGPROBS, TokenLogprob
 from specgen.errors import UsageError, lookup
@@ -45,9 +46,6 @@ FINISH: dict[StopReason, str] = {
 UNSUPPORTED: dict[str, tuple[object, ...]] = {
     "functions": (None, []),
     "function_call": (None, "none", "auto"),
-    "presence_penalty": (None, 0, 0.0),
-    "frequency_penalty": (None, 0, 0.0),
-    "repeat_penalty": (None, 1, 1.0),
     "best_of": (None, 1),
     "echo": (None, False),
     "suffix": (None, ""),
@@ -79,6 +77,11 @@ class SamplingRequest(BaseModel):
     grammar: str | None = None
     format: str | None = None
     logit_bias: dict[str, float] | None = None  # token id -> bias, -100..100
+    # llama.cpp's penalties (``core.penalties``): OpenAI's two, and llama-server's two more.
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    repeat_penalty: float | None = Field(default=None, gt=0.0)
+    repeat_last_n: int | None = Field(default=None, ge=-1)
     # Chat: a bool, with top_logprobs alternatives; completions: the number of alternatives.
     logprobs: bool | int | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
@@ -129,9 +132,15 @@ class SamplingRequest(BaseModel):
         except ValueError as err:
             raise ApiError(400, str(err), code="invalid_value") from err
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+        asked = {name: getattr(self, name) for name in REQUEST_FIELDS}
+        try:
+            penalties = penalties_from(asked)
+        except ValueError as err:
+            raise ApiError(400, str(err), code="invalid_value") from err
         return Settings(
             grammar=constraint,
             logit_bias=bias,
+            penalties=penalties,
             logprobs=self.wanted_logprobs(),
             max_tokens=self.max_completion_tokens or self.max_tokens or default_max,
             sampling=SamplingParams(self.temperature, self.top_k, self.top_p, self.min_p),

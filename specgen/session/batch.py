@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 
+from specgen.core.penalties import penalties_from
 from specgen.engine import GenerationConfig, SpeculativeEngine
 from specgen.errors import describe
 from specgen.session.generate import Prompt, Result, generate, stream
@@ -81,6 +82,8 @@ def config_for(item: BatchPrompt, base: GenerationConfig) -> GenerationConfig:
     sampling = base.sampling
     if "temperature" in settings:
         sampling = replace(sampling, temperature=settings.pop("temperature"))
+    if "penalties" in settings:  # each field named over the run's
+        settings["penalties"] = penalties_from(settings["penalties"], base.penalties)
     return replace(base, sampling=sampling, **settings)
 
 

@@ -150,6 +150,10 @@ class PairOptions:
     # Sequences generating at once (``session.parallel``): each model's context holds this
     # many, each with a cache of n_ctx tokens.
     parallel: int = 1
+    # The threads a model whose setting is 0 loads with where other processes keep CPUs busy
+    # (``host.machine.threads_for_now``; 0: llama.cpp's default). What the pair measures is
+    # kept under the setting all the same: a busy moment must not split what is remembered.
+    busy_threads: int = 0
 
     @classmethod
     def for_both(
@@ -305,7 +309,12 @@ def vocabulary_tag(model: LoadedModel) -> str:
 
 def _costs_file(target: LoadedModel, draft: LoadedModel | None, options: PairOptions) -> Path:
     files = [target.path] if draft is None else [target.path, draft.path]
-    threads = [target.n_threads, draft.n_threads if draft else 0]
+    # Kept under the threads asked for (0: llama.cpp's default), not a busy moment's fewer.
+    default = machine.default_threads()
+    threads = [
+        options.target_threads or default,
+        (options.draft_threads or default) if draft else 0,
+    ]
     layers = [options.target_gpu_layers, options.draft_gpu_layers]
     return costs_path(files, [*threads, *layers, list(options.workers), options.local_head])
 
@@ -378,7 +387,7 @@ def _load(target: str | Path, draft: str | Path | None, options: PairOptions, ng
         target_path,
         ModelOptions(
             options.n_ctx,
-            options.target_threads,
+            options.target_threads or options.busy_threads,
             options.target_gpu_layers,
             workers=options.workers,
             local_head=options.local_head,
@@ -399,7 +408,7 @@ def _load(target: str | Path, draft: str | Path | None, options: PairOptions, ng
             # none.
             ModelOptions(
                 target_model.n_ctx,
-                options.draft_threads,
+                options.draft_threads or options.busy_threads,
                 options.draft_gpu_layers,
                 n_seq=options.parallel,
             ),

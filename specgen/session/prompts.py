@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from specgen.core.penalties import REQUEST_FIELDS, penalties_from
 from specgen.errors import UsageError
 from specgen.structured import grammar
 from specgen.structured.grammar import LogitBias
@@ -111,9 +112,10 @@ def parse_lines(text: str) -> list[BatchItem]:
 
 def parse_jsonl(text: str) -> list[BatchItem]:
     """JSON lines: ``prompt`` or ``messages``, and optionally ``id``, ``system``,
-    ``max_tokens``, ``temperature``, ``seed``, ``stop``, and what the output must match
-    (``response_format``, ``json_schema``, ``grammar`` or ``format``); other fields are
-    ignored."""
+    ``max_tokens``, ``temperature``, ``seed``, ``stop``, ``logprobs``, ``logit_bias``, the
+    penalties (``repeat_penalty``, ``frequency_penalty``, ``presence_penalty``,
+    ``repeat_last_n``), and what the output must match (``response_format``, ``json_schema``,
+    ``grammar`` or ``format``); other fields are ignored."""
     items: list[BatchItem] = []
     for number, line in enumerate(text.split("\n"), start=1):
         if line.strip():
@@ -174,6 +176,10 @@ def _prompt(record: dict[str, Any], id_: int | str, number: int) -> BatchPrompt:
         if not isinstance(bias, dict):
             raise ValueError("'logit_bias' must be an object of token id: bias")
         settings["logit_bias"] = LogitBias.from_mapping(bias)
+    asked = {name: record[name] for name in REQUEST_FIELDS if name in record}
+    if asked:
+        penalties_from(asked)  # said here, on its line; the run's own fill in the rest
+        settings["penalties"] = asked
     if "stop" in record:
         stop = record["stop"]
         stops = [stop] if isinstance(stop, str) else stop

@@ -138,3 +138,32 @@ def test_ctrl_c_in_a_batch_keeps_finished_lines_and_resume_finishes(
     again = specgen_process(*batch, "--resume", fakes=True)
     assert again.returncode == 0, again.stderr
     assert sorted(r["id"] for r in lines(out.read_text())) == list(range(1, 13))
+
+
+def test_a_line_s_penalties_over_the_run_s(models: list[str], tmp_path: Path) -> None:
+    """A line's penalty fields change only what they name: the run's --repeat-penalty stays
+    under a line's presence_penalty; a bad value fails its own line."""
+    prompt = "One, two, three, four,"
+    path = tmp_path / "prompts.jsonl"
+    path.write_text(
+        "\n".join(
+            json.dumps(record)
+            for record in (
+                {"id": "both", "prompt": prompt, "presence_penalty": 0.9},
+                {"id": "run", "prompt": prompt},
+                {"id": "bad", "prompt": prompt, "repeat_last_n": "all"},
+            )
+        )
+        + "\n"
+    )
+    done = specgen("run", "-f", str(path), *models, "--repeat-penalty", "1.4")
+    assert done.returncode == 1, done.stderr
+    records = {r["id"]: r for r in lines(done.stdout)}
+
+    def single(*flags: str) -> str:
+        return json.loads(specgen("run", prompt, *models, *flags, "--json").stdout)["text"]
+
+    both = single("--repeat-penalty", "1.4", "--presence-penalty", "0.9")
+    assert records["both"]["text"] == both
+    assert records["run"]["text"] == single("--repeat-penalty", "1.4") != both
+    assert "'repeat_last_n' must be a whole number" in records["bad"]["error"]

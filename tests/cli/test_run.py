@@ -12,6 +12,8 @@ import os
 import re
 import signal
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -507,27 +509,67 @@ def test_live_stats_on_stderr_when_stdout_is_a_file(pair_args: list[str]) -> Non
     assert b"\x1b[" not in out  # the file got only text
 
 
-@pytest.mark.skipif((os.cpu_count() or 1) > 4, reason="spins a process per CPU")
-def test_default_threads_leave_the_cpus_other_processes_hold(fake_pair: FakePair) -> None:
-    """A laptop with a busy process: the default -t takes fewer threads (the issue's 2-core
-    case ran the target at 0.65x with -t 2); -t says otherwise."""
+@contextmanager
+def other_processes_busy() -> Iterator[None]:
+    """A process spinning on all but one CPU (on one, that one) while the block runs."""
     import sys
-
-    from specgen.host.machine import default_threads
+    import time
 
     cpus = os.cpu_count() or 1
     spinners = [
         subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(cpus - 1 or 1)
     ]
     try:
-        import time
-
         time.sleep(0.3)
-        busy = run_json(fake_pair, "Hi")
-        given = run_json(fake_pair, "Hi", "-t", str(default_threads()))
+        yield
     finally:
         for spinner in spinners:
             spinner.kill()
             spinner.wait()
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) > 4, reason="spins a process per CPU")
+def test_default_threads_leave_the_cpus_other_processes_hold(fake_pair: FakePair) -> None:
+    """A laptop with a busy process: the default -t takes fewer threads (the issue's 2-core
+    case ran the target at 0.65x with -t 2); -t says otherwise."""
+    from specgen.host.machine import default_threads
+
+    with other_processes_busy():
+        busy = run_json(fake_pair, "Hi")
     assert busy["params"]["threads"] < default_threads() or default_threads() == 1
+    with other_processes_busy():
+        given = run_json(fake_pair, "Hi", "-t", str(default_threads()))
     assert given["params"]["threads"] == default_threads()
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one CPU leaves no thread to take away")
+def test_what_a_busy_run_measured_is_remembered_under_the_default(
+    fake_pair: FakePair, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run that took fewer threads because the machine was busy keeps what -k auto measured
+    under the default -t: the next run, on an idle machine, drafts from its first cycle."""
+    from specgen.host import machine
+
+    auto = ("Once upon a time", "-k", "auto", "--no-ngram", "-n", "60")
+    monkeypatch.setattr(machine, "load_now", lambda seconds=0.1: float(os.cpu_count() or 1))
+    busy = run_json(fake_pair, *auto)
+    assert busy["params"]["threads"] == 1
+    assert busy["stats"]["lookahead_history"]["target_alone_cycles"] >= 2
+    monkeypatch.setattr(machine, "load_now", lambda seconds=0.1: 0.0)
+    idle = run_json(fake_pair, *auto)
+    assert idle["params"]["threads"] == machine.default_threads()
+    assert idle["stats"]["lookahead_history"]["target_alone_cycles"] < 2
+
+
+def test_llama_cpp_penalty_flags_change_the_text_and_keep_it_exact(fake_pair: FakePair) -> None:
+    """--repeat-penalty and friends change the greedy text; at any K it is the target alone's
+    under them; a value out of range is one line."""
+    penalized = ("--repeat-penalty", "1.5", "--frequency-penalty", "0.5", "--repeat-last-n", "32")
+    plain = run_json(fake_pair, "One, two, three,", "-n", "40")["text"]
+    alone = run_json(fake_pair, "One, two, three,", "-n", "40", "-k", "0", *penalized)["text"]
+    drafted = run_json(fake_pair, "One, two, three,", "-n", "40", "-k", "4", *penalized)
+    assert drafted["text"] == alone != plain
+    assert drafted["stats"]["accepted"] > 0
+    assert drafted["params"]["repeat_penalty"] == 1.5 and drafted["params"]["repeat_last_n"] == 32
+    bad = specgen_here("run", "Hi", *fake_pair.args("--presence-penalty", "3"))
+    one_line_error(bad, "--presence-penalty", code=2)

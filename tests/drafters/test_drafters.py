@@ -35,7 +35,7 @@ class ScriptedDrafter:
     def __init__(self, script: list[int]) -> None:
         self.script, self.calls = script, []
 
-    def constrain(self, constraint, bias=None) -> None:
+    def constrain(self, constraint, bias=None, penalties=None) -> None:
         self.calls.append(("constrain", constraint))
 
     def begin(self, prompt: Sequence[int], reuse_prefix: bool = False) -> None:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
+from specgen.core.penalties import Penalties
 from specgen.core.sampling import SamplingParams, warp
 from specgen.drafters import ModelDrafter
 from specgen.engine import (
@@ -114,24 +117,24 @@ def test_tokens_two_and_three_follow_target_distribution(
         return warp(ref.logits_after([*PROMPT, *context]), sampling).dense(16)
 
     joint = sum(p([])[a] * np.array([p([a])[b] * p([a, b]) for b in range(16)]) for a in range(16))
-    counts = np.zeros((16, 16))
     target, draft = FakeModel(sharpness=0.7), FakeModel(sharpness=0.7, noise=1.0, salt=9)
-    engine = spec(target, draft, p_min)
-    n = 3000
-    for seed in range(n):
-        tokens, _, _ = drive(
-            engine,
-            GenerationConfig(
-                lookahead=lookahead,
-                sampling=sampling,
-                max_tokens=lookahead + 3,
-                seed=seed,
-                coupling=coupling,
-            ),
-            PROMPT,
-        )
+    config = GenerationConfig(
+        lookahead=lookahead, sampling=sampling, max_tokens=lookahead + 3, coupling=coupling
+    )
+    counts = second_and_third(spec(target, draft, p_min), config)
+    assert pooled_chisquare_pvalue(counts, joint * N_SEEDS) > 1e-3
+
+
+N_SEEDS = 3000
+
+
+def second_and_third(engine: SpeculativeEngine, config: GenerationConfig) -> np.ndarray:
+    """How often each (x2, x3) came, over seeds 0 .. N_SEEDS - 1."""
+    counts = np.zeros((16, 16))
+    for seed in range(N_SEEDS):
+        tokens, _, _ = drive(engine, replace(config, seed=seed), PROMPT)
         counts[tokens[1], tokens[2]] += 1
-    assert pooled_chisquare_pvalue(counts, joint * n) > 1e-3
+    return counts
 
 
 @pytest.mark.parametrize("sampling", [GREEDY, SamplingParams(0.8, 6, 0.95, 0.05)])
@@ -426,3 +429,57 @@ def test_a_seed_gives_the_same_sampled_text_at_any_k(drafter: str) -> None:
         drive(engine(), GenerationConfig(4, GREEDY, 20, seed=1), prompt).finished.stats.coupling
         is None
     )
+
+
+# Strong penalties over a short window: each row's history (the prompt's end and the guesses
+# before it) changes it.
+PENALTIES = Penalties(repeat=1.8, frequency=0.6, presence=0.8, last_n=3)
+
+
+@pytest.mark.parametrize("coupling", ["residual", "gumbel"])
+@pytest.mark.parametrize("lookahead", [0, 3])
+def test_penalized_tokens_follow_the_penalized_target(lookahead: int, coupling: str) -> None:
+    """Chi-square on (x2, x3) against the target's rows each penalized by its own history."""
+    sampling = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
+    ref = FakeModel(sharpness=0.7, repeat=5)
+
+    def p(context: list[int]) -> np.ndarray:
+        history = [*PROMPT, *context]
+        return warp(PENALTIES.apply(ref.logits_after(history), history), sampling).dense(16)
+
+    joint = sum(p([])[a] * np.array([p([a])[b] * p([a, b]) for b in range(16)]) for a in range(16))
+    target = FakeModel(sharpness=0.7, repeat=5)
+    draft = FakeModel(sharpness=0.7, repeat=5, noise=0.5, salt=9)
+    config = GenerationConfig(
+        lookahead=lookahead,
+        sampling=sampling,
+        max_tokens=lookahead + 3,
+        coupling=coupling,
+        penalties=PENALTIES,
+    )
+    counts = second_and_third(spec(target, draft), config)
+    assert pooled_chisquare_pvalue(counts, joint * N_SEEDS) > 1e-3
+
+
+# A prompt whose last token's successor (``repeat``) is in the window: its first row changes.
+LOOPED = [0, 2, 3]
+
+
+@pytest.mark.parametrize("lookahead", [2, 5])
+def test_greedy_with_penalties_is_the_penalized_target_alone(lookahead: int) -> None:
+    """A model that loops (``repeat``) loops less under penalties, and the speculative text is
+    the target alone's, token for token, with the draft's rows penalized too."""
+    config = GenerationConfig(lookahead=0, sampling=GREEDY, max_tokens=60)
+    plain, _, _ = drive(SpeculativeEngine(FakeModel(repeat=4)), config, LOOPED)
+    penalized = replace(config, penalties=PENALTIES)
+    alone, _, _ = drive(SpeculativeEngine(FakeModel(repeat=4)), penalized, LOOPED)
+    assert alone != plain
+    ref, history = FakeModel(repeat=4), list(LOOPED)
+    for _ in range(10):  # the first token's row too (the prompt's own pass)
+        history.append(int(np.argmax(PENALTIES.apply(ref.logits_after(history), history))))
+    assert alone[:10] == history[len(LOOPED) :]
+    target, draft = pair(repeat=4)
+    tokens, _, done = drive(spec(target, draft), replace(penalized, lookahead=lookahead), LOOPED)
+    assert tokens == alone
+    assert done.stats.row_top_k == 0 and draft.top_k == 0  # penalties read whole rows
+    assert done.stats.n_accepted > 0

@@ -415,3 +415,31 @@ def test_parallel_slots_answer_side_by_side_as_one_at_a_time_does(fake_pair: Fak
         assert two["timings"]["cache_n"] >= answers[2]["usage"]["prompt_tokens"]
     finally:
         http.close()
+
+
+def test_penalties_from_a_real_client_are_run_s(http, fake_pair: FakePair) -> None:
+    """OpenAI's presence and frequency penalties (the client's own keywords) and llama-server's
+    repeat_penalty give the text `specgen run` gives with the same flags; out of range: 422."""
+    penalties = {"presence_penalty": 0.8, "frequency_penalty": 0.4}
+
+    async def work(client):
+        return await client.completions.create(
+            model="x",
+            prompt="The capital is",
+            temperature=0,
+            max_tokens=24,
+            extra_body={"repeat_penalty": 1.3, "repeat_last_n": 16},
+            **penalties,
+        )
+
+    completion = http.openai(work)
+    flags = ("--presence-penalty", "0.8", "--frequency-penalty", "0.4", "--repeat-penalty", "1.3")
+    shown = run_cli(
+        fake_pair, "The capital is", "-n", "24", "--raw", *flags, "--repeat-last-n", "16"
+    )
+    plain = run_cli(fake_pair, "The capital is", "-n", "24", "--raw")
+    assert completion.choices[0].text == shown["text"] != plain["text"]
+    hi = [{"role": "user", "content": "hi"}]
+    for field, value in (("presence_penalty", 3), ("repeat_penalty", 0), ("repeat_last_n", -2)):
+        bad = http.post("/v1/chat/completions", json={"messages": hi, field: value})
+        assert bad.status_code == 422 and field in bad.text

@@ -48,7 +48,7 @@ def test_the_server_refuses_what_it_would_otherwise_ignore(fake_pair) -> None:
     for field, value in [
         ("functions", tools),  # OpenAI's older form of tools
         ("tool_choice", "required"),  # with no tools to call
-        ("presence_penalty", 0.5),
+        ("mirostat", 2),
         ("best_of", 2),
     ]:
         reply = asyncio.run(post(**{field: value}))
