@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from specgen.cli.output import out
+from specgen.core.penalties import REQUEST_FIELDS, Penalties, penalties_from
 from specgen.errors import UsageError, describe
 
 if TYPE_CHECKING:
@@ -28,6 +29,7 @@ FENCE = '"""'
 HISTORY_LINES = 1000
 HELP = """\
 /set temperature|top-k|top-p|min-p|seed|max-tokens VALUE   change a setting (seed -1: none)
+/set repeat-penalty|frequency-penalty|presence-penalty|repeat-last-n VALUE   llama.cpp's
 /set system TEXT   /system TEXT   the system message (empty: none)
 /show              the settings and the conversation's length
 /clear             forget the conversation (the system message stays)
@@ -95,6 +97,11 @@ class Conversation:
                     sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p
                 )  # checks the ranges
                 self.settings = replace(self.settings, sampling=sampling)
+            elif key.replace("-", "_") in REQUEST_FIELDS:
+                name = key.replace("-", "_")
+                given = int(value) if name == "repeat_last_n" else float(value)
+                penalties = penalties_from({name: given}, self.settings.penalties)
+                self.settings = replace(self.settings, penalties=penalties)
             elif key == "seed":
                 seed = int(value)
                 self.settings = replace(self.settings, seed=None if seed < 0 else seed)
@@ -105,7 +112,8 @@ class Conversation:
             else:
                 raise UsageError(
                     f"/set {key}: not a setting (temperature, top-k, top-p, min-p, seed, "
-                    "max-tokens, system)"
+                    "max-tokens, repeat-penalty, frequency-penalty, presence-penalty, "
+                    "repeat-last-n, system)"
                 )
         except ValueError as err:
             raise UsageError(f"/set {key} {value}: {err}") from None
@@ -113,10 +121,13 @@ class Conversation:
 
     def show(self) -> str:
         s, sampling = self.settings, self.settings.sampling
+        penalties = s.penalties or Penalties()
         return (
             f"temperature {sampling.temperature:g}  top-k {sampling.top_k}  "
             f"top-p {sampling.top_p:g}  min-p {sampling.min_p:g}  "
             f"seed {'none' if s.seed is None else s.seed}  max-tokens {s.max_tokens}\n"
+            f"repeat-penalty {penalties.repeat:g}  frequency-penalty {penalties.frequency:g}  "
+            f"presence-penalty {penalties.presence:g}  repeat-last-n {penalties.last_n}\n"
             f"system: {self.system if self.system else '(none)'}\n"
             f"{len(self.messages)} messages"
         )

@@ -52,6 +52,12 @@ def test_a_conversation_in_a_terminal(chat_args: list[str], tmp_path: Path) -> N
     child.expect_exact(">>> ")
     child.sendline("/set temperature 0.5")
     child.expect("temperature = 0.5")
+    child.sendline("/set repeat-penalty 1.3")
+    child.expect("repeat-penalty = 1.3")
+    child.sendline("/set presence-penalty 5")
+    child.expect("error: /set presence-penalty 5: presence_penalty must be from -2 to 2")
+    child.sendline("/show")
+    child.expect("repeat-penalty 1.3  frequency-penalty 0  presence-penalty 0  repeat-last-n 64")
     child.sendline("/set nonsense 1")
     child.expect("error: /set nonsense: not a setting")  # one line, and the chat goes on
     child.expect_exact(">>> ")

@@ -333,3 +333,25 @@ def test_a_seed_gives_the_same_text_at_any_k(smol) -> None:
         )
         assert stats.coupling == "gumbel" and stats.n_drafted > 0
         assert tokens == alone, k
+
+
+def test_greedy_under_penalties_is_the_penalized_target_alone(smol) -> None:
+    """llama.cpp's penalties on a real pair: the text changes, and at any K and with n-grams
+    beside the draft it is the penalized target alone's, token for token."""
+    from dataclasses import replace
+
+    from specgen.core.penalties import Penalties
+
+    target, draft = smol
+    tokens = target.tokenize(REPEATING)
+    plain = GenerationConfig(lookahead=0, sampling=GREEDY, max_tokens=48)
+    config = replace(plain, penalties=Penalties(repeat=1.3, frequency=0.3, presence=0.5))
+    unpenalized, _ = run_to_end(SpeculativeEngine(target), plain, tokens)
+    alone, _ = run_to_end(SpeculativeEngine(target), config, tokens)
+    assert alone != unpenalized
+    for drafter, lookahead in ((ModelDrafter(draft), 4), (HybridDrafter(ModelDrafter(draft)), 6)):
+        spec, done = run_to_end(
+            SpeculativeEngine(target, drafter), replace(config, lookahead=lookahead), tokens
+        )
+        assert_same_up_to_near_ties(target, tokens, alone, spec, 0.01, f"K={lookahead}")
+        assert done.n_accepted > 0
