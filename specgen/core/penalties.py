@@ -10,6 +10,7 @@ draft's q alike, and the output follows the penalized target exactly.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -18,6 +19,7 @@ import numpy as np
 
 # llama.cpp's window: the last 64 tokens.
 DEFAULT_LAST_N = 64
+_LARGEST = float(np.finfo(np.float32).max)
 
 
 @dataclass(frozen=True)
@@ -31,8 +33,8 @@ class Penalties:
     last_n: int = DEFAULT_LAST_N
 
     def __post_init__(self) -> None:
-        if not self.repeat > 0.0:
-            raise ValueError("repeat_penalty must be above 0 (1 is none)")
+        if not (math.isfinite(self.repeat) and self.repeat > 0.0):
+            raise ValueError("repeat_penalty must be a number above 0 (1 is none)")
         if not -2.0 <= self.frequency <= 2.0:
             raise ValueError("frequency_penalty must be from -2 to 2")
         if not -2.0 <= self.presence <= 2.0:
@@ -65,9 +67,14 @@ class Penalties:
         if not self.active or seen.size == 0:
             return out
         ids, counts = np.unique(seen[(seen >= 0) & (seen < out.shape[0])], return_counts=True)
-        row = out[ids]
-        row = np.where(row <= 0, row * self.repeat, row / self.repeat)
-        out[ids] = row - counts * np.float32(self.frequency) - np.float32(self.presence)
+        row = out[ids].astype(np.float64)
+        with np.errstate(all="ignore"):
+            scaled = np.where(row <= 0, row * self.repeat, row / self.repeat)
+        scaled = scaled - counts * self.frequency - self.presence
+        # A penalty near 0 (or a huge one) sends a logit past float32: it stays the largest
+        # finite one, so every row stays a distribution; a token ruled out (-inf) stays out.
+        scaled = np.clip(scaled, -_LARGEST, _LARGEST)
+        out[ids] = np.where(np.isneginf(row), row, scaled)
         return out
 
 

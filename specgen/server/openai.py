@@ -80,7 +80,7 @@ class SamplingRequest(BaseModel):
     # llama.cpp's penalties (``core.penalties``): OpenAI's two, and llama-server's two more.
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
-    repeat_penalty: float | None = Field(default=None, gt=0.0)
+    repeat_penalty: float | None = Field(default=None, gt=0.0, allow_inf_nan=False)
     repeat_last_n: int | None = Field(default=None, ge=-1)
     # Chat: a bool, with top_logprobs alternatives; completions: the number of alternatives.
     logprobs: bool | int | None = None

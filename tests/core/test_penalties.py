@@ -42,3 +42,21 @@ def test_a_request_names_its_fields_and_keeps_the_rest() -> None:
         penalties_from({"repeat_last_n": 1.5})
     with pytest.raises(ValueError, match="frequency_penalty"):
         penalties_from({"frequency_penalty": 3})
+
+
+@pytest.mark.parametrize("repeat", [5e-324, 1e-30, 1e30, 1.7e308])
+def test_an_extreme_repeat_penalty_keeps_every_logit_finite(repeat: float) -> None:
+    logits = np.array([30.0, 0.0, -30.0, 1.0, -np.inf], dtype=np.float32)
+    out = Penalties(repeat=repeat, frequency=2.0).apply(logits, [0, 1, 2, 4])
+    assert np.isfinite(out[:4]).all()
+    assert out[3] == 1.0  # unseen
+    assert out[4] == -np.inf  # ruled out, and still
+    # Below 1 a penalty favours what was seen (a positive logit grows, a negative one nears 0).
+    favours = repeat < 1.0
+    assert (out[0] > out[3]) == favours and (out[2] > -30.0) == favours
+
+
+@pytest.mark.parametrize("repeat", [float("inf"), float("nan"), -1.0, 0.0])
+def test_a_repeat_penalty_that_is_not_a_positive_number_is_refused(repeat: float) -> None:
+    with pytest.raises(ValueError, match="repeat_penalty"):
+        Penalties(repeat=repeat)

@@ -44,3 +44,18 @@ def test_no_request_gets_a_500_and_every_error_is_an_openai_error(fake_pair) -> 
 
         check()
     assert any(code < 300 for code in seen) and any(code >= 400 for code in seen), seen
+
+
+@pytest.mark.parametrize("repeat", [5e-324, 1e-40, 1e300])
+def test_what_the_fuzzer_found_is_answered(fake_pair, repeat: float) -> None:
+    """The kind of request the fuzzer once turned into a 500 (repeat_penalty 5e-324), where the
+    draft guesses every cycle: a positive penalty so extreme that a logit scaled by it leaves
+    float32 still gives text, greedy and sampled."""
+    from specgen.api import Specgen
+
+    api = Specgen(target=fake_pair.target, draft=fake_pair.draft, lookahead=4)
+    for temperature in (0.0, 0.7, 1.0):
+        result = api.generate(
+            "CycleDone", repeat_penalty=repeat, temperature=temperature, max_tokens=16, seed=3
+        )
+        assert result.stats.n_generated > 0 and result.stats.n_drafted > 0
