@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -184,4 +185,211 @@ def write_header(
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.close()
+    return path
+
+
+@dataclass(frozen=True)
+class LlamaShape:
+    """The shape of a synthetic llama (an attention target for the EAGLE3 and DFlash heads)."""
+
+    n_vocab: int = 128
+    n_embd: int = 256
+    n_head: int = 2
+    n_ff: int = 384
+    n_layer: int = 4
+    n_ctx_train: int = 512
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+
+LLAMA = LlamaShape()
+# The token a DFlash head's vocabulary names its mask (its block's not-yet-drafted positions).
+MASK_TOKEN = LLAMA.n_vocab - 1
+
+
+def _common(w: object, arch: str, s: LlamaShape, n_layer: int, mask: bool = False) -> None:
+    """The hyperparameters and the ``test`` vocabulary every file here shares."""
+    import gguf
+
+    assert isinstance(w, gguf.GGUFWriter)
+    w.add_context_length(s.n_ctx_train)
+    w.add_embedding_length(s.n_embd)
+    w.add_block_count(n_layer)
+    w.add_feed_forward_length(s.n_ff)
+    w.add_head_count(s.n_head)
+    w.add_head_count_kv(s.n_head)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_dimension_count(s.head_dim)
+    w.add_vocab_size(s.n_vocab)
+    w.add_tokenizer_model("test")
+    w.add_token_list([f"tok_{i}" for i in range(s.n_vocab)])
+    w.add_token_scores([0.0] * s.n_vocab)
+    if mask:
+        w.add_mask_token_id(MASK_TOKEN)
+    w.add_file_type(0)  # all F32
+
+
+def _finish(w: object) -> None:
+    import gguf
+
+    assert isinstance(w, gguf.GGUFWriter)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def _randoms(seed: int):  # type: ignore[no-untyped-def]
+    rng = np.random.default_rng(seed)
+
+    def rnd(*dims: int, scale: float = 0.05) -> np.ndarray:
+        return (rng.standard_normal(dims) * scale).astype(np.float32)
+
+    return rng, rnd
+
+
+def _ones(n: int) -> np.ndarray:
+    return np.ones((n,), dtype=np.float32)
+
+
+def _ffn(w: Any, rnd: Any, il: int, s: LlamaShape) -> None:
+    w.add_tensor(f"blk.{il}.ffn_norm.weight", _ones(s.n_embd))
+    w.add_tensor(f"blk.{il}.ffn_gate.weight", rnd(s.n_ff, s.n_embd))
+    w.add_tensor(f"blk.{il}.ffn_up.weight", rnd(s.n_ff, s.n_embd))
+    w.add_tensor(f"blk.{il}.ffn_down.weight", rnd(s.n_embd, s.n_ff))
+
+
+# A shared direction (the first coordinate) in every token's embedding, and in the output rows
+# of the first FOCUS tokens: with ``focus``, a target and a head that share its output layer
+# both favour those tokens, so the head's q overlaps the target's p (random weights alone give
+# distributions nearly disjoint, where a test of the residual has no power).
+FOCUS = 12
+
+
+def write_llama(
+    path: Path,
+    shape: LlamaShape = LLAMA,
+    *,
+    seed: int = 0,
+    output_scale: float = 0.5,
+    focus: float = 0.0,
+) -> Path:
+    """Write a random llama GGUF at ``path``: the tiny attention target the heads draft for.
+    ``focus``: how strongly the first ``FOCUS`` tokens are favoured (0: not)."""
+    import gguf
+
+    s = shape
+    _, rnd = _randoms(seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_name(f"tiny-llama-s{seed}")
+    _common(w, "llama", s, s.n_layer)
+    embeddings = rnd(s.n_vocab, s.n_embd, scale=0.5)
+    output = rnd(s.n_vocab, s.n_embd, scale=output_scale)
+    if focus:
+        embeddings[:, 0] += 2.0
+        output[:FOCUS, 0] += focus
+    w.add_tensor("token_embd.weight", embeddings)
+    w.add_tensor("output_norm.weight", _ones(s.n_embd))
+    w.add_tensor("output.weight", output)
+    for il in range(s.n_layer):
+        w.add_tensor(f"blk.{il}.attn_norm.weight", _ones(s.n_embd))
+        w.add_tensor(f"blk.{il}.attn_q.weight", rnd(s.n_embd, s.n_embd))
+        w.add_tensor(f"blk.{il}.attn_k.weight", rnd(s.n_embd, s.n_embd))
+        w.add_tensor(f"blk.{il}.attn_v.weight", rnd(s.n_embd, s.n_embd))
+        w.add_tensor(f"blk.{il}.attn_output.weight", rnd(s.n_embd, s.n_embd))
+        _ffn(w, rnd, il, s)
+    _finish(w)
+    return path
+
+
+def write_eagle3(
+    path: Path,
+    target: LlamaShape = LLAMA,
+    *,
+    layers: tuple[int, ...] = (0, 1, 3),
+    seed: int = 2,
+    draft_vocab: int = 0,
+    output_scale: float = 0.5,
+    focus: float = 0.0,
+) -> Path:
+    """Write a random EAGLE3 head for a ``target`` of that shape (llama.cpp's ``eagle3``
+    architecture: one decoder layer over the token's embedding and the fused hidden states of
+    the target's ``layers``). ``draft_vocab``: a reduced vocabulary of that many tokens with
+    its own output layer, mapped to the target's ids by ``d2t``; 0: the target's own output
+    layer and vocabulary (read through the target's context). ``focus``: its fusion starts from
+    the last layer read (the target's state there), and its own output layer favours the
+    ``FOCUS`` tokens as much (see ``write_llama``)."""
+    import gguf
+
+    s = target
+    rng, rnd = _randoms(seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    w = gguf.GGUFWriter(str(path), "eagle3")
+    w.add_name(f"tiny-eagle3-s{seed}")
+    _common(w, "eagle3", s, 1)
+    w.add_array("eagle3.target_layers", list(layers))
+    w.add_uint32("eagle3.target_hidden_size", s.n_embd)
+    fc = rnd(s.n_embd, len(layers) * s.n_embd, scale=0.1 if not focus else 0.02)
+    if focus:
+        fc[:, -s.n_embd :] += np.eye(s.n_embd, dtype=np.float32)
+    w.add_tensor("fc.weight", fc)
+    w.add_tensor("output_norm.weight", _ones(s.n_embd))
+    if draft_vocab:
+        rest = rng.choice(np.arange(FOCUS, s.n_vocab), size=draft_vocab - FOCUS, replace=False)
+        ids = np.sort(np.concatenate([np.arange(FOCUS), rest])).astype(np.int64)
+        output = rnd(draft_vocab, s.n_embd, scale=output_scale)
+        if focus:
+            output[:FOCUS, 0] += focus  # ids are sorted: the FOCUS tokens come first
+        w.add_tensor("d2t", ids)
+        w.add_tensor("output.weight", output)
+    w.add_tensor("blk.0.attn_norm.weight", _ones(s.n_embd))
+    w.add_tensor("blk.0.attn_norm_2.weight", _ones(s.n_embd))
+    w.add_tensor("blk.0.attn_q.weight", rnd(s.n_embd, 2 * s.n_embd))
+    w.add_tensor("blk.0.attn_k.weight", rnd(s.n_embd, 2 * s.n_embd))
+    w.add_tensor("blk.0.attn_v.weight", rnd(s.n_embd, 2 * s.n_embd))
+    w.add_tensor("blk.0.attn_output.weight", rnd(s.n_embd, s.n_embd))
+    _ffn(w, rnd, 0, s)
+    _finish(w)
+    return path
+
+
+def write_dflash(
+    path: Path,
+    target: LlamaShape = LLAMA,
+    *,
+    layers: tuple[int, ...] = (1, 3),
+    block_size: int = 8,
+    n_layer: int = 1,
+    seed: int = 3,
+) -> Path:
+    """Write a random DFlash block drafter for a ``target`` of that shape (llama.cpp's
+    ``dflash``: the fused hidden states of the target's ``layers`` written into its own cache,
+    then one pass over ``[last, mask x n]`` gives a distribution for each of the n positions).
+    It shares the target's embeddings and output layer."""
+    import gguf
+
+    s = target
+    _, rnd = _randoms(seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    w = gguf.GGUFWriter(str(path), "dflash")
+    w.add_name(f"tiny-dflash-s{seed}")
+    _common(w, "dflash", s, n_layer, mask=True)
+    w.add_array("dflash.target_layers", list(layers))
+    w.add_uint32("dflash.block_size", block_size)
+    w.add_tensor("fc.weight", rnd(s.n_embd, len(layers) * s.n_embd, scale=0.1))
+    w.add_tensor("enc.output_norm.weight", _ones(s.n_embd))
+    w.add_tensor("output_norm.weight", _ones(s.n_embd))
+    for il in range(n_layer):
+        w.add_tensor(f"blk.{il}.attn_norm.weight", _ones(s.n_embd))
+        w.add_tensor(f"blk.{il}.attn_q.weight", rnd(s.n_embd, s.n_embd))
+        w.add_tensor(f"blk.{il}.attn_k.weight", rnd(s.n_embd, s.n_embd))
+        w.add_tensor(f"blk.{il}.attn_v.weight", rnd(s.n_embd, s.n_embd))
+        w.add_tensor(f"blk.{il}.attn_output.weight", rnd(s.n_embd, s.n_embd))
+        w.add_tensor(f"blk.{il}.attn_q_norm.weight", _ones(s.head_dim))
+        w.add_tensor(f"blk.{il}.attn_k_norm.weight", _ones(s.head_dim))
+        _ffn(w, rnd, il, s)
+    _finish(w)
     return path

@@ -5,6 +5,8 @@
 - ``ggml``: devices, llama.cpp's RPC backend (workers), and where a model's layers go;
 - ``rows``: a decode's rows as their top-k from llama.cpp's backend sampling;
 - ``mtp``: a model's own MTP head, following its decodes (``attach_mtp``);
+- ``heads``: an EAGLE3 or DFlash head beside a model, reading its hidden states
+  (``attach_head``);
 - ``grammar``: llguidance's tokenizer for a vocabulary;
 - ``runtime``: llama.cpp's process-wide state (logs, backends) and what the build is.
 
@@ -23,6 +25,8 @@ from specgen.backend.ggml import (
     supports_gpu_offload,
     worker_devices,
 )
+from specgen.backend.heads import HEAD_KINDS, supports_heads
+from specgen.backend.heads import attach as attach_head
 from specgen.backend.llama import (
     LlamaModel,
     ModelOptions,
@@ -35,12 +39,14 @@ from specgen.backend.mtp import supports_mtp
 from specgen.backend.runtime import decode_seconds, library_version, supports_rpc, system_info
 
 __all__ = [
+    "HEAD_KINDS",
     "LOCAL_HEAD_PATTERN",
     "RPC_REBUILD",
     "Device",
     "LlamaModel",
     "ModelOptions",
     "Vocabulary",
+    "attach_head",
     "attach_mtp",
     "backend_sampling",
     "decode_seconds",
@@ -50,6 +56,7 @@ __all__ = [
     "serve_worker",
     "served_devices",
     "supports_gpu_offload",
+    "supports_heads",
     "supports_mtp",
     "supports_rpc",
     "system_info",

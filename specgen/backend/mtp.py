@@ -73,6 +73,8 @@ def supports_mtp() -> bool:
 class MtpHead:
     """The MTP layers of a loaded target, as a draft that shares its weights."""
 
+    kind = "mtp"  # what its guesses are counted as
+
     def __init__(self, target: LlamaModel) -> None:
         if not target.mtp_loaded or target.n_nextn == 0:
             # llama.cpp aborts the process on an MTP context of a model loaded without them.

@@ -60,6 +60,19 @@ class Model(Protocol):
     def is_eog(self, token: int) -> bool: ...
 
 
+# Sources whose guesses all come from one pass of the head, whatever K (a DFlash block): a
+# cycle's draft costs that pass, not K steps, and is timed and priced so.
+BLOCK_SOURCES = frozenset({"dflash"})
+
+
+def draft_cost(source: str | None, k: int, guess: float) -> float:
+    """Seconds the draft of ``k`` guesses from ``source`` costs, at ``guess`` seconds a guess
+    (a block source: a pass)."""
+    if source in BLOCK_SOURCES:
+        return guess if k else 0.0
+    return k * guess
+
+
 @dataclass(frozen=True)
 class Candidate:
     """One source of guesses a drafter can use this cycle.

@@ -1,4 +1,4 @@
-"""A draft model (or MTP head) and prompt lookup together: each cycle takes whichever the
+"""A draft model (or a head) and prompt lookup together: each cycle takes whichever the
 policy prefers."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from specgen.core.coupling import Draws
 from specgen.core.penalties import Penalties
 from specgen.core.sampling import SamplingParams
 from specgen.drafters.base import Candidate, Proposal
+from specgen.drafters.head import HeadDrafter
 from specgen.drafters.model import ModelDrafter
-from specgen.drafters.mtp import MtpDrafter
 from specgen.drafters.ngram import NgramDrafter
 from specgen.structured.grammar import LogitBias
 
@@ -30,10 +30,12 @@ class HybridDrafter:
     the text has come back to something it said before, and those guesses cost nothing.
     """
 
-    def __init__(self, model: ModelDrafter | MtpDrafter, ngram: NgramDrafter | None = None) -> None:
+    def __init__(
+        self, model: ModelDrafter | HeadDrafter, ngram: NgramDrafter | None = None
+    ) -> None:
         self.model = model
         self.ngram = ngram or NgramDrafter()
-        self._last: ModelDrafter | MtpDrafter | NgramDrafter = self.model
+        self._last: ModelDrafter | HeadDrafter | NgramDrafter = self.model
 
     def constrain(
         self,

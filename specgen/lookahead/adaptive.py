@@ -6,7 +6,8 @@ picks the K that maximizes
 
     E[tokens](K) / (K * guess cost + verify(K + 1)),   E[tokens](K) = 1 + sum_j prod_{i<=j} a_i
 
-(Leviathan et al. 2023, Chen et al. 2023, with per-position rates). K = 0, the target alone,
+(Leviathan et al. 2023, Chen et al. 2023, with per-position rates; a block drafter's K guesses
+cost one pass, ``drafters.base.draft_cost``). K = 0, the target alone,
 wins when nothing pays; then ``explore`` decides when a source left alone is tried again. The
 policy sees only what past cycles measured, never the cycle it decides, so the output stays
 exact.
@@ -17,7 +18,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from specgen.core.speculative import expected_tokens_by_position
-from specgen.drafters.base import TARGET_ALONE, Candidate, NgramTail, Plan, model_guesses
+from specgen.drafters.base import (
+    TARGET_ALONE,
+    Candidate,
+    NgramTail,
+    Plan,
+    draft_cost,
+    model_guesses,
+)
 from specgen.lookahead.acceptance import FIRST_PRIOR, TYPICAL_MEMORY, Acceptance
 from specgen.lookahead.batch import BatchLoad, Others
 from specgen.lookahead.costs import PairProfile
@@ -208,12 +216,12 @@ class AdaptiveLookahead:
         n = others.verify_tokens + k + 1
         verify = self.profile.verify(n if measured is None else min(n, measured))
         assert verify is not None, "a pass was timed, so every length has an estimate"
-        draft = max(k * guess, others.draft_seconds)
+        draft = max(draft_cost(source, k, guess), others.draft_seconds)
         if self.load is not None:  # the draft model's steps as batched, where timed
             model = k if source == "model" else 0
             batched = self.load.draft_seconds(model, others.drafts)
             if batched is not None:
-                draft = batched + (k - model) * guess
+                draft = batched + draft_cost(source, k - model, guess)
         return (others.tokens + tokens) / max(draft + setup + verify, SHORTEST)
 
     def _source_prior(self, source: str) -> float:

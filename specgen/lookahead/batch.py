@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from specgen.drafters.base import draft_cost
 from specgen.lookahead.costs import (
     COST_MEMORY,
     CostBook,
@@ -158,7 +159,11 @@ class BatchLoad:
         rest = [s for key, s in self.slots.items() if key != slot]
         if not rest:
             return Others()
-        drafts = [s.paid * (profile.guess(s.source) or 0.0) for s in rest if s.source is not None]
+        drafts = [
+            draft_cost(s.source, s.paid, profile.guess(s.source) or 0.0)
+            for s in rest
+            if s.source is not None
+        ]
         return Others(
             sum(s.tokens.mean if s.tokens.weight else 1.0 for s in rest),
             sum(s.verify_tokens for s in rest),

@@ -13,6 +13,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from specgen.drafters.base import BLOCK_SOURCES
 from specgen.lookahead.acceptance import TYPICAL_MEMORY, Acceptance
 
 COST_MEMORY = 0.8
@@ -177,11 +178,11 @@ class PairProfile:
         model_guesses: int | None = None,
     ) -> None:
         """One cycle's costs: ``model_guesses`` of the ``drafted`` guesses (default all) cost
-        ``draft_seconds``; the rest were free."""
+        ``draft_seconds``; the rest were free. A block source's pass is timed whole."""
         self.observe_pass(drafted + 1, verify_seconds)
         paid = drafted if model_guesses is None else model_guesses
         if source is not None and paid:
-            self.observe_step(source, draft_seconds / paid)
+            self.observe_step(source, draft_seconds / (1 if source in BLOCK_SOURCES else paid))
 
     def observe_pass(self, n_tokens: int, seconds: float) -> None:
         """A target pass over ``n_tokens`` (one sequence's or a batch's) took ``seconds``."""
@@ -190,7 +191,8 @@ class PairProfile:
         self.verify_by_n.setdefault(n_tokens, Timing(COST_MEMORY)).add(seconds)
 
     def observe_step(self, source: str, seconds: float) -> None:
-        """A guess of ``source`` (a draft step, for one sequence or a batch) took ``seconds``."""
+        """A guess of ``source`` (a draft step, for one sequence or a batch; a block source's
+        whole pass) took ``seconds``."""
         self.per_guess.setdefault(source, Timing(COST_MEMORY)).add(seconds)
         self.left_off_untimed.pop(source, None)
 
