@@ -55,6 +55,7 @@ class Facts(TypedDict):
     caches: dict[str, dict[str, Any]]
     pairs: list[PairFacts]
     mtp_api: bool
+    heads_api: bool  # EAGLE3 and DFlash heads (``backend.heads``)
     backend_sampling: Literal["on", "off", "absent"]
     rpc: bool
     workers: list[dict[str, Any]]
@@ -99,6 +100,7 @@ def facts(hub_timeout: float = 3.0, rpc: str | None = None) -> Facts:
         },
         "pairs": _pairs(),
         "mtp_api": backend.supports_mtp(),
+        "heads_api": backend.supports_heads(),
         "backend_sampling": backend.backend_sampling(),
         "rpc": backend.supports_rpc(),
         "workers": _worker_rows(rpc),
@@ -309,7 +311,7 @@ def _pairs() -> list[PairFacts]:
         files = {role: cached(spec) for role, spec in pair.members()}
         downloaded = all(files.values())
         bench: dict[str, Any] = {}
-        choice = Choice(pair.target, pair.draft, pair, pair.ngram, mtp=pair.mtp)
+        choice = Choice(pair.target, pair.draft, pair, pair.ngram, mtp=pair.mtp, head=pair.head)
         if downloaded:
             bench = found_for(choice)
         target = files.get("target")

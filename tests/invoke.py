@@ -206,3 +206,53 @@ def pair_flags(target: Path, draft: Path, *extra: str) -> list[str]:
     """``--target T --draft D --threads 2`` and ``extra``: a real pair on this machine's two
     cores, as most tests of the real models run it."""
     return ["--target", str(target), "--draft", str(draft), "--threads", "2", *extra]
+
+
+def batch_of_two(folder: Path, *args: str) -> list[dict[str, Any]]:
+    """``specgen run -f`` over two prompts, one a line, with ``args``: the records, each checked
+    to carry no error."""
+    import json
+
+    prompts = folder / "prompts.txt"
+    prompts.write_text("hello world\nsecond prompt\n")
+    done = specgen_here("run", "-f", str(prompts), "--each-line", *args)
+    assert done.returncode == 0, done.stderr
+    records = [json.loads(line) for line in done.stdout.splitlines()]
+    assert len(records) == 2 and all(r.get("error") is None for r in records)
+    return records
+
+
+def complete_in_process(app: Any, body: dict[str, Any]) -> dict[str, Any]:
+    """One ``/v1/completions`` request to an app in this process (httpx's ASGI transport, no
+    socket): the answer's JSON."""
+    import asyncio
+
+    import httpx2 as httpx
+
+    async def ask() -> httpx.Response:
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://specgen"
+        ) as client:
+            return await client.post("/v1/completions", json=body)
+
+    answer: dict[str, Any] = asyncio.run(ask()).json()
+    return answer
+
+
+# How the tests run the tiny models of ``tests.tiny_models``: one thread, greedy, 24 tokens, JSON.
+TINY_FLAGS = ("--threads", "1", "--temperature", "0", "-n", "24", "--json")
+
+
+def run_tiny(*args: str) -> dict[str, Any]:
+    """``specgen run`` on tiny models with ``args``: its JSON."""
+    import json
+
+    done = specgen_here("run", *args, *TINY_FLAGS, "hello world")
+    assert done.returncode == 0, done.stderr
+    found: dict[str, Any] = json.loads(done.stdout)
+    return found
+
+
+def fails_tiny(*args: str) -> str:
+    """The one line a refused ``run`` on tiny models says."""
+    return one_line_error(specgen_here("run", *args, *TINY_FLAGS, "hello world"))

@@ -39,6 +39,7 @@ import numpy as np
 from specgen.backend.mtp import READ_WINDOW, staging_api
 from specgen.backend.rows import TopKRows
 from specgen.backend.runtime import decode, init_backend
+from specgen.backend.runtime import encode as run_encode
 from specgen.errors import BackendError
 
 if TYPE_CHECKING:
@@ -145,6 +146,12 @@ class _Head:
         arch = _meta(model).get("general.architecture", "?")
         if arch != self.kind:
             raise BackendError(f"{self.path.name} is a {arch} model, not {HEAD_NAMES[self.kind]}")
+        n_vocab = int(llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model)))
+        if n_vocab != target.n_vocab:
+            raise BackendError(
+                f"{self.path.name} has a vocabulary of {n_vocab} tokens and {target.path.name} "
+                f"one of {target.n_vocab}: it is a head for another target"
+            )
         n = int(api.target_layer_ids_n(model))
         ids = api.target_layer_ids(model)
         self.layers = tuple(int(ids[i]) for i in range(n))
@@ -270,11 +277,7 @@ class _Head:
                 batch.seq_id[i][0] = 0
                 batch.logits[i] = i in outputs
             batch.n_tokens = n
-            if encode:
-                status = int(llama_cpp.llama_encode(self._ctx, batch))
-                llama_cpp.llama_synchronize(self._ctx)
-            else:
-                status = decode(self._ctx, batch)
+            status = (run_encode if encode else decode)(self._ctx, batch)
             if status != 0:
                 raise BackendError(
                     f"llama.cpp failed on the {self.kind} head {self.path.name} (status {status})"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 import sys
 import time
+from collections.abc import Callable
 
 import llama_cpp
 
@@ -22,15 +23,30 @@ def _log_callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
 
 _log_state["callback"] = _log_callback
 _backend_ready = False
-# Seconds spent in llama.cpp's decodes (every context of this process), waited for to the end.
+# Seconds spent in llama.cpp's decodes and encodes (every context of this process), waited for
+# to the end.
 _decoding = [0.0]
 
 
 def decode(ctx: llama_cpp.llama_context_p, batch: llama_cpp.llama_batch) -> int:
     """``llama_decode``, waited for (a GPU's decode returns before the graph has run) and
     timed: the time outside it is the loop's own host work (``decode_seconds``)."""
+    return _waited(llama_cpp.llama_decode, ctx, batch)
+
+
+def encode(ctx: llama_cpp.llama_context_p, batch: llama_cpp.llama_batch) -> int:
+    """``llama_encode`` (an EAGLE3 head's fusion of the target's states), waited for and timed
+    as ``decode`` is."""
+    return _waited(llama_cpp.llama_encode, ctx, batch)
+
+
+def _waited(
+    call: Callable[[llama_cpp.llama_context_p, llama_cpp.llama_batch], int],
+    ctx: llama_cpp.llama_context_p,
+    batch: llama_cpp.llama_batch,
+) -> int:
     started = time.perf_counter()
-    status = int(llama_cpp.llama_decode(ctx, batch))
+    status = int(call(ctx, batch))
     if status == 0:
         llama_cpp.llama_synchronize(ctx)
     _decoding[0] += time.perf_counter() - started

@@ -21,6 +21,7 @@ from specgen.core.sampling import DEFAULT_SAMPLING, SamplingParams
 from specgen.drafters import Drafter, Model, SuffixCache, make_drafter
 from specgen.engine import Finished, GenerationConfig, SpeculativeEngine
 from specgen.lookahead import CostBook
+from specgen.models.arch import HEAD_NAMES
 from specgen.session.generate import prompt_tokens, wants_chat
 from specgen.session.memo import Variant
 from specgen.session.pair import Pair
@@ -221,7 +222,13 @@ class BenchSession:
                 "local_head": self.local_head,
             },
             draft={"spec": "mtp", "description": "the target's own MTP head"}
-            if self.pair.head is not None
+            if self.pair.mtp
+            else {
+                "spec": f"{self.pair.head_kind}:{choice.draft.label()}",
+                "description": f"{HEAD_NAMES.get(self.pair.head_kind or '', 'a head')} beside "
+                "the target",
+            }
+            if self.pair.head is not None and choice.draft is not None
             else None
             if draft is None or choice.draft is None
             else {

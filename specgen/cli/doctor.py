@@ -107,6 +107,9 @@ def _render(found: Facts, tips: list[str]) -> None:
                 line += f" ({measured['checkpoint_ms']:.2f} ms each)"
         rows.append((f"{pair['name']} target", line))
     rows.append(("MTP heads", "supported" if found["mtp_api"] else "not in this build"))
+    rows.append(
+        ("EAGLE3/DFlash heads", "supported" if found.get("heads_api") else "not in this build")
+    )
     rows.append(("backend sampling", BACKEND_SAMPLING_STATES[found["backend_sampling"]]))
     for pair in found["pairs"]:
         shares = pair.get("host_share") or {}

@@ -105,11 +105,17 @@ def list_pairs(
         state = "[green]yes[/]" if all(have) else "partly" if any(have) else "no"
         name = pair.name + (" *" if pair.name == registry.default else "")
         models = [model_summary(spec) for _, spec in pair.members()]
+        if pair.head is not None and len(models) > 1:
+            models[1] = f"{pair.head}:{models[1]}"
         if pair.draft is None:
             models.append("MTP head" if pair.mtp else "n-grams")
         table.add_row(name, *models, total, str(pair.lookahead), state)
         if verbose:
-            members = [f"  {role:<7} {spec.label()}" for role, spec in pair.members()]
+            members = [
+                f"  {role:<7} {pair.head + ':' if pair.head and role == 'draft' else ''}"
+                f"{spec.label()}"
+                for role, spec in pair.members()
+            ]
             if pair.draft is None:
                 members.append(f"  {'draft':<7} {'MTP head' if pair.mtp else 'n-grams'}")
             blocks.append(
@@ -197,14 +203,20 @@ def info(
 
     A Hub file that is not downloaded is described from its header alone (a ranged read)."""
     from specgen.lookahead import snapshots_for
-    from specgen.models.arch import layout
+    from specgen.models.arch import head_layout, layout
     from specgen.models.gguf import facts
-    from specgen.models.registry import Registry, read_header
+    from specgen.models.registry import Registry, head_prefix, read_header
 
-    found = read_header(Registry.load().spec(spec))
+    found = read_header(Registry.load().spec(head_prefix(spec)[1]))
     details = facts(found.header, found.name, found.size)
-    shape = layout(found.header)
-    details.update(shape.as_dict(snapshots_for("auto", shape.mtp_layers > 0)))
+    head = head_layout(found.header)
+    if head is not None:  # a head reads its target's layers: no layout of its own to tell
+        details["head"] = head.describe()
+        details["head_layers"] = list(head.layers)
+        details["head_block_size"] = head.block_size or None
+    else:
+        shape = layout(found.header)
+        details.update(shape.as_dict(snapshots_for("auto", shape.mtp_layers > 0)))
     if found.note:
         out.note(found.note)
     if json_out:
@@ -242,7 +254,7 @@ def check(
 
     Hub files that are not downloaded are checked from their headers alone (ranged reads)."""
     from specgen.models import compat
-    from specgen.models.arch import layout
+    from specgen.models.arch import HEAD_NAMES, head_layout, head_problem, layout
     from specgen.models.gguf import HeaderVocabulary
     from specgen.models.registry import Registry, read_header
     from specgen.session.choice import choose
@@ -272,6 +284,18 @@ def check(
     target_vocab, draft_vocab = (HeaderVocabulary(f.header, f.name) for f in found)
     verdict = compat.check(target_vocab, draft_vocab)
     name = choice.pair.name if choice.pair else "these models"
+    as_head = head_layout(found[1].header)
+    if as_head is not None or choice.head is not None:
+        if as_head is None or (choice.head is not None and as_head.kind != choice.head):
+            what = HEAD_NAMES[choice.head or "eagle3"]
+            raise UserError(f"{name}: {found[1].name} is not {what}")
+        problem = head_problem(as_head, found[0].header) or (None if verdict else verdict.reason)
+        if problem:
+            raise UserError(
+                f"{name}: head {found[1].name} cannot draft for {found[0].name}: {problem}"
+            )
+        out.text(f"ok {name}: {found[1].name} is {as_head.describe()} of {found[0].name}\n")
+        return
     if not verdict:
         archs = [str(f.header.get("general.architecture") or "") for f in found]
         step = compat.advice(verdict, archs[0], archs[1], target_vocab, draft_vocab)

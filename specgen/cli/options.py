@@ -96,8 +96,8 @@ DraftOpt = Annotated[
         metavar="SPEC",
         help="Draft model: a GGUF path, org/repo:file.gguf, "
         "or PAIR:draft (needs --target or --pair); 'ngram' to draft by prompt lookup with no "
-        "draft model; 'mtp' to draft with the target's own MTP head (files named so: ./ngram, "
-        "./mtp).",
+        "draft model; 'mtp' to draft with the target's own MTP head; eagle3:SPEC or "
+        "dflash:SPEC for an EAGLE3 or DFlash head (files named so: ./ngram, ./mtp).",
         show_default=False,
         rich_help_panel=MODELS,
     ),

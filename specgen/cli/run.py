@@ -464,6 +464,7 @@ def _run_facts(sg: Specgen, settings: Settings, chat: bool) -> dict[str, object]
         "draft": str(loaded.draft.path) if loaded.draft else None,
         "ngram": loaded.ngram,
         "mtp": loaded.mtp,
+        "head": loaded.head_kind if loaded.head is not None and not loaded.mtp else None,
         "rollback": loaded.rollback_facts(),
         "params": {
             "lookahead": loaded.lookahead,

@@ -58,7 +58,10 @@ class BlockHead(Protocol):
 
     kind: str  # "dflash"
     rows_on_device: bool
-    max_block: int  # the most guesses one pass gives
+
+    @property
+    def max_block(self) -> int:
+        """The most guesses one pass gives."""
 
     def catch_up(self) -> int:
         """Read what the target decoded since the head last drafted; how many tokens."""

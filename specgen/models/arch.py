@@ -231,3 +231,103 @@ def _state_bytes(arch: str, recurrent: int | None, key: Any) -> int | None:
 
 def _int(value: Any, default: int) -> int:
     return int(value) if isinstance(value, int) and not isinstance(value, bool) else default
+
+
+# Heads that draft from the target's own hidden states (llama.cpp's architectures), and the
+# target architectures whose graph hands out a layer's input states to them (the models that
+# set ``t_layer_inp`` in llama.cpp 0.3.36's src/models; any other target aborts the process).
+HEAD_ARCHS = ("eagle3", "dflash")
+LAYER_STATE_ARCHS = (
+    "bailingmoe3", "deepseek4", "gemma4", "gpt-oss", "hunyuan_vl", "lfm2", "llama", "mimo2",
+    "minimax-01", "minimax-m2", "muse-glimmer", "nanbeige", "nemotron_h", "qwen3", "qwen35",
+    "qwen35moe", "qwen3moe", "qwen3next", "qwen4exp",
+)  # fmt: skip
+HEAD_NAMES = {"eagle3": "an EAGLE3 head", "dflash": "a DFlash head"}
+# Head architectures of llama.cpp forks, published as GGUFs on the Hub, that llama.cpp itself
+# (and so llama-cpp-python) does not load.
+FORK_HEAD_ARCHS = {"dflash-draft": "a DFlash head for the buun-llama-cpp fork"}
+
+
+@dataclass(frozen=True)
+class HeadLayout:
+    """What an EAGLE3 or DFlash head is, from its header: the target layers it reads, how wide
+    it expects their states, its own width, and (DFlash) its block."""
+
+    kind: str
+    layers: tuple[int, ...]
+    target_width: int  # the target's hidden size it was trained on (0: not said)
+    width: int
+    block_size: int = 0
+    variant: str = ""  # "DSpark" or "DFlash2": DFlash with more heads, not run yet
+    header: Header | None = None  # what it was read from
+
+    def describe(self) -> str:
+        """One line for ``models info``."""
+        what = HEAD_NAMES[self.kind]
+        block = f", {self.block_size - 1} guesses a pass" if self.block_size else ""
+        variant = f" ({self.variant})" if self.variant else ""
+        return f"{what}{variant} reading target layers {list(self.layers)}{block}"
+
+
+def head_layout(header: Header) -> HeadLayout | None:
+    """The head a header describes (None: not a head)."""
+    arch = str(header.get("general.architecture") or "")
+    if arch not in HEAD_ARCHS:
+        return None
+    layers = header.get(f"{arch}.target_layers")
+    ids = tuple(int(v) for v in layers) if isinstance(layers, list) else ()
+    names = header.tensors or ()
+    variant = ""
+    if arch == "dflash":
+        if _int(header.get("dflash.hyper_connection_count"), 0) or "markov_w1.weight" in names:
+            variant = "DSpark"
+        elif any(name.startswith("selector_hidden") for name in names):
+            variant = "DFlash2"
+    return HeadLayout(
+        kind=arch,
+        layers=ids,
+        target_width=_int(header.get(f"{arch}.target_hidden_size"), 0),
+        width=_int(header.get(f"{arch}.embedding_length"), 0),
+        block_size=_int(header.get("dflash.block_size"), 16) if arch == "dflash" else 0,
+        variant=variant,
+        header=header,
+    )
+
+
+def head_problem(head: HeadLayout, target: Header) -> str | None:
+    """Why this head cannot draft for this target (one line), or None. Each of these would make
+    llama.cpp abort the process, or read the wrong rows."""
+    what = HEAD_NAMES[head.kind]
+    if head.variant:
+        return f"it is {what} of the {head.variant} kind, which specgen cannot run yet"
+    if head.kind == "eagle3" and len(head.layers) != 3:
+        return f"it reads {len(head.layers)} target layers, and {what} reads 3"
+    if not head.layers:
+        return "it names no target layers to read (no target_layers in its header)"
+    found = layout(target)
+    if found.architecture not in LAYER_STATE_ARCHS:
+        return (
+            f"its target is a {found.architecture} model, whose layers llama.cpp cannot hand "
+            f"to a head (it can for {', '.join(LAYER_STATE_ARCHS[:6])}, ...)"
+        )
+    outside = [lid for lid in head.layers if not 0 <= lid < found.n_layers]
+    if outside:
+        return (
+            f"it reads target layers {list(head.layers)} and the target has {found.n_layers}: "
+            f"it is a head for another target"
+        )
+    own = head.header.get("tokenizer.ggml.tokens") if head.header is not None else None
+    tokens = [own, target.get("tokenizer.ggml.tokens")]
+    if all(isinstance(t, list) for t in tokens) and len(tokens[0]) != len(tokens[1]):
+        return (
+            f"its vocabulary has {len(tokens[0])} tokens and the target's {len(tokens[1])}: "
+            f"it is a head for another target"
+        )
+    width = _int(target.get(f"{found.architecture}.embedding_length"), 0)
+    wanted = head.target_width if head.kind == "eagle3" else head.width
+    if wanted and width and wanted != width:
+        return (
+            f"it reads hidden states {wanted} wide and the target's are {width}: it is a head "
+            f"for another target"
+        )
+    return None

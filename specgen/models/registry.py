@@ -117,6 +117,17 @@ NGRAM = "ngram"
 # The word that names the target's own MTP head as the drafter (``--draft mtp``, ``draft =
 # "mtp"``); a file really named so is reachable as ``./mtp``.
 MTP = "mtp"
+# The kinds of head file that draft from the target's hidden states: ``--draft eagle3:FILE``,
+# ``draft = { head = "eagle3", ... }`` (a file of that architecture is one without saying so).
+HEADS = ("eagle3", "dflash")
+
+
+def head_prefix(text: str) -> tuple[str | None, str]:
+    """``eagle3:FILE`` -> ("eagle3", FILE); anything else -> (None, text)."""
+    kind, sep, rest = text.partition(":")
+    if sep and kind.lower() in HEADS and rest:
+        return kind.lower(), rest
+    return None, text
 
 
 @dataclass(frozen=True)
@@ -136,6 +147,7 @@ class PairSpec:
     ngram: bool = False
     workers: tuple[str, ...] = ()  # `specgen worker`s for the target's layers (host:port)
     mtp: bool = False
+    head: str | None = None  # the draft is an EAGLE3 or DFlash head (``HEADS``)
 
     def member(self, role: str) -> ModelSpec:
         spec = self.target if role == "target" else self.draft
@@ -239,13 +251,18 @@ def _pair(name: str, table: Any, source: str) -> PairSpec:
         if key in table and not isinstance(table[key], bool):
             raise ValueError(f"{where}: '{key}' must be true or false")
     by_ngram, by_mtp = table["draft"] == NGRAM, table["draft"] == MTP
+    draft, head = table["draft"], None
+    if isinstance(draft, dict) and "head" in draft:
+        head = draft["head"]
+        if head not in HEADS:
+            raise ValueError(f"{where}: the draft's 'head' must be one of {', '.join(HEADS)}")
+        draft = {k: v for k, v in draft.items() if k != "head"}
     return PairSpec(
         name=name,
         target=ModelSpec.from_mapping(table["target"], f"{where} target"),
-        draft=(
-            None if by_ngram or by_mtp else ModelSpec.from_mapping(table["draft"], f"{where} draft")
-        ),
+        draft=None if by_ngram or by_mtp else ModelSpec.from_mapping(draft, f"{where} draft"),
         mtp=by_mtp,
+        head=head,
         lookahead=lookahead,
         chat=table.get("chat"),
         description=str(table.get("description", "")),
@@ -338,7 +355,8 @@ def resolve(spec: ModelSpec, progress: bool = True) -> Path:
                 raise UserError(
                     f"model file not found: {word} (a model is a .gguf path, org/repo:file or "
                     f"PAIR:draft; the drafters named by a word are {NGRAM!r}, prompt lookup, and "
-                    f"{MTP!r}, the target's own head; EAGLE3 and DFlash heads are not read yet)"
+                    f"{MTP!r}, the target's own head; an EAGLE3 or DFlash head is "
+                    f"eagle3:FILE or dflash:FILE)"
                 )
             raise UserError(f"model file not found: {base} (give the path of a .gguf file)")
     elif spec.kind == "pip":

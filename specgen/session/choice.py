@@ -20,6 +20,7 @@ from specgen.models.registry import (
     PairSpec,
     Registry,
     cached,
+    head_prefix,
 )
 
 
@@ -28,7 +29,9 @@ class Choice:
     """Which models a command runs, from --pair/--target/--draft and models.toml.
 
     ``ngram`` drafts by prompt lookup: alone where ``draft`` is None and not ``mtp``, else beside
-    the draft model or the target's own MTP head (``mtp``).
+    the draft model or the target's own MTP head (``mtp``). ``head`` says the draft file is an
+    EAGLE3 or DFlash head (``--draft eagle3:FILE``); a file of that architecture is one
+    whatever is said (``session.fit.check_head``).
     """
 
     target: ModelSpec
@@ -37,6 +40,7 @@ class Choice:
     ngram: bool = False
     workers: tuple[str, ...] = ()  # where the target's layers go (`specgen worker`s)
     mtp: bool = False
+    head: str | None = None
 
     @property
     def lookahead(self) -> Lookahead:
@@ -73,6 +77,7 @@ def choose(
     ``--draft mtp`` (or ``mtp=True``, ``--mtp``) drafts with the target's own MTP head; with no
     draft model, a target whose GGUF (on disk already) has MTP layers drafts with them unless
     ``mtp=False`` (``--no-mtp``).
+    ``--draft eagle3:FILE`` / ``dflash:FILE`` drafts with that head (``FILE`` any model spec).
     ``rpc`` (``host:port,...``, or ``none``) names the workers for the target's layers, where
     None keeps the pair's own.
     """
@@ -102,10 +107,15 @@ def choose(
     pair_mtp = named is not None and named.mtp and target is None
     if draft is None and (mtp or (pair_mtp and mtp is None)):
         return Choice(target_spec, None, named, with_ngram, workers, mtp=True)
-    draft_spec = registry.spec(draft) if draft else (named.draft if named else None)
+    head, draft = head_prefix(draft) if draft else (None, draft)
+    if draft:
+        draft_spec: ModelSpec | None = registry.spec(draft)
+    else:
+        draft_spec = named.draft if named else None
+        head = named.head if named else None
     if draft_spec is None and mtp is None and has_mtp(target_spec):
         return Choice(target_spec, None, named, with_ngram, workers, mtp=True)
-    return Choice(target_spec, draft_spec, named, with_ngram, workers)
+    return Choice(target_spec, draft_spec, named, with_ngram, workers, head=head)
 
 
 def has_mtp(spec: ModelSpec) -> bool:

@@ -57,6 +57,47 @@ def check_headers_fit(
         raise UserError(unfit(verdict, target.name, draft.name, step))
 
 
+def check_head(
+    target: Path,
+    target_header: gguf.Header | None,
+    head: Path,
+    head_header: gguf.Header | None,
+    asked: str | None = None,
+) -> str | None:
+    """The kind of head the draft file is (``eagle3``, ``dflash``; None: a draft model), from
+    its header, refused in one line where it cannot draft for this target: another kind than
+    ``asked`` (``--draft eagle3:FILE``), a kind not run yet, layers or widths the target does
+    not have, another vocabulary. All before any weights load."""
+    found = arch.head_layout(head_header) if head_header is not None else None
+    forked = head_header.get("general.architecture") if head_header is not None else None
+    if forked in arch.FORK_HEAD_ARCHS:
+        raise UserError(
+            f"{head.name} is {arch.FORK_HEAD_ARCHS[forked]}, which llama.cpp itself does not "
+            f"read: convert the head's checkpoint with llama.cpp's convert_hf_to_gguf.py "
+            f"--target-model-dir TARGET (it writes the eagle3 or dflash architecture)"
+        )
+    if asked is not None and (found is None or found.kind != asked):
+        if head_header is None:
+            return asked  # llama.cpp reads it, or fails on it, when it loads
+        if found is not None:
+            raise UserError(
+                f"{head.name} is {arch.HEAD_NAMES[found.kind]}, not {arch.HEAD_NAMES[asked]}: "
+                f"write {found.kind}:{head.name}, or the file alone"
+            )
+        what = head_header.get("general.architecture") or "unknown"
+        raise UserError(
+            f"{head.name} is a {what} model, not {arch.HEAD_NAMES[asked]}: drop the "
+            f"'{asked}:' before it to draft with it as a model"
+        )
+    if found is None or target_header is None:
+        return None if found is None else found.kind
+    problem = arch.head_problem(found, target_header)
+    if problem:
+        raise UserError(f"head {head.name} cannot draft for target {target.name}: {problem}")
+    check_headers_fit(target, head, (target_header, head_header))
+    return found.kind
+
+
 def unfit(verdict: compat.Fit, target: str, draft: str, advice: str = "") -> str:
     """What a draft that does not fit its target says: why, and what to do."""
     step = advice or "pick a draft from the target's model family"

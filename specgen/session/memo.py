@@ -55,6 +55,8 @@ def memo_path(choice: Choice, threads: int, gpu_layers: int) -> Path:
 def _models_key(choice: Choice) -> str:
     """The part of a memo's name that names the models (the rest: the machine and settings)."""
     draft = choice.draft.label() if choice.draft else "mtp" if choice.mtp else "-"
+    if choice.head and choice.draft:
+        draft = f"{choice.head}:{draft}"
     return store.text_key(json.dumps([choice.target.label(), draft]))
 
 

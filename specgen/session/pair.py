@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from specgen.core.sampling import Rows
-from specgen.drafters import Drafter, Head, Model, SuffixCache, make_drafter
+from specgen.drafters import BlockHead, Drafter, Head, Model, SuffixCache, make_drafter
 from specgen.engine import SpeculativeEngine
 from specgen.engine.streams import Gather
 from specgen.errors import UserError
@@ -33,8 +33,10 @@ from specgen.lookahead import (
     snapshots_for,
 )
 from specgen.models import compat
+from specgen.models.arch import HEAD_NAMES
 from specgen.session.fit import (
     check_fit,
+    check_head,
     check_headers_fit,
     check_loadable,
     check_parallel_memory,
@@ -83,6 +85,13 @@ def _attach_mtp(model: LoadedModel) -> Head:
     return attach_mtp(model)
 
 
+def _attach_head(model: LoadedModel, path: Path, kind: str) -> Head | BlockHead:
+    from specgen.backend import LlamaModel, attach_head
+
+    assert isinstance(model, LlamaModel), "a head reads a llama.cpp model's hidden states"
+    return attach_head(model, path, kind)
+
+
 @dataclass(frozen=True)
 class Backend:
     """How a model file becomes a loaded model, and how generation time is read."""
@@ -94,6 +103,8 @@ class Backend:
     busy: Clock | None = None
     # The target's own MTP head, following its decodes (``backend.mtp``).
     attach_mtp: Callable[[LoadedModel], Head] = _attach_mtp
+    # An EAGLE3 or DFlash head loaded beside the target, reading its states (``backend.heads``).
+    attach_head: Callable[[LoadedModel, Path, str], Head | BlockHead] = _attach_head
     # Measures the load of other processes from now on (``host.machine.load_meter``; None:
     # not measured), so that bench can tell a row that outside work disturbed.
     load_meter: Callable[[], Callable[[], float | None]] | None = machine.load_meter
@@ -136,6 +147,9 @@ class PairOptions:
     workers: tuple[str, ...] = ()  # `specgen worker`s that take the target's offloaded layers
     local_head: bool = True  # with workers: keep the target's output layer here
     mtp: bool = False  # draft with the target's own MTP head
+    # The draft file is this kind of head (``eagle3``, ``dflash``); a file of that
+    # architecture is one anyway (``session.fit.check_head``).
+    head: str | None = None
     # A recurrent target's snapshots (``lookahead.snapshots_for``): what K a rollback covers
     # without a checkpoint.
     rollback_window: int = AUTO_SNAPSHOTS
@@ -175,7 +189,8 @@ class Pair:
     ``costs`` are what ``-k auto`` measured on these models here (seconds per guess, the verify
     pass by length; greedy and sampled apart). They are kept in ``costs_file`` between
     processes, so a new run starts from them instead of spending its first cycles timing.
-    ``head`` is the target's own MTP head where it drafts with it (then ``draft`` is None).
+    ``head`` is the target's own MTP head, or an EAGLE3 or DFlash head, where it drafts with one
+    (then ``draft`` is None).
     ``lookahead`` and ``draft_p_min`` say how it drafts (``PairOptions``).
     """
 
@@ -184,7 +199,7 @@ class Pair:
     ngram: bool = False
     costs_file: Path | None = None
     clock: Clock = time.perf_counter
-    head: Head | None = None
+    head: Head | BlockHead | None = None
     busy: Clock | None = None  # ``Backend.busy``
     load_meter: Callable[[], Callable[[], float | None]] | None = None  # ``Backend.load_meter``
     costs: CostBook = field(init=False)  # loaded from ``costs_file``
@@ -266,7 +281,12 @@ class Pair:
 
     @property
     def mtp(self) -> bool:
-        return self.head is not None
+        return self.head_kind == "mtp"
+
+    @property
+    def head_kind(self) -> str | None:
+        """What the pair drafts with where it is a head: "mtp", "eagle3", "dflash"."""
+        return self.head.kind if self.head is not None else None
 
     def rollback_facts(self) -> dict[str, object]:
         """How each recurrent model of the pair rolled back (``--json``, ``doctor``): its
@@ -307,8 +327,11 @@ def vocabulary_tag(model: LoadedModel) -> str:
     return store.text_key(str(model.n_vocab), *texts)
 
 
-def _costs_file(target: LoadedModel, draft: LoadedModel | None, options: PairOptions) -> Path:
+def _costs_file(
+    target: LoadedModel, draft: LoadedModel | None, options: PairOptions, head: Path | None = None
+) -> Path:
     files = [target.path] if draft is None else [target.path, draft.path]
+    files += [head] if head is not None else []
     # Kept under the threads asked for (0: llama.cpp's default), not a busy moment's fewer.
     default = machine.default_threads()
     threads = [
@@ -340,6 +363,7 @@ def open_pair(
             options,
             workers=decision.choice.workers,
             mtp=decision.mtp,
+            head=decision.choice.head,
             rollback_window=window,
             lookahead=decision.lookahead,
         ),
@@ -374,11 +398,19 @@ def _load(target: str | Path, draft: str | Path | None, options: PairOptions, ng
             "an MTP head drafts for one sequence at a time: drop --parallel, or draft with a "
             "draft model (--draft FILE)"
         )
+    head_kind = None
     if draft is not None:
         draft_path = _existing(draft, "draft")
         draft_header = header_of(draft_path)
-        check_loadable(draft_path, draft_header, "draft", False)
-        check_headers_fit(target_path, draft_path, (target_header, draft_header))
+        head_kind = check_head(target_path, target_header, draft_path, draft_header, options.head)
+        if head_kind is None:
+            check_loadable(draft_path, draft_header, "draft", False)
+            check_headers_fit(target_path, draft_path, (target_header, draft_header))
+        elif options.parallel > 1:
+            raise UserError(
+                f"{HEAD_NAMES[head_kind]} drafts for one sequence at a time: drop --parallel, "
+                f"or draft with a draft model"
+            )
     models = [(target_path, target_header)]
     if draft is not None:
         models.append((draft_path, draft_header))
@@ -397,9 +429,12 @@ def _load(target: str | Path, draft: str | Path | None, options: PairOptions, ng
         ),
         options.verbose,
     )
-    head, draft_model = None, None
+    head: Head | BlockHead | None = None
+    draft_model = None
     if draft is None:
         head = backend.attach_mtp(target_model) if options.mtp else None
+    elif head_kind is not None:
+        head = backend.attach_head(target_model, draft_path, head_kind)
     else:
         draft_model = backend.load(
             draft_path,
@@ -419,7 +454,7 @@ def _load(target: str | Path, draft: str | Path | None, options: PairOptions, ng
         target_model,
         draft_model,
         ngram,
-        _costs_file(target_model, draft_model, options),
+        _costs_file(target_model, draft_model, options, draft_path if head_kind else None),
         backend.clock,
         head=head,
         busy=backend.busy,

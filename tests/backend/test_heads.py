@@ -8,6 +8,7 @@ keep greedy identity, the accept/resample law and the rollback arithmetic meanin
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -232,6 +233,9 @@ def test_bad_and_mismatched_heads_are_one_line(tiny: dict[str, Path], tmp_path: 
         attach_head(target, tiny["target"], "eagle3")
     with pytest.raises(BackendError, match="is a eagle3 model, not a DFlash head"):
         attach_head(target, tiny["eagle3"], "dflash")
+    small = write_eagle3(tmp_path / "small.gguf", replace(LLAMA, n_vocab=96))
+    with pytest.raises(BackendError, match="a vocabulary of 96 tokens and target.gguf one of 128"):
+        attach_head(target, small, "eagle3")
     with pytest.raises(BackendError, match="unknown kind of head"):
         attach_head(target, tiny["eagle3"], "medusa")
     head = attach_head(target, tiny["eagle3"], "eagle3")

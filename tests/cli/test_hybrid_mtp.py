@@ -10,10 +10,20 @@ from pathlib import Path
 
 import pytest
 
-from tests.invoke import one_line_error, specgen_here, specgen_process
+from tests.invoke import (
+    TINY_FLAGS,
+    batch_of_two,
+    complete_in_process,
+    fails_tiny,
+    one_line_error,
+    run_tiny,
+    specgen_here,
+    specgen_process,
+)
 from tests.tiny_models import Qwen35Shape, write_qwen35
 
-FLAGS = ("--threads", "1", "--temperature", "0", "-n", "24", "--json")
+FLAGS = TINY_FLAGS
+run, fails = run_tiny, fails_tiny
 
 
 @pytest.fixture(scope="module")
@@ -27,17 +37,6 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "no-attention": write_qwen35(folder / "no-attention.gguf", Qwen35Shape(n_trunk=1)),
         "two-heads": write_qwen35(folder / "two-heads.gguf", Qwen35Shape(nextn_layers=2), mtp=True),
     }
-
-
-def run(*args: str) -> dict:
-    done = specgen_here("run", *args, *FLAGS, "hello world")
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
-
-
-def fails(*args: str) -> str:
-    """The one line a refused ``run`` says."""
-    return one_line_error(specgen_here("run", *args, *FLAGS, "hello world"))
 
 
 def test_a_target_with_an_mtp_head_drafts_with_it_by_default(files: dict[str, Path]) -> None:
@@ -67,35 +66,17 @@ def test_hybrid_target_with_hybrid_draft_and_ngrams(files: dict[str, Path]) -> N
 def test_batches_the_api_and_the_server_draft_with_the_head(
     files: dict[str, Path], tmp_path: Path
 ) -> None:
-    import httpx2 as httpx
-
     from specgen.api import Specgen
     from specgen.server import create_app
 
-    prompts = tmp_path / "prompts.txt"
-    prompts.write_text("hello world\nsecond prompt\n")
-    done = specgen_here(
-        "run", "-f", str(prompts), "--each-line", "--target", str(files["mtp"]), *FLAGS[:-1]
-    )
-    assert done.returncode == 0, done.stderr
-    records = [json.loads(line) for line in done.stdout.splitlines()]
-    assert len(records) == 2 and all(r.get("error") is None for r in records)
+    batch_of_two(tmp_path, "--target", str(files["mtp"]), *FLAGS[:-1])
 
     generator = Specgen(target=files["mtp"], threads=1, lookahead=2)
     assert generator.pair.mtp
     expected = generator.generate("hello world", max_tokens=16, temperature=0).text
     app = create_app(generator, api_key=None, max_queue=0)
 
-    async def ask() -> httpx.Response:
-        async with httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=app), base_url="http://specgen"
-        ) as client:
-            body = {"prompt": "hello world", "max_tokens": 16, "temperature": 0}
-            return await client.post("/v1/completions", json=body)
-
-    import asyncio
-
-    answer = asyncio.run(ask()).json()
+    answer = complete_in_process(app, {"prompt": "hello world", "max_tokens": 16, "temperature": 0})
     assert answer["choices"][0]["text"] == expected
 
 
