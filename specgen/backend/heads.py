@@ -121,6 +121,41 @@ class HeadFacts:
     block_size: int = 0  # DFlash: positions one pass drafts (the guesses: block_size - 1)
 
 
+@dataclass
+class _Weights:
+    """A head's weights, loaded once for every sequence of one target context: each sequence's
+    head has a context of its own on them (``users``); the last to close frees them."""
+
+    model: llama_cpp.llama_model_p
+    shelf: dict[str, object]
+    key: str
+    users: int = 0
+
+    def release(self) -> None:
+        self.users -= 1
+        if self.users <= 0:
+            self.shelf.pop(self.key, None)
+            llama_cpp.llama_model_free(self.model)
+
+
+def _weights_for(target: LlamaModel, path: Path, kind: str) -> _Weights:
+    """The head file's weights beside ``target``'s context, loaded on first use."""
+    shelf = target._shared.weights
+    key = str(path.resolve())
+    found = shelf.get(key)
+    if not isinstance(found, _Weights):
+        init_backend(False)
+        params = llama_cpp.llama_model_default_params()
+        params.n_gpu_layers = 2**31 - 1 if target.rows_on_device else 0
+        model = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
+        if not model:
+            raise BackendError(f"llama.cpp could not load {path.name} as {HEAD_NAMES[kind]}")
+        found = _Weights(model, shelf, key)
+        shelf[key] = found
+    found.users += 1
+    return found
+
+
 class _Head:
     """What both kinds share: the head's weights and context beside the target's, the target's
     layer states kept for the head to read, and the cut back with the target."""
@@ -128,20 +163,21 @@ class _Head:
     kind = ""
 
     def __init__(self, target: LlamaModel, path: Path) -> None:
-        if target.n_seq != 1:
-            raise BackendError(
-                f"{HEAD_NAMES[self.kind]} drafts for one sequence at a time: drop --parallel"
-            )
         api = _bound()
         self._api, self.target, self.path = api, target, Path(path)
-        init_backend(False)
-        params = llama_cpp.llama_model_default_params()
-        params.n_gpu_layers = 2**31 - 1 if target.rows_on_device else 0
-        model = llama_cpp.llama_model_load_from_file(str(self.path).encode(), params)
-        if not model:
-            raise BackendError(
-                f"llama.cpp could not load {self.path.name} as {HEAD_NAMES[self.kind]}"
-            )
+        self._weights: _Weights | None = _weights_for(target, self.path, self.kind)
+        try:
+            self._open(self._weights.model)
+            self._more()
+        except BaseException:
+            self.close()  # the weights go back too: a refused head leaves nothing loaded
+            raise
+
+    def _more(self) -> None:
+        """What a kind of head checks and keeps of its own (after the context is open)."""
+
+    def _open(self, model: llama_cpp.llama_model_p) -> None:
+        api, target = self._api, self.target
         self._model = model
         arch = _meta(model).get("general.architecture", "?")
         if arch != self.kind:
@@ -199,9 +235,9 @@ class _Head:
         return HeadFacts(self.kind, self.layers, self.n_embd)
 
     # -- following the target ----------------------------------------------------------------
-    def read(self, tokens: list[int], start: int) -> None:
-        """The target just decoded ``tokens`` from position ``start``: keep them with the
-        states of the layers the head reads."""
+    def read(self, tokens: list[int], start: int, row: int = 0) -> None:
+        """The target just decoded ``tokens`` from position ``start``, from ``row`` of its
+        batch on: keep them with the states of the layers the head reads."""
         n = len(tokens)
         rows = np.empty((n, self.n_enc), dtype=np.float32)
         width = self.n_embd_target
@@ -209,7 +245,8 @@ class _Head:
             ptr = self._api.get_layer_inp(self.target.ctx_ptr, lid)
             if not ptr:
                 raise BackendError(f"llama.cpp returned no states of layer {lid} for the head")
-            rows[:, i * width : (i + 1) * width] = np.ctypeslib.as_array(ptr, shape=(n, width))
+            states = np.ctypeslib.as_array(ptr, shape=(row + n, width))
+            rows[:, i * width : (i + 1) * width] = states[row:]
         if not self._tokens:
             self._start = start
         assert start == self._start + len(self._tokens), "the head reads the target in order"
@@ -294,9 +331,10 @@ class _Head:
         if getattr(self, "_rows", None) is not None:  # after the context that held its chain
             self._rows.close()
             self._rows = None  # type: ignore[assignment]
-        if getattr(self, "_model", None):
-            llama_cpp.llama_model_free(self._model)
-            self._model = None
+        weights = getattr(self, "_weights", None)
+        if weights is not None:
+            self._weights = None
+            weights.release()
 
 
 class Eagle3Head(_Head):
@@ -305,8 +343,7 @@ class Eagle3Head(_Head):
 
     kind = EAGLE3
 
-    def __init__(self, target: LlamaModel, path: Path) -> None:
-        super().__init__(target, path)
+    def _more(self) -> None:
         if len(self.layers) != 3:
             raise BackendError(
                 f"{self.path.name} reads {len(self.layers)} target layers; an EAGLE3 head reads 3"
@@ -436,8 +473,7 @@ class DFlashHead(_Head):
 
     kind = DFLASH
 
-    def __init__(self, target: LlamaModel, path: Path) -> None:
-        super().__init__(target, path)
+    def _more(self) -> None:
         meta = _meta(self._model)
         # DSpark and DFlash2 heads (a Markov head, a selector lattice) are refused before they
         # load (``session.fit.check_head``): what is left is DFlash's plain block.

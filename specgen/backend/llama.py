@@ -117,9 +117,11 @@ class _Checkpoint:
 
 class DecodeListener(Protocol):
     """What follows every decode of a model (an MTP head reads the target's hidden states):
-    told of each decoded chunk, of each cut back, of a reset, and closed with the model."""
+    told of each decoded chunk (its tokens, their first position, and the batch row where they
+    begin: a batch may hold several sequences), of each cut back, of a reset, and closed with
+    the model."""
 
-    def read(self, tokens: list[int], start: int) -> None: ...
+    def read(self, tokens: list[int], start: int, row: int = 0) -> None: ...
     def cut(self, n_past: int) -> None: ...
     def reset(self) -> None: ...
     def close(self) -> None: ...
@@ -137,6 +139,8 @@ class _Shared:
 
     gather: Gather | None = None
     views: dict[int, LlamaModel] = field(default_factory=dict)
+    # Weights loaded beside this context for its sequences' heads (``backend.heads``), by file.
+    weights: dict[str, Any] = field(default_factory=dict)
 
 
 class LlamaModel(Vocabulary):
@@ -290,7 +294,7 @@ class LlamaModel(Vocabulary):
         """One batch of several sequences of this context: each item's tokens appended to its
         sequence's cache, and its last ``n_logits`` rows (as ``decode`` gives them). The items
         hold at most ``n_batch`` tokens, one item a sequence."""
-        batch, i, firsts = self._batch, 0, []
+        batch, i, firsts, rows = self._batch, 0, [], []
         assert sum(len(t) for _, t, _ in items) <= self.n_batch, "one batch at most"
         for model, tokens, n_logits in items:
             assert isinstance(model, LlamaModel) and model._ctx is self._ctx, "of this context"
@@ -298,6 +302,7 @@ class LlamaModel(Vocabulary):
                 raise ContextFull(f"the context of {model.n_ctx} tokens is full")
             first = len(tokens) - n_logits
             firsts.append(i + first)
+            rows.append(i)
             for j, token in enumerate(tokens):
                 batch.token[i] = token
                 batch.pos[i] = model.n_past + j
@@ -310,16 +315,16 @@ class LlamaModel(Vocabulary):
         if status != 0:
             raise BackendError(f"llama_decode failed on {self.path.name} (status {status})")
         out: list[Rows] = []
-        for (model, tokens, n_logits), first in zip(items, firsts, strict=True):
-            model._decoded(tokens)
+        for (model, tokens, n_logits), first, row in zip(items, firsts, rows, strict=True):
+            model._decoded(tokens, row)
             out.append(model._rows_from(first, n_logits))
         return out
 
-    def _decoded(self, chunk: list[int]) -> None:
+    def _decoded(self, chunk: list[int], row: int = 0) -> None:
         if self._checkpoint is not None:
             self._checkpoint.since.extend(chunk)
         if self.head is not None:
-            self.head.read(chunk, self.n_past)
+            self.head.read(chunk, self.n_past, row)
         self._last_decode = self.n_past  # llama.cpp's snapshots cover this decode alone
         self.n_past += len(chunk)
 
@@ -455,10 +460,12 @@ class LlamaModel(Vocabulary):
     def close(self) -> None:
         if getattr(self, "seq", 0):
             return  # a view: freed with the model that owns the context
-        head = getattr(self, "head", None)
-        if head is not None:
-            head.close()
-            self.head = None
+        shared = getattr(self, "_shared", _Shared())
+        for model in [*shared.views.values(), self]:  # every sequence's head, before the context
+            head = getattr(model, "head", None)
+            if head is not None:
+                head.close()
+                model.head = None
         if getattr(self, "_batch", None) is not None:
             llama_cpp.llama_batch_free(self._batch)
             self._batch = None

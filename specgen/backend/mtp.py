@@ -129,14 +129,15 @@ class MtpHead:
         self._gap = False
 
     # -- following the target ----------------------------------------------------------------
-    def read(self, tokens: list[int], start: int) -> None:
-        """The target just decoded ``tokens`` from position ``start``: keep them, each with the
-        hidden state of the position before it, for the head to read (``catch_up``)."""
+    def read(self, tokens: list[int], start: int, row: int = 0) -> None:
+        """The target just decoded ``tokens`` from position ``start`` (from ``row`` of its
+        batch on): keep them, each with the hidden state of the position before it, for the
+        head to read (``catch_up``)."""
         n = len(tokens)
         ptr = self._ext.llama_get_embeddings_nextn(self.target.ctx_ptr)
         if not ptr:
             raise BackendError("llama.cpp returned no hidden states for the MTP head")
-        h = np.ctypeslib.as_array(ptr, shape=(n, self.n_embd))
+        h = np.ctypeslib.as_array(ptr, shape=(row + n, self.n_embd))[row:]
         rows = np.empty((n, self.n_embd), dtype=np.float32)
         rows[0] = self._pending
         rows[1:] = h[:-1]

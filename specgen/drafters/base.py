@@ -63,6 +63,9 @@ class Model(Protocol):
 # Sources whose guesses all come from one pass of the head, whatever K (a DFlash block): a
 # cycle's draft costs that pass, not K steps, and is timed and priced so.
 BLOCK_SOURCES = frozenset({"dflash"})
+# Heads that read the target's hidden states: in a batch each sequence's head drafts in turn
+# (a context of its own), so their draft times add up where a draft model's batched steps do not.
+HEAD_SOURCES = frozenset({"mtp", "eagle3", "dflash"})
 
 
 def draft_cost(source: str | None, k: int, guess: float) -> float:

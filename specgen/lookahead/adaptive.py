@@ -19,6 +19,7 @@ from collections.abc import Sequence
 
 from specgen.core.speculative import expected_tokens_by_position
 from specgen.drafters.base import (
+    HEAD_SOURCES,
     TARGET_ALONE,
     Candidate,
     NgramTail,
@@ -216,12 +217,17 @@ class AdaptiveLookahead:
         n = others.verify_tokens + k + 1
         verify = self.profile.verify(n if measured is None else min(n, measured))
         assert verify is not None, "a pass was timed, so every length has an estimate"
-        draft = max(draft_cost(source, k, guess), others.draft_seconds)
+        own = draft_cost(source, k, guess)
+        # Heads draft one sequence after another; a draft model's steps for all at once.
+        draft = (
+            others.draft_seconds + own if source in HEAD_SOURCES else max(own, others.draft_seconds)
+        )
         if self.load is not None:  # the draft model's steps as batched, where timed
             model = k if source == "model" else 0
             batched = self.load.draft_seconds(model, others.drafts)
             if batched is not None:
                 draft = batched + draft_cost(source, k - model, guess)
+        draft += others.head_seconds
         return (others.tokens + tokens) / max(draft + setup + verify, SHORTEST)
 
     def _source_prior(self, source: str) -> float:

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from specgen.drafters.base import draft_cost
+from specgen.drafters.base import HEAD_SOURCES, draft_cost
 from specgen.lookahead.costs import (
     COST_MEMORY,
     CostBook,
@@ -115,6 +115,7 @@ class Others:
     verify_tokens: int = 0  # in the target's pass
     draft_seconds: float = 0.0  # the longest of their drafts, at one sequence's step cost
     drafts: tuple[int, ...] = ()  # the draft model's guesses of each one that drafted with it
+    head_seconds: float = 0.0  # their heads' drafts, one after another (``HEAD_SOURCES``)
 
 
 @dataclass
@@ -162,13 +163,19 @@ class BatchLoad:
         drafts = [
             draft_cost(s.source, s.paid, profile.guess(s.source) or 0.0)
             for s in rest
-            if s.source is not None
+            if s.source is not None and s.source not in HEAD_SOURCES
         ]
+        heads = sum(
+            draft_cost(s.source, s.paid, profile.guess(s.source) or 0.0)
+            for s in rest
+            if s.source in HEAD_SOURCES
+        )
         return Others(
             sum(s.tokens.mean if s.tokens.weight else 1.0 for s in rest),
             sum(s.verify_tokens for s in rest),
             max(drafts, default=0.0),
             tuple(s.paid for s in rest if s.source == "model" and s.paid),
+            heads,
         )
 
     def draft_pass(self, n_tokens: int) -> float | None:

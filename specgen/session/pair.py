@@ -33,7 +33,6 @@ from specgen.lookahead import (
     snapshots_for,
 )
 from specgen.models import compat
-from specgen.models.arch import HEAD_NAMES
 from specgen.session.fit import (
     check_fit,
     check_head,
@@ -200,6 +199,7 @@ class Pair:
     costs_file: Path | None = None
     clock: Clock = time.perf_counter
     head: Head | BlockHead | None = None
+    heads: list[Head | BlockHead] = field(default_factory=list)  # sequence i's is heads[i]
     busy: Clock | None = None  # ``Backend.busy``
     load_meter: Callable[[], Callable[[], float | None]] | None = None  # ``Backend.load_meter``
     costs: CostBook = field(init=False)  # loaded from ``costs_file``
@@ -260,7 +260,7 @@ class Pair:
             self.ngram,
             self.draft_p_min,
             self.clock,
-            head=self.head,
+            head=self.heads[seq] if self.heads else self.head,
             target=self.target.sequence(seq),
             cache=self.lookup,
         )
@@ -406,11 +406,6 @@ def _load(target: str | Path, draft: str | Path | None, options: PairOptions, ng
         if head_kind is None:
             check_loadable(draft_path, draft_header, "draft", False)
             check_headers_fit(target_path, draft_path, (target_header, draft_header))
-        elif options.parallel > 1:
-            raise UserError(
-                f"{HEAD_NAMES[head_kind]} drafts for one sequence at a time: drop --parallel, "
-                f"or draft with a draft model"
-            )
     models = [(target_path, target_header)]
     if draft is not None:
         models.append((draft_path, draft_header))
@@ -430,11 +425,17 @@ def _load(target: str | Path, draft: str | Path | None, options: PairOptions, ng
         options.verbose,
     )
     head: Head | BlockHead | None = None
+    heads: list[Head | BlockHead] = []
     draft_model = None
     if draft is None:
         head = backend.attach_mtp(target_model) if options.mtp else None
     elif head_kind is not None:
-        head = backend.attach_head(target_model, draft_path, head_kind)
+        # A head a sequence, each with a context of its own on one copy of the weights.
+        heads = [
+            backend.attach_head(target_model.sequence(seq), draft_path, head_kind)
+            for seq in range(options.parallel)
+        ]
+        head = heads[0]
     else:
         draft_model = backend.load(
             draft_path,
@@ -457,6 +458,7 @@ def _load(target: str | Path, draft: str | Path | None, options: PairOptions, ng
         _costs_file(target_model, draft_model, options, draft_path if head_kind else None),
         backend.clock,
         head=head,
+        heads=heads,
         busy=backend.busy,
         load_meter=backend.load_meter,
         lookahead=options.lookahead,

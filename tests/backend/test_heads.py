@@ -181,10 +181,10 @@ def test_a_reduced_vocabulary_drafts_only_its_tokens(tiny: dict[str, Path]) -> N
 
 
 def _rows_after(
-    path: Path, head_path: Path, kind: str, prompt: list[int], token: int
+    path: Path, head_path: Path, kind: str, prompt: list[int], token: int, window: int = 0
 ) -> list[np.ndarray]:
     """A fresh target and head: the head's rows for guesses after ``token``."""
-    target = load(path)
+    target = load(path, window)
     head = attach_head(target, head_path, kind)
     target.decode(prompt, 1)
     head.catch_up()
@@ -261,4 +261,74 @@ def test_a_cut_into_what_the_head_has_read_drops_it(tiny: dict[str, Path], name:
     fresh = _rows_after(tiny["target"], tiny[name], kind, [*PROMPT[:-2], 50], 9)
     for got, want in zip(after, fresh, strict=True):
         np.testing.assert_allclose(got, want, atol=TOLERANCE)
+    target.close()
+
+
+PROMPTS = [PROMPT, PROMPT[::-1], [7, 8, 9, 10, 11, 12], [100, 3, 50, 51, 52, 2, 90]]
+# A head beside a batch against a fresh one: the target's states come from passes over other
+# sequences' tokens too (other matrix shapes), a few 1e-3 apart on logits of about 25; a head
+# that read another sequence's rows is off by whole units.
+BATCH_TOLERANCE = 0.05
+
+
+@pytest.mark.parametrize("which", ["target", "hybrid"])
+@pytest.mark.parametrize("kind", ["eagle3", "dflash"])
+def test_four_sequences_each_draft_from_their_own_head(
+    tiny: dict[str, Path], kind: str, which: str
+) -> None:
+    """Four generations at once, each on its own sequence of one target context with a head
+    of its own (one copy of the weights), at K 1, 3, 8 and auto: each is the target alone on
+    its prompt, and each head ends where a fresh head on that sequence's text alone would (it
+    never read another sequence's states). On an attention target and a hybrid one."""
+    from specgen.engine.streams import Streams
+    from specgen.lookahead import BatchLoad, CostBook
+
+    window = 8 if which == "hybrid" else 0
+    name = kind if which == "target" else f"hybrid-{kind}"
+    options = ModelOptions(n_ctx=256, n_threads=1, n_seq=4, rollback_window=window)
+    target = LlamaModel(tiny[which], options)
+    heads = [attach_head(target.sequence(i), tiny[name], kind) for i in range(4)]
+    assert len(target._shared.weights) == 1, "the four heads share one copy of the weights"
+    costs = CostBook()
+    batch = BatchLoad(costs)
+    engines = [
+        SpeculativeEngine(
+            target.sequence(i),
+            make_drafter(None, False, head=heads[i], target=target.sequence(i)),
+            costs=costs,
+            load=batch,
+            slot=i,
+        )
+        for i in range(4)
+    ]
+    streams = Streams(target, [], load=batch, source=kind)
+    done: dict[int, tuple[list[int], object]] = {}
+    for i, (engine, k) in enumerate(zip(engines, (1, 3, 8, "auto"), strict=True)):
+        config = GenerationConfig(lookahead=k, sampling=GREEDY, max_tokens=30)
+        streams.add(
+            lambda i=i, e=engine, c=config: done.__setitem__(i, run_to_end(e, c, PROMPTS[i]))
+        )
+    try:
+        streams.run()
+    finally:
+        streams.close()
+    assert max(streams.stats.sequences) == 4, "verified all four at once"
+    alone_target = load(tiny[which], window)
+    for i, prompt in enumerate(PROMPTS):
+        config = GenerationConfig(lookahead=0, sampling=GREEDY, max_tokens=30)
+        want, _ = run_to_end(SpeculativeEngine(alone_target), config, prompt)
+        got, stats = done[i]
+        assert got == want, i
+        assert i == 3 or stats.by_source[kind].drafted > 0  # type: ignore[attr-defined]
+    alone_target.close()
+    for i, prompt in enumerate(PROMPTS):
+        sequence = target.sequence(i)
+        text = [*prompt, *done[i][0]]
+        heads[i].catch_up()
+        after = _draft(heads[i], text[sequence.n_past])
+        fresh = _rows_after(
+            tiny[which], tiny[name], kind, text[: sequence.n_past], text[sequence.n_past], window
+        )
+        for got_row, want_row in zip(after, fresh, strict=True):
+            np.testing.assert_allclose(got_row, want_row, atol=BATCH_TOLERANCE)
     target.close()

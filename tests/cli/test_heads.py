@@ -142,15 +142,27 @@ def test_a_head_for_a_llama_cpp_fork_is_one_line(files: dict[str, Path], tmp_pat
     assert "for the buun-llama-cpp fork" in line and "convert_hf_to_gguf.py" in line
 
 
-def test_a_head_with_parallel_streams_is_one_line(files: dict[str, Path], tmp_path: Path) -> None:
-    prompts = tmp_path / "prompts.txt"
-    prompts.write_text("hello world\nsecond prompt\n")
-    done = specgen_here(
-        "run", "-f", str(prompts), "--each-line", "--parallel", "2", "--target",
-        str(files["target"]), "--draft", str(files["eagle3"]), *FLAGS[:-1],
-    )  # fmt: skip
-    line = one_line_error(done, code=1)
-    assert "an EAGLE3 head drafts for one sequence at a time" in line and "--parallel" in line
+@pytest.mark.parametrize("kind", ["eagle3", "dflash"])
+def test_a_batch_with_parallel_streams_drafts_from_a_head_each(
+    files: dict[str, Path], tmp_path: Path, kind: str
+) -> None:
+    """``run -f --parallel 2`` and ``Specgen(parallel=2).generate_many``: every sequence drafts
+    from a head of its own, and each text is the one the target alone gives."""
+    from specgen.api import Specgen
+
+    head = f"{kind}:{files[kind]}"
+    target = ["--target", str(files["target"])]
+    alone = batch_of_two(tmp_path, *target, "-k", "0", *FLAGS[:-1])
+    both = batch_of_two(tmp_path, *target, "--draft", head, "--parallel", "2", *FLAGS[:-1])
+    assert [r["text"] for r in both] == [r["text"] for r in alone]
+    many = Specgen(target=files["target"], draft=head, threads=1, lookahead=3, parallel=2)
+    assert len(many.pair.heads) == 2 and many.pair.heads[0] is not many.pair.heads[1]
+    prompts = ["hello world", "second prompt", "a third one"]
+    results = many.generate_many(prompts, max_tokens=16, temperature=0)
+    single = Specgen(target=files["target"], threads=1, lookahead=0)
+    for prompt, result in zip(prompts, results, strict=True):
+        assert result.text == single.generate(prompt, max_tokens=16, temperature=0).text
+        assert result.stats.by_source[kind].drafted > 0
 
 
 def test_batches_the_api_and_the_server_draft_with_the_head(

@@ -202,3 +202,24 @@ def test_a_draft_that_must_first_read_a_long_prompt_is_priced_by_that_read() -> 
     assert policy.plan([MODEL], 64).lookahead > 0
     assert policy.plan([read], 64).lookahead == 0
     assert policy.plan([read], 4000).lookahead > 0  # a long answer is worth the read
+
+
+@pytest.mark.parametrize(("source", "each"), [("eagle3", 0.1), ("dflash", 0.3)])
+def test_heads_in_a_batch_are_priced_one_after_another(source: str, each: float) -> None:
+    """Each sequence's head drafts in turn (a context of its own), so the others' drafts add up,
+    where a draft model's batched steps are priced by the longest; a DFlash head's K guesses
+    are one pass."""
+    load = BatchLoad(CostBook())
+    profile = load.costs.of(True)
+    profile.observe_step(source, each)  # a guess (EAGLE3) or a pass (DFlash), twice: trusted
+    profile.observe_step(source, each)
+    for slot in range(3):
+        load.join(slot, True)
+        load.report(slot, 3, 5, 4, source)  # four guesses each
+    others = load.others(0, profile)
+    per_sequence = 4 * each if source == "eagle3" else each
+    assert others.head_seconds == pytest.approx(2 * per_sequence)
+    assert others.draft_seconds == 0.0
+    load.report(1, 3, 5, 4, "model")
+    load.report(2, 3, 5, 4, "model")
+    assert load.others(0, profile).head_seconds == 0.0  # a draft model's steps are batched
