@@ -275,17 +275,20 @@ def write_llama(
     seed: int = 0,
     output_scale: float = 0.5,
     focus: float = 0.0,
+    arch: str = "llama",
 ) -> Path:
     """Write a random llama GGUF at ``path``: the tiny attention target the heads draft for.
-    ``focus``: how strongly the first ``FOCUS`` tokens are favoured (0: not)."""
+    ``focus``: how strongly the first ``FOCUS`` tokens are favoured (0: not). ``arch="qwen2"``:
+    the same with the attention biases qwen2 has (a target whose graph hands out no layer
+    states)."""
     import gguf
 
     s = shape
     _, rnd = _randoms(seed)
     path.parent.mkdir(parents=True, exist_ok=True)
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_name(f"tiny-llama-s{seed}")
-    _common(w, "llama", s, s.n_layer)
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_name(f"tiny-{arch}-s{seed}")
+    _common(w, arch, s, s.n_layer)
     embeddings = rnd(s.n_vocab, s.n_embd, scale=0.5)
     output = rnd(s.n_vocab, s.n_embd, scale=output_scale)
     if focus:
@@ -300,6 +303,9 @@ def write_llama(
         w.add_tensor(f"blk.{il}.attn_k.weight", rnd(s.n_embd, s.n_embd))
         w.add_tensor(f"blk.{il}.attn_v.weight", rnd(s.n_embd, s.n_embd))
         w.add_tensor(f"blk.{il}.attn_output.weight", rnd(s.n_embd, s.n_embd))
+        if arch == "qwen2":
+            for name in ("q", "k", "v"):
+                w.add_tensor(f"blk.{il}.attn_{name}.bias", np.zeros(s.n_embd, dtype=np.float32))
         _ffn(w, rnd, il, s)
     _finish(w)
     return path

@@ -50,6 +50,15 @@ if TYPE_CHECKING:
 EAGLE3, DFLASH = "eagle3", "dflash"
 HEAD_KINDS = (EAGLE3, DFLASH)
 HEAD_NAMES = {EAGLE3: "an EAGLE3 head", DFLASH: "a DFlash head"}
+# The target architectures whose llama.cpp graph hands out a layer's input states (the models
+# that set ``t_layer_inp`` in 0.3.36's src/models): on any other, llama.cpp aborts the process
+# on the first decode with a head reading it. ``models.arch`` refuses them from the header
+# first; this is the same list, for a head attached here directly.
+LAYER_STATE_ARCHS = (
+    "bailingmoe3", "deepseek4", "gemma4", "gpt-oss", "hunyuan_vl", "lfm2", "llama", "mimo2",
+    "minimax-01", "minimax-m2", "muse-glimmer", "nanbeige", "nemotron_h", "qwen3", "qwen35",
+    "qwen35moe", "qwen3moe", "qwen3next", "qwen4exp",
+)  # fmt: skip
 
 # llama.cpp's staging functions that llama-cpp-python 0.3.36 does not bind, by their Itanium
 # C++ names (GCC and Clang; an MSVC build names them otherwise, and is told so).
@@ -187,6 +196,12 @@ class _Head:
             raise BackendError(
                 f"{self.path.name} has a vocabulary of {n_vocab} tokens and {target.path.name} "
                 f"one of {target.n_vocab}: it is a head for another target"
+            )
+        target_arch = _meta(target.model_ptr).get("general.architecture", "?")
+        if target_arch not in LAYER_STATE_ARCHS:
+            raise BackendError(
+                f"{target.path.name} is a {target_arch} model, whose layers llama.cpp cannot "
+                f"hand to a head"
             )
         n = int(api.target_layer_ids_n(model))
         ids = api.target_layer_ids(model)

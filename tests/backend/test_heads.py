@@ -238,6 +238,11 @@ def test_bad_and_mismatched_heads_are_one_line(tiny: dict[str, Path], tmp_path: 
         attach_head(target, small, "eagle3")
     with pytest.raises(BackendError, match="unknown kind of head"):
         attach_head(target, tiny["eagle3"], "medusa")
+    qwen2 = load(write_llama(tmp_path / "qwen2.gguf", arch="qwen2"))
+    with pytest.raises(BackendError, match="is a qwen2 model, whose layers llama.cpp cannot"):
+        attach_head(qwen2, tiny["eagle3"], "eagle3")  # llama.cpp would abort on its decode
+    assert qwen2.decode(PROMPT, 1) is not None and not qwen2._shared.weights  # nothing kept
+    qwen2.close()
     head = attach_head(target, tiny["eagle3"], "eagle3")
     with pytest.raises(BackendError, match="has a head already"):
         attach_head(target, tiny["dflash"], "dflash")
@@ -332,3 +337,13 @@ def test_four_sequences_each_draft_from_their_own_head(
         for got_row, want_row in zip(after, fresh, strict=True):
             np.testing.assert_allclose(got_row, want_row, atol=BATCH_TOLERANCE)
     target.close()
+
+
+def test_the_header_check_and_the_backend_know_the_same_targets() -> None:
+    """The targets whose layers a head can read: refused from the header before loading
+    (``models.arch``), and by the backend for a head attached directly; one list."""
+    from specgen.backend.heads import HEAD_NAMES as BACKEND_NAMES
+    from specgen.backend.heads import LAYER_STATE_ARCHS as BACKEND_ARCHS
+    from specgen.models.arch import HEAD_NAMES, LAYER_STATE_ARCHS
+
+    assert BACKEND_ARCHS == LAYER_STATE_ARCHS and BACKEND_NAMES == HEAD_NAMES
