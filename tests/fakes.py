@@ -21,7 +21,7 @@ import time
 import zlib
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -359,3 +359,41 @@ def pair_facts(**changes: object) -> PairFacts:
         "rollback": {},
     }
     return {**pair, **changes}  # type: ignore[return-value]
+
+
+def run_together(
+    target: Any,
+    drafts: Sequence[Any],
+    drafter_of: Any,
+    prompts: Sequence[Sequence[int]],
+    lookaheads: Sequence[Any],
+    source: str = "model",
+    max_tokens: int = 30,
+) -> tuple[dict[int, tuple[list[int], Stats]], Any]:
+    """Greedy generations at once, sequence i of ``target``'s context on ``prompts[i]`` at
+    ``lookaheads[i]``, drafting with ``drafter_of(i)``, through ``engine.streams`` as a batch
+    runs them: each one's tokens and stats, and the streams (their statistics)."""
+    from specgen.core.sampling import SamplingParams
+    from specgen.engine import GenerationConfig, SpeculativeEngine
+    from specgen.engine.streams import Streams
+    from specgen.lookahead import BatchLoad, CostBook
+
+    costs = CostBook()
+    batch = BatchLoad(costs)
+    streams = Streams(target, list(drafts), load=batch, source=source)
+    done: dict[int, tuple[list[int], Stats]] = {}
+    for i, (prompt, k) in enumerate(zip(prompts, lookaheads, strict=True)):
+        engine = SpeculativeEngine(
+            target.sequence(i), drafter_of(i), costs=costs, load=batch, slot=i
+        )
+        config = GenerationConfig(
+            lookahead=k, sampling=SamplingParams(temperature=0.0), max_tokens=max_tokens
+        )
+        streams.add(
+            lambda i=i, e=engine, c=config, p=prompt: done.__setitem__(i, run_to_end(e, c, p))
+        )
+    try:
+        streams.run()
+    finally:
+        streams.close()
+    return done, streams

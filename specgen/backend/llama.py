@@ -222,6 +222,7 @@ class LlamaModel(Vocabulary):
         self.n_past = 0
         self._checkpoint: _Checkpoint | None = None
         self._last_decode = 0  # where the last decode began
+        self._even = True  # the last decode's batch gave every sequence as many tokens
         self.head: DecodeListener | None = None  # e.g. an MTP head (``backend.mtp.attach``)
         self._rows = TopKRows(self._ctx, self.n_vocab, self.backend_sampling, self.path.name, seq)
 
@@ -315,8 +316,13 @@ class LlamaModel(Vocabulary):
         if status != 0:
             raise BackendError(f"llama_decode failed on {self.path.name} (status {status})")
         out: list[Rows] = []
+        # llama.cpp cuts a recurrent model's batch into ubatches of equal lengths a sequence:
+        # where the lengths differ, a sequence's tokens may span ubatches, and its snapshots
+        # then do not hold what a rollback needs (measured: a wrong state, not an error).
+        even = len({len(tokens) for _, tokens, _ in items}) == 1
         for (model, tokens, n_logits), first, row in zip(items, firsts, rows, strict=True):
             model._decoded(tokens, row)
+            model._even = even
             out.append(model._rows_from(first, n_logits))
         return out
 
@@ -345,7 +351,9 @@ class LlamaModel(Vocabulary):
         if not self.recurrent:
             return
         self._checkpoint = None
-        if one_decode and undo <= self.rollback_window:
+        # With several sequences the snapshots hold only where the pass is even (``_even``),
+        # known after it: a copy is kept all the same, and used only where they do not.
+        if one_decode and undo <= self.rollback_window and self.n_seq == 1:
             return
         started = time.perf_counter()
         size = self.state_bytes()
@@ -361,8 +369,10 @@ class LlamaModel(Vocabulary):
         """Whether llama.cpp's snapshots can take a recurrent state back to ``n_past``: at most
         ``rollback_window`` tokens, all of the last decode and not the whole of it (the state
         kept must be one that decode computed), once. Asked for more, llama.cpp's ``seq_rm``
-        can return true and leave a wrong state, so specgen asks only this."""
-        return self._last_decode < n_past and self.n_past - n_past <= self.rollback_window
+        can return true and leave a wrong state, so specgen asks only this; with several
+        sequences, only after a batch that gave each as many tokens (``decode_together``)."""
+        covered = self._last_decode < n_past and self.n_past - n_past <= self.rollback_window
+        return covered and (self.n_seq == 1 or self._even)
 
     def rollback(self, n_past: int) -> None:
         """Drop every cached position from ``n_past`` on (the rejected guesses)."""

@@ -393,11 +393,6 @@ def _load(target: str | Path, draft: str | Path | None, options: PairOptions, ng
     check_loadable(target_path, target_header, "target", options.mtp)
     if draft is not None and options.mtp:
         raise UserError("a pair drafts with a draft model or with its target's MTP head, not both")
-    if options.mtp and options.parallel > 1:
-        raise UserError(
-            "an MTP head drafts for one sequence at a time: drop --parallel, or draft with a "
-            "draft model (--draft FILE)"
-        )
     head_kind = None
     if draft is not None:
         draft_path = _existing(draft, "draft")
@@ -428,7 +423,9 @@ def _load(target: str | Path, draft: str | Path | None, options: PairOptions, ng
     heads: list[Head | BlockHead] = []
     draft_model = None
     if draft is None:
-        head = backend.attach_mtp(target_model) if options.mtp else None
+        if options.mtp:  # a head a sequence, each with an MTP context of its own
+            heads = [backend.attach_mtp(target_model.sequence(s)) for s in range(options.parallel)]
+            head = heads[0]
     elif head_kind is not None:
         # A head a sequence, each with a context of its own on one copy of the weights.
         heads = [

@@ -17,10 +17,10 @@ import pytest
 from specgen.backend import LlamaModel, ModelOptions, attach_head
 from specgen.backend.heads import DFlashHead, Eagle3Head
 from specgen.core.sampling import SamplingParams, warp
-from specgen.drafters import make_drafter
+from specgen.drafters import Drafter, make_drafter
 from specgen.engine import GenerationConfig, SpeculativeEngine
 from specgen.errors import BackendError
-from tests.fakes import run_to_end
+from tests.fakes import run_to_end, run_together
 from tests.stats_helpers import pooled_chisquare_pvalue
 from tests.tiny_models import (
     LLAMA,
@@ -285,38 +285,17 @@ def test_four_sequences_each_draft_from_their_own_head(
     of its own (one copy of the weights), at K 1, 3, 8 and auto: each is the target alone on
     its prompt, and each head ends where a fresh head on that sequence's text alone would (it
     never read another sequence's states). On an attention target and a hybrid one."""
-    from specgen.engine.streams import Streams
-    from specgen.lookahead import BatchLoad, CostBook
-
     window = 8 if which == "hybrid" else 0
     name = kind if which == "target" else f"hybrid-{kind}"
     options = ModelOptions(n_ctx=256, n_threads=1, n_seq=4, rollback_window=window)
     target = LlamaModel(tiny[which], options)
     heads = [attach_head(target.sequence(i), tiny[name], kind) for i in range(4)]
     assert len(target._shared.weights) == 1, "the four heads share one copy of the weights"
-    costs = CostBook()
-    batch = BatchLoad(costs)
-    engines = [
-        SpeculativeEngine(
-            target.sequence(i),
-            make_drafter(None, False, head=heads[i], target=target.sequence(i)),
-            costs=costs,
-            load=batch,
-            slot=i,
-        )
-        for i in range(4)
-    ]
-    streams = Streams(target, [], load=batch, source=kind)
-    done: dict[int, tuple[list[int], object]] = {}
-    for i, (engine, k) in enumerate(zip(engines, (1, 3, 8, "auto"), strict=True)):
-        config = GenerationConfig(lookahead=k, sampling=GREEDY, max_tokens=30)
-        streams.add(
-            lambda i=i, e=engine, c=config: done.__setitem__(i, run_to_end(e, c, PROMPTS[i]))
-        )
-    try:
-        streams.run()
-    finally:
-        streams.close()
+
+    def drafter_of(i: int) -> Drafter | None:
+        return make_drafter(None, False, head=heads[i], target=target.sequence(i))
+
+    done, streams = run_together(target, [], drafter_of, PROMPTS, (1, 3, 8, "auto"), kind)
     assert max(streams.stats.sequences) == 4, "verified all four at once"
     alone_target = load(tiny[which], window)
     for i, prompt in enumerate(PROMPTS):

@@ -15,15 +15,16 @@ import pytest
 
 from specgen.backend import LlamaModel, ModelOptions, attach_mtp
 from specgen.core.sampling import SamplingParams, warp
-from specgen.drafters import make_drafter
+from specgen.drafters import Drafter, make_drafter
 from specgen.engine import GenerationConfig, SpeculativeEngine
-from tests.fakes import run_to_end
+from tests.fakes import run_to_end, run_together
 from tests.stats_helpers import pooled_chisquare_pvalue
 from tests.tiny_models import write_qwen35
 
 GREEDY = SamplingParams(temperature=0.0)
 PROMPT = [3, 14, 15, 92, 65, 35, 89, 79, 32, 38]
 LOOKAHEADS = [1, 2, 4, 8, "auto"]
+FOUR = [PROMPT, PROMPT[::-1], [7, 8, 9, 10, 11, 12], [100, 3, 50, 51, 52, 2, 90]]
 # The two ways a recurrent model rolls back: llama.cpp's snapshots (n_rs_seq 8, enough for
 # K <= 8), or none at all, so every rollback restores a checkpoint.
 WAYS = {"bounded": 8, "checkpoint": 0}
@@ -289,3 +290,56 @@ def test_a_seed_gives_the_same_tokens_with_the_mtp_head_at_any_k(tiny: dict[str,
             tokens, stats = run_to_end(engine, GenerationConfig(k, sampling, 12, seed=seed), PROMPT)
             assert stats.by_source["mtp"].drafted > 0
             assert tokens == alone, (seed, k)
+
+
+def test_four_sequences_each_draft_from_the_mtp_head(tiny: dict[str, Path]) -> None:
+    """Four generations at once on one hybrid target context with its MTP head, at K 1, 3, 4
+    and auto: an MTP context a sequence, each head reading its own rows of the batched pass.
+    Each is the target alone on its prompt (the passes' uneven lengths need checkpoints:
+    ``test_uneven_passes_of_a_hybrid_batch_roll_back_by_checkpoint``)."""
+    options = ModelOptions(n_ctx=256, n_threads=1, n_seq=4, rollback_window=8, mtp=True)
+    target = LlamaModel(tiny["mtp"], options)
+    heads = [attach_mtp(target.sequence(i)) for i in range(4)]
+
+    def drafter_of(i: int) -> Drafter | None:
+        return make_drafter(None, False, head=heads[i], target=target.sequence(i))
+
+    done, streams = run_together(target, [], drafter_of, FOUR, (1, 3, 4, "auto"), "mtp")
+    assert max(streams.stats.sequences) == 4, "verified all four at once"
+    alone_target = load(tiny["mtp"], 8, mtp=True)
+    for i, prompt in enumerate(FOUR):
+        config = GenerationConfig(lookahead=0, sampling=GREEDY, max_tokens=30)
+        assert done[i][0] == run_to_end(SpeculativeEngine(alone_target), config, prompt)[0], i
+    alone_target.close()
+    target.close()
+
+
+@pytest.mark.parametrize("lookaheads", [(1, 3, 4, "auto"), (3, 3, 3, 3)])
+def test_uneven_passes_of_a_hybrid_batch_roll_back_by_checkpoint(
+    tiny: dict[str, Path], lookaheads: tuple[int | str, ...]
+) -> None:
+    """A hybrid target's batch of four sequences drafting from a hybrid draft model: llama.cpp
+    cuts a pass whose sequences bring unequal lengths into several ubatches, and then a
+    sequence's snapshots do not hold (a rollback by them left a wrong state: the K=1 sequence
+    diverged at its 5th token where the target's margin was 4 logits). Such a rollback restores
+    a checkpoint; an even pass still rolls back by snapshots. Each is the target alone."""
+    options = ModelOptions(n_ctx=256, n_threads=1, n_seq=4, rollback_window=8)
+    target = LlamaModel(tiny["target"], options)
+    draft = LlamaModel(tiny["draft"], ModelOptions(n_ctx=256, n_threads=1, n_seq=4))
+
+    def drafter_of(i: int) -> Drafter | None:
+        return make_drafter(draft.sequence(i), False)
+
+    done, _ = run_together(target, [draft], drafter_of, FOUR, lookaheads)
+    alone_target = load(tiny["target"], 8)
+    for i, prompt in enumerate(FOUR):
+        config = GenerationConfig(lookahead=0, sampling=GREEDY, max_tokens=30)
+        assert done[i][0] == run_to_end(SpeculativeEngine(alone_target), config, prompt)[0], i
+    counts = target.rollbacks  # every sequence's, together
+    if len(set(lookaheads)) > 1:
+        assert counts.checkpoint > 0
+    else:
+        assert counts.bounded > 0
+    alone_target.close()
+    target.close()
+    draft.close()

@@ -161,3 +161,23 @@ def test_bench_rows_draft_with_the_head(files: dict[str, Path], tmp_path: Path) 
     assert {row["lookahead"] for row in found["per_k"]} == {1, 2, "auto", "hybrid"}
     drafted = [row for row in found["per_k"] if row["lookahead"] in (1, 2)]
     assert all(row["draft_ms_per_token"] for row in drafted)  # the head made guesses
+
+
+def test_a_batch_with_parallel_streams_drafts_from_the_mtp_head(
+    files: dict[str, Path], tmp_path: Path
+) -> None:
+    """``run -f --parallel 2`` on a target with an MTP head: a head a sequence, and each text is
+    the one the target alone gives."""
+    from specgen.api import Specgen
+
+    target = ["--target", str(files["mtp"])]
+    alone = batch_of_two(tmp_path, *target, "-k", "0", *FLAGS[:-1])
+    both = batch_of_two(tmp_path, *target, "-k", "auto", "--parallel", "2", *FLAGS[:-1])
+    assert [r["text"] for r in both] == [r["text"] for r in alone]
+    many = Specgen(target=files["mtp"], threads=1, lookahead=2, parallel=2)
+    assert many.pair.mtp and len(many.pair.heads) == 2
+    results = many.generate_many(["hello world", "second prompt"], max_tokens=16, temperature=0)
+    single = Specgen(target=files["mtp"], threads=1, lookahead=0)
+    for prompt, result in zip(["hello world", "second prompt"], results, strict=True):
+        assert result.text == single.generate(prompt, max_tokens=16, temperature=0).text
+        assert result.stats.by_source["mtp"].drafted > 0

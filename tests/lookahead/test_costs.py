@@ -135,3 +135,19 @@ def test_a_far_off_remembered_or_cold_verify_figure_gives_way_to_the_line() -> N
     snapshot = json.loads(json.dumps(costs.snapshot()))
     assert snapshot["verify_by_n"]["20"] == pytest.approx(6.0)
     assert PairProfile.restore(snapshot).verify(20) == pytest.approx(costs.verify(20))  # its weight
+
+
+def test_a_block_drafters_cycle_is_one_pass_whatever_its_k() -> None:
+    """A DFlash head drafts its K guesses in one pass: that pass is what is timed and what a
+    cycle's draft is priced at, where a step drafter's (EAGLE3) is a step a guess."""
+    from specgen.drafters.base import draft_cost
+
+    for source, each in (("dflash", 0.4), ("eagle3", 0.05)):
+        costs = PairProfile()
+        for _ in range(3):
+            costs.observe(source, 8, 0.4, 1.0)  # eight guesses in 0.4 s
+        assert costs.guess(source) == pytest.approx(each)
+        for k in (1, 4, 15):
+            want = 0.4 if source == "dflash" else 0.05 * k
+            assert draft_cost(source, k, each) == pytest.approx(want)
+    assert draft_cost("dflash", 0, 0.4) == 0.0
