@@ -263,3 +263,31 @@ def test_serve_over_a_worker_answers_as_run_does_here(
             proc.wait(timeout=60)
     assert answer.choices[0].text == here["text"]
     assert answer.usage.completion_tokens == 24
+
+
+@pytest.mark.needs_rpc
+def test_parallel_streams_over_a_worker_are_the_local_batchs(
+    smollm2_target: Path, smollm2_draft: Path, tmp_path: Path
+) -> None:
+    """A batch of three prompts as two streams (``run -f --parallel 2``) with the target's
+    layers on a worker: each line the one the same batch gives with the target here (a fixed K,
+    so the batches' shapes, and so their floats, are the same both ways)."""
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("The capital of France is\ndef fibonacci(n):\nHere is a list of fruits:\n")
+    common = [
+        "run", "-f", str(prompts), "--each-line", "--parallel", "2", "--raw",
+        *pair_flags(smollm2_target, smollm2_draft), "-k", "4", "--temperature", "0", "-n", "24",
+        "--threads", "1",
+    ]  # fmt: skip
+
+    def lines(*extra: str) -> list[dict]:
+        done = specgen_process(*common, *extra, env=with_models_cache())
+        assert done.returncode == 0, done.stderr
+        return [json.loads(line) for line in done.stdout.splitlines()]
+
+    here = lines()
+    with worker() as (endpoint, _):
+        remote = lines("--rpc", endpoint)
+    assert len(here) == len(remote) == 3
+    assert [r["text"] for r in remote] == [r["text"] for r in here]
+    assert all(r.get("error") is None and r["text"] for r in remote)
