@@ -64,21 +64,25 @@ LAYER_STATE_ARCHS = (
 # C++ names (GCC and Clang; an MSVC build names them otherwise, and is told so).
 _MANGLED = {
     "set_layer_inp": (
+        "llama_set_embeddings_layer_inp",
         "_Z30llama_set_embeddings_layer_inpP13llama_contextjb",
         [llama_cpp.llama_context_p_ctypes, ctypes.c_uint32, ctypes.c_bool],
         None,
     ),
     "get_layer_inp": (
+        "llama_get_embeddings_layer_inp",
         "_Z30llama_get_embeddings_layer_inpP13llama_contextj",
         [llama_cpp.llama_context_p_ctypes, ctypes.c_uint32],
         ctypes.POINTER(ctypes.c_float),
     ),
     "target_layer_ids": (
+        "llama_model_target_layer_ids",
         "_Z28llama_model_target_layer_idsPK11llama_model",
         [llama_cpp.llama_model_p_ctypes],
         ctypes.POINTER(ctypes.c_int32),
     ),
     "target_layer_ids_n": (
+        "llama_model_target_layer_ids_n",
         "_Z30llama_model_target_layer_ids_nPK11llama_model",
         [llama_cpp.llama_model_p_ctypes],
         ctypes.c_uint32,
@@ -96,14 +100,14 @@ def _bound() -> SimpleNamespace:
     ext = staging_api()
     lib = llama_cpp.llama_cpp._lib
     found: dict[str, object] = {}
-    for name, (symbol, argtypes, restype) in _MANGLED.items():
+    for name, (plain, symbol, argtypes, restype) in _MANGLED.items():
         try:
             function = getattr(lib, symbol)
         except AttributeError as err:
             raise BackendError(
-                f"this build of llama.cpp lacks {symbol.split('llama_', 1)[-1][:40]!r}, which "
-                f"EAGLE3 and DFlash heads need (llama-cpp-python 0.3.36 built with GCC or Clang "
-                f"has it); draft with a draft model instead"
+                f"this build of llama.cpp lacks {plain}, which EAGLE3 and DFlash heads need "
+                f"(llama-cpp-python 0.3.36 built with GCC or Clang has it); draft with a draft "
+                f"model instead"
             ) from err
         function.argtypes, function.restype = argtypes, restype
         found[name] = function

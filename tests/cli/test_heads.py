@@ -214,3 +214,22 @@ def test_models_info_and_check_say_what_a_head_is(files: dict[str, Path]) -> Non
         "models", "check", "--target", str(files["target"]), "--draft", str(files["far"])
     )
     one_line_error(far, "reads target layers [0, 1, 7] and the target has 4", code=1)
+
+
+def test_a_build_without_the_head_functions_is_one_line(
+    files: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A llama.cpp whose library does not export the staging functions under the names bound
+    (another compiler's mangling, an older build): one line, before anything drafts."""
+    from specgen.backend import heads
+
+    missing = dict(heads._MANGLED)
+    plain, _, argtypes, restype = missing["get_layer_inp"]
+    msvc = "?llama_get_embeddings_layer_inp@@YAPEAMPEAUllama_context@@I@Z"
+    missing["get_layer_inp"] = (plain, msvc, argtypes, restype)
+    monkeypatch.setattr(heads, "_MANGLED", missing)
+    monkeypatch.setattr(heads, "_bindings", None)
+    assert not heads.supports_heads()
+    line = fails("--target", str(files["target"]), "--draft", str(files["eagle3"]), "-k", "2")
+    assert "lacks llama_get_embeddings_layer_inp, which EAGLE3 and DFlash heads need" in line
+    assert "draft model" in line
