@@ -124,16 +124,6 @@ def supports_heads() -> bool:
     return True
 
 
-@dataclass(frozen=True)
-class HeadFacts:
-    """What a loaded head reads of its target: the layers, and how wide each state is."""
-
-    kind: str
-    layers: tuple[int, ...]
-    n_embd: int  # the head's own width (its g, its pre-norm state)
-    block_size: int = 0  # DFlash: positions one pass drafts (the guesses: block_size - 1)
-
-
 @dataclass
 class _Weights:
     """A head's weights, loaded once for every sequence of one target context: each sequence's
@@ -248,10 +238,6 @@ class _Head:
     def n_enc(self) -> int:
         """The width of one position's states, all the layers read side by side."""
         return len(self.layers) * self.n_embd_target
-
-    @property
-    def facts(self) -> HeadFacts:
-        return HeadFacts(self.kind, self.layers, self.n_embd)
 
     # -- following the target ----------------------------------------------------------------
     def read(self, tokens: list[int], start: int, row: int = 0) -> None:
@@ -506,10 +492,6 @@ class DFlashHead(_Head):
         llama_cpp.llama_set_causal_attn(self._ctx, causal)
         self._written = 0  # the cache holds the target's states of positions below this
         self._drafted_at = -1  # where the last block went (removed by ``end``)
-
-    @property
-    def facts(self) -> HeadFacts:
-        return HeadFacts(self.kind, self.layers, self.n_embd, self.block_size)
 
     @property
     def max_block(self) -> int:
