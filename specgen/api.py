@@ -53,7 +53,8 @@ class Specgen:
 
     Args:
         pair, target, draft: the models (a pair from models.toml, or files and Hub specs);
-            ``draft="ngram"`` drafts by prompt lookup alone.
+            ``draft="ngram"`` drafts by prompt lookup alone, ``draft="eagle3:FILE"`` (or
+            ``"dflash:FILE"``) with an EAGLE3 or DFlash head.
         lookahead: K (0: the target alone; ``"auto"``: chosen each cycle); None: what bench
             found (where ``from_bench``), else the pair's own, else ``auto``.
         ngram, mtp: prompt lookup beside the draft; the target's own MTP head (None: the pair's).
