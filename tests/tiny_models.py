@@ -370,11 +370,13 @@ def write_dflash(
     block_size: int = 8,
     n_layer: int = 1,
     seed: int = 3,
+    mask: bool = True,
 ) -> Path:
     """Write a random DFlash block drafter for a ``target`` of that shape (llama.cpp's
     ``dflash``: the fused hidden states of the target's ``layers`` written into its own cache,
     then one pass over ``[last, mask x n]`` gives a distribution for each of the n positions).
-    It shares the target's embeddings and output layer."""
+    It shares the target's embeddings and output layer; ``mask=False`` names no mask token (a
+    broken head)."""
     import gguf
 
     s = target
@@ -382,7 +384,7 @@ def write_dflash(
     path.parent.mkdir(parents=True, exist_ok=True)
     w = gguf.GGUFWriter(str(path), "dflash")
     w.add_name(f"tiny-dflash-s{seed}")
-    _common(w, "dflash", s, n_layer, mask=True)
+    _common(w, "dflash", s, n_layer, mask=mask)
     w.add_array("dflash.target_layers", list(layers))
     w.add_uint32("dflash.block_size", block_size)
     w.add_tensor("fc.weight", rnd(s.n_embd, len(layers) * s.n_embd, scale=0.1))

@@ -175,6 +175,9 @@ class _Head:
         except BaseException:
             self.close()  # the weights go back too: a refused head leaves nothing loaded
             raise
+        # Only a head that passed every check has the target hand out its layers' states.
+        for lid in self.layers:
+            api.set_layer_inp(target.ctx_ptr, lid, True)
 
     def _more(self) -> None:
         """What a kind of head checks and keeps of its own (after the context is open)."""
@@ -201,6 +204,11 @@ class _Head:
         ids = api.target_layer_ids(model)
         self.layers = tuple(int(ids[i]) for i in range(n))
         n_layer = int(llama_cpp.llama_model_n_layer(target.model_ptr))
+        if n_layer in self.layers:
+            raise BackendError(
+                f"{self.path.name} reads the final hidden state of {target.path.name} (layer "
+                f"{n_layer}), which specgen cannot hand to a head yet"
+            )
         if not self.layers or any(not 0 <= lid < n_layer for lid in self.layers):
             raise BackendError(
                 f"{self.path.name} reads layers {list(self.layers)} of its target, and "
@@ -208,6 +216,15 @@ class _Head:
             )
         self.n_embd_target = int(llama_cpp.llama_model_n_embd(target.model_ptr))
         self.n_embd = int(llama_cpp.llama_model_n_embd(model))
+        # llama.cpp reads each position's states as wide as the head was trained on (EAGLE3:
+        # its target_hidden_size; DFlash: its own width): another width reads past the rows.
+        trained = int(_meta(model).get(f"{self.kind}.target_hidden_size", "0") or 0)
+        wanted = trained if self.kind == EAGLE3 else self.n_embd
+        if wanted and wanted != self.n_embd_target:
+            raise BackendError(
+                f"{self.path.name} reads hidden states {wanted} wide and those of "
+                f"{target.path.name} are {self.n_embd_target}: it is a head for another target"
+            )
         self.n_vocab = target.n_vocab
         params_ctx = llama_cpp.llama_context_default_params()
         params_ctx.n_ctx = target.n_ctx
@@ -224,8 +241,6 @@ class _Head:
         self._mem = llama_cpp.llama_get_memory(ctx)
         self.rows_on_device = target.rows_on_device
         self._rows = TopKRows(ctx, self.n_vocab, target.backend_sampling, self.path.name)
-        for lid in self.layers:
-            api.set_layer_inp(target.ctx_ptr, lid, True)
         self.n_batch = target.n_batch
         # What the target decoded that the head has not read: its tokens and layer states, from
         # position _start on; _gap: older ones were dropped unread.
@@ -396,7 +411,7 @@ class Eagle3Head(_Head):
         # The pairs (token P+1, g_P): the one left from the last read, then this read's but its
         # last, which waits for the token drafted from it.
         pairs_at, pairs_tokens, pairs_g = [], [], []
-        if self._seed_at == start - 1 and not self._seed_written:
+        if self._seed_at >= 0 and self._seed_at == start - 1 and not self._seed_written:
             pairs_at.append(start - 1)
             pairs_tokens.append(self._tokens[0])
             pairs_g.append(self._seed)
@@ -424,13 +439,13 @@ class Eagle3Head(_Head):
         llama_cpp.llama_memory_seq_rm(self._mem, 0, max(last, 0), -1)
         if unread is not None and last >= unread:
             return  # the seed comes with the rows still unread
-        if last == self._seed_at:
+        if last < 0:
+            self.reset()
+        elif last == self._seed_at:
             self._seed_written = False
         elif self._g_start <= last < self._g_start + len(self._g):
             self._seed_at, self._seed = last, self._g[last - self._g_start].copy()
             self._seed_written = False
-        elif n_past == 0:
-            self.reset()
         else:
             raise BackendError("the EAGLE3 head can only roll back within the target's last read")
 

@@ -279,7 +279,7 @@ def head_layout(header: Header) -> HeadLayout | None:
     names = header.tensors or ()
     variant = ""
     if arch == "dflash":
-        if _int(header.get("dflash.hyper_connection_count"), 0) or "markov_w1.weight" in names:
+        if "markov_w1.weight" in names:  # llama.cpp's own test for a DSpark head
             variant = "DSpark"
         elif any(name.startswith("selector_hidden") for name in names):
             variant = "DFlash2"
@@ -309,6 +309,11 @@ def head_problem(head: HeadLayout, target: Header) -> str | None:
         return (
             f"its target is a {found.architecture} model, whose layers llama.cpp cannot hand "
             f"to a head (it can for {', '.join(LAYER_STATE_ARCHS[:6])}, ...)"
+        )
+    if found.n_layers in head.layers:
+        return (
+            f"it reads the target's final hidden state (layer {found.n_layers}), which specgen "
+            f"cannot hand to a head yet"
         )
     outside = [lid for lid in head.layers if not 0 <= lid < found.n_layers]
     if outside:

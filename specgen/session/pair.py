@@ -422,32 +422,42 @@ def _load(target: str | Path, draft: str | Path | None, options: PairOptions, ng
     head: Head | BlockHead | None = None
     heads: list[Head | BlockHead] = []
     draft_model = None
-    if draft is None:
-        if options.mtp:  # a head a sequence, each with an MTP context of its own
-            heads = [backend.attach_mtp(target_model.sequence(s)) for s in range(options.parallel)]
+    try:
+        if draft is None:
+            if options.mtp:  # a head a sequence, each with an MTP context of its own
+                n = options.parallel
+                heads = [backend.attach_mtp(target_model.sequence(s)) for s in range(n)]
+                head = heads[0]
+        elif head_kind is not None:
+            # A head a sequence, each with a context of its own on one copy of the weights.
+            heads = [
+                backend.attach_head(target_model.sequence(seq), draft_path, head_kind)
+                for seq in range(options.parallel)
+            ]
             head = heads[0]
-    elif head_kind is not None:
-        # A head a sequence, each with a context of its own on one copy of the weights.
-        heads = [
-            backend.attach_head(target_model.sequence(seq), draft_path, head_kind)
-            for seq in range(options.parallel)
-        ]
-        head = heads[0]
-    else:
-        draft_model = backend.load(
-            draft_path,
-            # A draft model drafts one token a decode: its rollbacks span decodes, which
-            # snapshots cannot cover, so a recurrent draft rolls back by checkpoint and keeps
-            # none.
-            ModelOptions(
-                target_model.n_ctx,
-                options.draft_threads or options.busy_threads,
-                options.draft_gpu_layers,
-                n_seq=options.parallel,
-            ),
-            options.verbose,
-        )
-        check_fit(target_model, draft_model)
+        else:
+            draft_model = backend.load(
+                draft_path,
+                # A draft model drafts one token a decode: its rollbacks span decodes, which
+                # snapshots cannot cover, so a recurrent draft rolls back by checkpoint and
+                # keeps none.
+                ModelOptions(
+                    target_model.n_ctx,
+                    options.draft_threads or options.busy_threads,
+                    options.draft_gpu_layers,
+                    n_seq=options.parallel,
+                ),
+                options.verbose,
+            )
+            check_fit(target_model, draft_model)
+    except BaseException:
+        # What loaded goes back (a server or a Python caller goes on): the target closes the
+        # heads it holds.
+        for model in (draft_model, target_model):
+            close = getattr(model, "close", None)
+            if close is not None:
+                close()
+        raise
     return Pair(
         target_model,
         draft_model,

@@ -167,12 +167,17 @@ def test_a_heads_guesses_keep_the_target_distribution(
 
 def test_a_reduced_vocabulary_drafts_only_its_tokens(tiny: dict[str, Path]) -> None:
     """An EAGLE3 head with a reduced vocabulary (d2t): its row is the target's vocabulary, its
-    tokens finite, every other -inf (q is zero there)."""
+    tokens finite, every other -inf (q is zero there). Its first read writes the pairs of
+    positions 0 to the one before last, nothing before 0."""
+    import llama_cpp
+
     target = load(tiny["target"])
     head = attach_head(target, tiny["eagle3-d2t"], "eagle3")
     assert isinstance(head, Eagle3Head)
     target.decode(PROMPT, 1)
     head.catch_up()
+    assert llama_cpp.llama_memory_seq_pos_min(head._mem, 0) == 0
+    assert llama_cpp.llama_memory_seq_pos_max(head._mem, 0) == len(PROMPT) - 2
     row = np.asarray(head.start(7))
     head.end()
     assert row.shape == (LLAMA.n_vocab,)
@@ -233,6 +238,25 @@ def test_bad_and_mismatched_heads_are_one_line(tiny: dict[str, Path], tmp_path: 
         attach_head(target, tiny["target"], "eagle3")
     with pytest.raises(BackendError, match="is a eagle3 model, not a DFlash head"):
         attach_head(target, tiny["eagle3"], "dflash")
+    from specgen.backend import heads as backend_heads
+
+    enabled: list[int] = []
+    api = backend_heads._bound()
+    real_enable = api.set_layer_inp
+    api.set_layer_inp = lambda ctx, lid, on: (enabled.append(lid), real_enable(ctx, lid, on))[1]
+    try:
+        final = write_eagle3(tmp_path / "final.gguf", layers=(0, 1, 4))
+        with pytest.raises(BackendError, match=r"final hidden state of target.gguf \(layer 4\)"):
+            attach_head(target, final, "eagle3")
+        wide = write_eagle3(tmp_path / "wide.gguf", replace(LLAMA, n_embd=128))
+        with pytest.raises(BackendError, match="reads hidden states 128 wide and those of"):
+            attach_head(target, wide, "eagle3")
+        maskless = write_dflash(tmp_path / "maskless.gguf", mask=False)
+        with pytest.raises(BackendError, match="names no mask token"):
+            attach_head(target, maskless, "dflash")
+        assert enabled == [], "a refused head has the target hand out nothing"
+    finally:
+        api.set_layer_inp = real_enable
     small = write_eagle3(tmp_path / "small.gguf", replace(LLAMA, n_vocab=96))
     with pytest.raises(BackendError, match="a vocabulary of 96 tokens and target.gguf one of 128"):
         attach_head(target, small, "eagle3")
