@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 import llama_cpp
 import numpy as np
 
-from specgen.backend.mtp import READ_WINDOW, staging_api
+from specgen.backend.mtp import Unread, staging_api
 from specgen.backend.rows import TopKRows
 from specgen.backend.runtime import decode, init_backend
 from specgen.backend.runtime import encode as run_encode
@@ -185,7 +185,8 @@ class _Head:
     def _open(self, model: llama_cpp.llama_model_p) -> None:
         api, target = self._api, self.target
         self._model = model
-        arch = _meta(model).get("general.architecture", "?")
+        self._metadata = _meta(model)  # the head's GGUF metadata, read once
+        arch = self._metadata.get("general.architecture", "?")
         if arch != self.kind:
             raise BackendError(f"{self.path.name} is a {arch} model, not {HEAD_NAMES[self.kind]}")
         n_vocab = int(llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(model)))
@@ -218,7 +219,7 @@ class _Head:
         self.n_embd = int(llama_cpp.llama_model_n_embd(model))
         # llama.cpp reads each position's states as wide as the head was trained on (EAGLE3:
         # its target_hidden_size; DFlash: its own width): another width reads past the rows.
-        trained = int(_meta(model).get(f"{self.kind}.target_hidden_size", "0") or 0)
+        trained = int(self._metadata.get(f"{self.kind}.target_hidden_size", "0") or 0)
         wanted = trained if self.kind == EAGLE3 else self.n_embd
         if wanted and wanted != self.n_embd_target:
             raise BackendError(
@@ -242,12 +243,8 @@ class _Head:
         self.rows_on_device = target.rows_on_device
         self._rows = TopKRows(ctx, self.n_vocab, target.backend_sampling, self.path.name)
         self.n_batch = target.n_batch
-        # What the target decoded that the head has not read: its tokens and layer states, from
-        # position _start on; _gap: older ones were dropped unread.
-        self._tokens: list[int] = []
-        self._states = np.zeros((0, self.n_enc), dtype=np.float32)
-        self._start = 0
-        self._gap = False
+        # What the target decoded that the head has not read: its tokens and layer states.
+        self._unread = Unread(self.n_enc)
 
     @property
     def n_enc(self) -> int:
@@ -267,29 +264,14 @@ class _Head:
                 raise BackendError(f"llama.cpp returned no states of layer {lid} for the head")
             states = np.ctypeslib.as_array(ptr, shape=(row + n, width))
             rows[:, i * width : (i + 1) * width] = states[row:]
-        if not self._tokens:
-            self._start = start
-        assert start == self._start + len(self._tokens), "the head reads the target in order"
-        self._tokens += tokens
-        self._states = np.concatenate([self._states, rows])
-        drop = len(self._tokens) - READ_WINDOW
-        if drop > 0:
-            self._tokens = self._tokens[drop:]
-            self._states = self._states[drop:]
-            self._start += drop
-            self._gap = True
-
-    def _truncate_unread(self, n_past: int) -> None:
-        keep = max(0, n_past - self._start)
-        self._tokens = self._tokens[:keep]
-        self._states = self._states[:keep]
+        unread = self._unread
+        in_order = not unread.tokens or start == unread.start + len(unread.tokens)
+        assert in_order, "the head reads the target in order"
+        unread.add(tokens, start, rows)
 
     def reset(self) -> None:
         llama_cpp.llama_memory_clear(self._mem, True)
-        self._tokens = []
-        self._states = self._states[:0]
-        self._start = 0
-        self._gap = False
+        self._unread.clear()
 
     @property
     def top_k(self) -> int:
@@ -400,24 +382,25 @@ class Eagle3Head(_Head):
     def catch_up(self) -> int:
         """Write the pairs of what the target decoded since the head last drafted; how many
         positions it read."""
-        n = len(self._tokens)
+        unread = self._unread
+        n = len(unread.tokens)
         if not n:
             return 0
-        start = self._start
-        if self._gap:  # the cache holds one stretch of positions, the latest
+        start = unread.start
+        if unread.gap:  # the cache holds one stretch of positions, the latest
             llama_cpp.llama_memory_clear(self._mem, True)
-            self._gap, self._seed_at = False, -1
-        g = self._encode(self._states)
+            unread.gap, self._seed_at = False, -1
+        g = self._encode(unread.rows)
         # The pairs (token P+1, g_P): the one left from the last read, then this read's but its
         # last, which waits for the token drafted from it.
         pairs_at, pairs_tokens, pairs_g = [], [], []
         if self._seed_at >= 0 and self._seed_at == start - 1 and not self._seed_written:
             pairs_at.append(start - 1)
-            pairs_tokens.append(self._tokens[0])
+            pairs_tokens.append(unread.tokens[0])
             pairs_g.append(self._seed)
         for i in range(n - 1):
             pairs_at.append(start + i)
-            pairs_tokens.append(self._tokens[i + 1])
+            pairs_tokens.append(unread.tokens[i + 1])
             pairs_g.append(g[i])
         for at in range(0, len(pairs_at), self.n_batch):
             span = slice(at, at + self.n_batch)
@@ -426,15 +409,14 @@ class Eagle3Head(_Head):
             self._run(positions, pairs_tokens[span], np.stack(pairs_g[span]), set())
         self._g, self._g_start = g, start
         self._seed_at, self._seed, self._seed_written = start + n - 1, g[-1].copy(), False
-        self._tokens = []
-        self._states = self._states[:0]
+        unread.taken()
         return n
 
     def cut(self, n_past: int) -> None:
         """The target rolled back to ``n_past`` tokens: pairs whose token is gone go, and the
         next draft starts from g of position n_past - 1."""
-        unread = self._start if self._tokens else None
-        self._truncate_unread(n_past)
+        unread = self._unread.start if self._unread.tokens else None
+        self._unread.keep_before(n_past)
         last = n_past - 1
         llama_cpp.llama_memory_seq_rm(self._mem, 0, max(last, 0), -1)
         if unread is not None and last >= unread:
@@ -457,7 +439,7 @@ class Eagle3Head(_Head):
     def start(self, token: int) -> Row:
         """Logits of the guess after ``token`` (the last one, not yet in the target's cache);
         ``catch_up`` first."""
-        assert not self._tokens, "the head reads what it missed before it drafts"
+        assert not self._unread.tokens, "the head reads what it missed before it drafts"
         if self._seed_at < 0:
             raise BackendError("the EAGLE3 head has read nothing of the target to draft from")
         self._draft_at = self._seed_at
@@ -494,7 +476,7 @@ class DFlashHead(_Head):
     kind = DFLASH
 
     def _more(self) -> None:
-        meta = _meta(self._model)
+        meta = self._metadata
         # DSpark and DFlash2 heads (a Markov head, a selector lattice) are refused before they
         # load (``session.fit.check_head``): what is left is DFlash's plain block.
         self.block_size = int(meta.get("dflash.block_size", "16") or 16)
@@ -516,25 +498,25 @@ class DFlashHead(_Head):
     def catch_up(self) -> int:
         """Write the states of what the target decoded since the head last drafted into the
         head's cache; how many positions."""
-        n = len(self._tokens)
+        unread = self._unread
+        n = len(unread.tokens)
         if not n:
             return 0
-        if self._gap or self._start != self._written:
+        if unread.gap or unread.start != self._written:
             llama_cpp.llama_memory_clear(self._mem, True)
-            self._gap = False
+            unread.gap = False
         for at in range(0, n, self.n_batch):
-            chunk = self._states[at : at + self.n_batch]
-            first = self._start + at
+            chunk = unread.rows[at : at + self.n_batch]
+            first = unread.start + at
             self._run(range(first, first + len(chunk)), None, chunk, set())
-        self._written = self._start + n
-        self._tokens = []
-        self._states = self._states[:0]
+        self._written = unread.start + n
+        unread.taken()
         return n
 
     def block(self, token: int, k: int) -> list[Row]:
         """The head's rows for the ``k`` guesses after ``token`` (the last one, not yet in the
         target's cache), from one pass over [token, mask x k]; ``catch_up`` first."""
-        assert not self._tokens, "the head reads what it missed before it drafts"
+        assert not self._unread.tokens, "the head reads what it missed before it drafts"
         k = max(0, min(k, self.max_block))
         if not k:
             return []
@@ -555,7 +537,7 @@ class DFlashHead(_Head):
 
     def cut(self, n_past: int) -> None:
         """The target rolled back to ``n_past`` tokens: the states past it go."""
-        self._truncate_unread(n_past)
+        self._unread.keep_before(n_past)
         if self._written > n_past:
             llama_cpp.llama_memory_seq_rm(self._mem, 0, n_past, -1)
             self._written = n_past

@@ -49,6 +49,48 @@ if TYPE_CHECKING:
 READ_WINDOW = 256
 
 
+class Unread:
+    """What a head has not read yet of its target's decodes: tokens from position ``start`` on,
+    each with a row of what the head reads of it, at most the latest ``READ_WINDOW``; ``gap``:
+    older ones were dropped unread (the head's cache then starts afresh at ``start``)."""
+
+    def __init__(self, width: int) -> None:
+        self.tokens: list[int] = []
+        self.rows = np.zeros((0, width), dtype=np.float32)
+        self.start = 0
+        self.gap = False
+
+    def add(self, tokens: list[int], start: int, rows: np.ndarray) -> None:
+        """The target decoded ``tokens`` from position ``start``; ``rows`` one a token."""
+        if not self.tokens:
+            self.start = start
+        self.tokens += tokens
+        self.rows = np.concatenate([self.rows, rows])
+        drop = len(self.tokens) - READ_WINDOW
+        if drop > 0:
+            self.tokens = self.tokens[drop:]
+            self.rows = self.rows[drop:]
+            self.start += drop
+            self.gap = True
+
+    def keep_before(self, n_past: int) -> None:
+        """The target rolled back to ``n_past`` tokens: what was past it goes."""
+        keep = max(0, n_past - self.start)
+        self.tokens = self.tokens[:keep]
+        self.rows = self.rows[:keep]
+
+    def taken(self) -> None:
+        """The head read all of it."""
+        self.tokens = []
+        self.rows = self.rows[:0]
+
+    def clear(self) -> None:
+        """Nothing read, nothing unread: a fresh start."""
+        self.taken()
+        self.start = 0
+        self.gap = False
+
+
 def staging_api() -> ModuleType:
     """llama-cpp-python's bindings of llama.cpp's staging functions MTP drafting needs."""
     try:
@@ -121,12 +163,9 @@ class MtpHead:
         self._pending = self._before  # h of the position before the next one the head reads
         self._own: np.ndarray | None = None  # the head's own h after its last draft step
         self._draft_at = 0
-        # What the head has not read yet: tokens from position _queue_start on, each with the
-        # target's h of the position before it; _gap: older ones were dropped unread.
-        self._queue_tokens: list[int] = []
-        self._queue_rows = np.zeros((0, self.n_embd), dtype=np.float32)
-        self._queue_start = 0
-        self._gap = False
+        # What the head has not read yet: each token with the target's h of the position
+        # before it.
+        self._unread = Unread(self.n_embd)
 
     # -- following the target ----------------------------------------------------------------
     def read(self, tokens: list[int], start: int, row: int = 0) -> None:
@@ -141,42 +180,31 @@ class MtpHead:
         rows = np.empty((n, self.n_embd), dtype=np.float32)
         rows[0] = self._pending
         rows[1:] = h[:-1]
-        if not self._queue_tokens:
-            self._queue_start = start
-        self._queue_tokens += tokens
-        self._queue_rows = np.concatenate([self._queue_rows, rows])
-        drop = len(self._queue_tokens) - READ_WINDOW
-        if drop > 0:
-            self._queue_tokens = self._queue_tokens[drop:]
-            self._queue_rows = self._queue_rows[drop:]
-            self._queue_start += drop
-            self._gap = True
+        self._unread.add(tokens, start, rows)
         self._before, self._h, self._h_start = self._pending, h.copy(), start
         self._pending = self._h[-1]
 
     def catch_up(self) -> int:
         """Read what the target decoded since the head last drafted; how many tokens."""
-        n = len(self._queue_tokens)
+        unread = self._unread
+        n = len(unread.tokens)
         if not n:
             return 0
-        if self._gap:  # the head's cache holds one stretch of positions, the latest
+        if unread.gap:  # the head's cache holds one stretch of positions, the latest
             llama_cpp.llama_memory_clear(self._mem, True)
-            self._gap = False
+            unread.gap = False
         step = self.target.n_batch
         for at in range(0, n, step):
-            chunk = self._queue_tokens[at : at + step]
-            self._decode(chunk, self._queue_start + at, self._queue_rows[at : at + step], False)
-        self._queue_tokens = []
-        self._queue_rows = self._queue_rows[:0]
+            chunk = unread.tokens[at : at + step]
+            self._decode(chunk, unread.start + at, unread.rows[at : at + step], False)
+        unread.taken()
         return n
 
     def cut(self, n_past: int) -> None:
         """The target rolled back to ``n_past`` tokens, within its last decode."""
         if not self._h_start <= n_past <= self._h_start + len(self._h):
             raise BackendError("the MTP head can only roll back within the target's last decode")
-        keep = max(0, n_past - self._queue_start)
-        self._queue_tokens = self._queue_tokens[:keep]
-        self._queue_rows = self._queue_rows[:keep]
+        self._unread.keep_before(n_past)
         llama_cpp.llama_memory_seq_rm(self._mem, 0, n_past, -1)
         self._pending = (
             self._before if n_past == self._h_start else self._h[n_past - 1 - self._h_start]
@@ -187,9 +215,7 @@ class MtpHead:
         self._h = np.zeros((0, self.n_embd), dtype=np.float32)
         self._h_start = 0
         self._before = self._pending = np.zeros(self.n_embd, dtype=np.float32)
-        self._queue_tokens = []
-        self._queue_rows = self._queue_rows[:0]
-        self._gap = False
+        self._unread.clear()
 
     # -- drafting ------------------------------------------------------------------------------
     @property
@@ -203,7 +229,7 @@ class MtpHead:
     def start(self, token: int) -> Row:
         """Logits of the guess after ``token`` (the last one, not yet in the target's cache);
         ``catch_up`` first."""
-        assert not self._queue_tokens, "the head reads what it missed before it drafts"
+        assert not self._unread.tokens, "the head reads what it missed before it drafts"
         self._draft_at = self.target.n_past
         return self._step(token, self._pending)
 
