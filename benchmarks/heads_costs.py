@@ -33,6 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.hybrid_mtp_costs import median_of  # noqa: E402
 from specgen.backend import LlamaModel, ModelOptions, attach_head, decode_seconds  # noqa: E402
 from specgen.core.sampling import SamplingParams  # noqa: E402
 from specgen.drafters import make_drafter  # noqa: E402
@@ -43,15 +44,6 @@ SHAPE = LlamaShape(n_vocab=32768, n_embd=1024, n_head=8, n_ff=2816, n_layer=8, n
 EAGLE3_LAYERS = (1, 4, 6)
 DFLASH_LAYERS = (1, 3, 5, 7)
 BLOCK = 16
-
-
-def median_of(repeats: int, work: Callable[[], object]) -> float:
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        work()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
 
 
 def main() -> None:

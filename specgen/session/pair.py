@@ -188,8 +188,8 @@ class Pair:
     ``costs`` are what ``-k auto`` measured on these models here (seconds per guess, the verify
     pass by length; greedy and sampled apart). They are kept in ``costs_file`` between
     processes, so a new run starts from them instead of spending its first cycles timing.
-    ``head`` is the target's own MTP head, or an EAGLE3 or DFlash head, where it drafts with one
-    (then ``draft`` is None).
+    ``heads`` are the target's own MTP head, or an EAGLE3 or DFlash head, one a sequence, where
+    it drafts with one (then ``draft`` is None); ``head`` is sequence 0's.
     ``lookahead`` and ``draft_p_min`` say how it drafts (``PairOptions``).
     """
 
@@ -198,7 +198,6 @@ class Pair:
     ngram: bool = False
     costs_file: Path | None = None
     clock: Clock = time.perf_counter
-    head: Head | BlockHead | None = None
     heads: list[Head | BlockHead] = field(default_factory=list)  # sequence i's is heads[i]
     busy: Clock | None = None  # ``Backend.busy``
     load_meter: Callable[[], Callable[[], float | None]] | None = None  # ``Backend.load_meter``
@@ -260,7 +259,7 @@ class Pair:
             self.ngram,
             self.draft_p_min,
             self.clock,
-            head=self.heads[seq] if self.heads else self.head,
+            head=self.heads[seq] if self.heads else None,
             target=self.target.sequence(seq),
             cache=self.lookup,
         )
@@ -278,6 +277,11 @@ class Pair:
             load=load,
             slot=seq,
         )
+
+    @property
+    def head(self) -> Head | BlockHead | None:
+        """Sequence 0's head (None: no head drafts)."""
+        return self.heads[0] if self.heads else None
 
     @property
     def mtp(self) -> bool:
@@ -419,7 +423,6 @@ def _load(target: str | Path, draft: str | Path | None, options: PairOptions, ng
         ),
         options.verbose,
     )
-    head: Head | BlockHead | None = None
     heads: list[Head | BlockHead] = []
     draft_model = None
     try:
@@ -427,14 +430,12 @@ def _load(target: str | Path, draft: str | Path | None, options: PairOptions, ng
             if options.mtp:  # a head a sequence, each with an MTP context of its own
                 n = options.parallel
                 heads = [backend.attach_mtp(target_model.sequence(s)) for s in range(n)]
-                head = heads[0]
         elif head_kind is not None:
             # A head a sequence, each with a context of its own on one copy of the weights.
             heads = [
                 backend.attach_head(target_model.sequence(seq), draft_path, head_kind)
                 for seq in range(options.parallel)
             ]
-            head = heads[0]
         else:
             draft_model = backend.load(
                 draft_path,
@@ -464,7 +465,6 @@ def _load(target: str | Path, draft: str | Path | None, options: PairOptions, ng
         ngram,
         _costs_file(target_model, draft_model, options, draft_path if head_kind else None),
         backend.clock,
-        head=head,
         heads=heads,
         busy=backend.busy,
         load_meter=backend.load_meter,
