@@ -15,6 +15,7 @@ where the min(1, p/q) rule keeps 1-TV of the draft's guesses.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -37,12 +38,26 @@ def _mix(z: np.ndarray) -> np.ndarray:
     return z ^ (z >> np.uint64(31))
 
 
+_MASK = (1 << 64) - 1
+_MIX1_INT, _MIX2_INT = int(_MIX1), int(_MIX2)
+_GOLDEN_INT, _POSITION_INT = int(_GOLDEN), int(_POSITION)
+
+
+def _mix_int(z: int) -> int:
+    """``_mix`` of one value, in Python integers (no array for a scalar: cheaper per call)."""
+    z ^= z >> 30
+    z = (z * _MIX1_INT) & _MASK
+    z ^= z >> 27
+    z = (z * _MIX2_INT) & _MASK
+    return z ^ (z >> 31)
+
+
 def uniforms(seed: int, position: int, ids: np.ndarray) -> np.ndarray:
     """U_t(x) in (0, 1) for each token id of ``ids``, a function of (seed, position, id) only:
     the same for a token whichever support it is read in."""
-    key = _mix(np.array([seed * 2 + 1], dtype=np.uint64) * _GOLDEN)
-    key = _mix(key ^ (np.array([position], dtype=np.uint64) * _POSITION))
-    z = _mix(key + (np.asarray(ids, dtype=np.uint64) + np.uint64(1)) * _GOLDEN)
+    key = _mix_int(((seed * 2 + 1) & _MASK) * _GOLDEN_INT & _MASK)
+    key = _mix_int(key ^ ((position & _MASK) * _POSITION_INT & _MASK))
+    z = _mix(np.uint64(key) + (np.asarray(ids, dtype=np.uint64) + np.uint64(1)) * _GOLDEN)
     return ((z >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-53
 
 
@@ -55,8 +70,25 @@ def gumbel_pick(dist: Dist, seed: int, position: int) -> int:
     """argmax_x(log dist(x) + G_t(x)) over the support: an exact draw from ``dist``."""
     if len(dist.ids) == 1:
         return int(dist.ids[0])
-    scores = np.log(dist.probs) + gumbel(seed, position, dist.ids)
-    return int(dist.ids[int(np.argmax(scores))])
+    if len(dist.ids) > _FEW:
+        scores = np.log(dist.probs) + gumbel(seed, position, dist.ids)
+        return int(dist.ids[int(np.argmax(scores))])
+    # A few candidates (a warped row's support): the same noise, in Python numbers.
+    key = _mix_int(((seed * 2 + 1) & _MASK) * _GOLDEN_INT & _MASK)
+    key = _mix_int(key ^ ((position & _MASK) * _POSITION_INT & _MASK))
+    best, best_score = -1, -math.inf
+    for token, p in zip(dist.ids.tolist(), dist.probs.tolist(), strict=True):
+        if p <= 0.0:  # underflowed to nothing: never the pick
+            continue
+        z = _mix_int((key + (token + 1) * _GOLDEN_INT) & _MASK)
+        score = math.log(p) - math.log(-math.log(((z >> 11) + 0.5) * 2.0**-53))
+        if score > best_score:
+            best, best_score = token, score
+    return best
+
+
+# Up to this many candidates the Gumbel-max pick runs in Python numbers, past it in arrays.
+_FEW = 64
 
 
 class Keyed:

@@ -17,6 +17,7 @@ q are built here and nowhere else.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,6 +27,8 @@ import numpy as np
 # nucleus almost always fits. Grow the partition by this factor until it does.
 _NUCLEUS_FIRST_GUESS = 256
 _NUCLEUS_GROWTH = 8
+# Up to this many candidates a row is warped by sorting them all (``_warp_block``).
+_BLOCK_MOST = 1024
 
 
 @dataclass(frozen=True)
@@ -119,11 +122,19 @@ def top_ids(values: np.ndarray, k: int) -> np.ndarray:
 @dataclass(frozen=True)
 class TopK:
     """A row's likeliest tokens and their logits, in any order (as the backend gives them): the
-    row's top-k, with every token outside ``ids`` below every one inside."""
+    row's top-k, with every token outside ``ids`` below every one inside.
+
+    ``warped``: the backend ran the rest of the warp too, with these parameters (top-p, min-p
+    and temperature in llama.cpp's sampler chain, ``final``): ``ids`` are then the support,
+    ``logits`` its final logits and ``dist`` the distribution. A draft's rows may come so (its
+    q is whatever its guesses are drawn from); a target's never do, so p is the host's warp on
+    every build."""
 
     ids: np.ndarray
     logits: np.ndarray
     n_vocab: int  # of the whole row: a top-k with k >= n_vocab holds all of it
+    warped: SamplingParams | None = None
+    dist: Dist | None = None
 
     @classmethod
     def of(cls, logits: np.ndarray, k: int) -> TopK:
@@ -131,6 +142,26 @@ class TopK:
         n = logits.shape[0]
         ids = top_ids(logits, k) if k < n else np.arange(n)
         return cls(ids.astype(np.int32), np.asarray(logits)[ids], n)
+
+    @classmethod
+    def final(
+        cls, ids: Sequence[int], logits: Sequence[float], n_vocab: int, params: SamplingParams
+    ) -> TopK:
+        """A row the backend warped with ``params``: its candidates and their final logits
+        (-inf where out of the support). In plain Python over the few candidates: a draft step
+        reads one such row, and a handful of array operations would cost more."""
+        kept = sorted(pair for pair in zip(ids, logits, strict=True) if pair[1] > _NEG)
+        assert kept, "a warp keeps the likeliest token"
+        top = max(logits)
+        values = [v for _, v in kept]
+        weights = [math.exp(v - top) for v in values]
+        total = sum(weights)
+        support = np.array([t for t, _ in kept], dtype=np.int64)
+        dist = Dist(support, np.array([w / total for w in weights]))
+        return cls(support, np.array(values, dtype=np.float32), n_vocab, params, dist)
+
+
+_NEG = -math.inf
 
 
 # A row of logits: the whole vocabulary's, or its top-k from the backend; a decode's rows.
@@ -173,8 +204,16 @@ def warp(logits: Row, params: SamplingParams, masked: bool = False) -> Dist:
     if params.greedy:
         return Dist.one_hot(best(logits))
     if isinstance(logits, TopK):
-        return _warp_candidates(logits, params, masked)
+        # The top-k of a masked row is not the mask of a row's top-k: a grammar reads whole rows.
+        assert not masked, "a grammar's mask is applied to whole rows (row_top_k)"
+        if logits.dist is not None:
+            assert logits.warped == params, "a row the backend warped, warped as it was"
+            return logits.dist
+        return _warp_candidates(logits, params)
     logits = np.asarray(logits)
+    if 0 < params.top_k < logits.shape[0] and not masked:
+        top = TopK.of(logits, params.top_k)
+        return _warp_one(top.ids, top.logits.astype(np.float64), params)
     # 1. Candidates: top-k, else the whole vocabulary (kept implicit until needed).
     if 0 < params.top_k < logits.shape[0]:
         ids = top_ids(logits, params.top_k)
@@ -187,24 +226,102 @@ def warp(logits: Row, params: SamplingParams, masked: bool = False) -> Dist:
         finite = np.isfinite(values)
         ids = np.flatnonzero(finite) if ids is None else ids[finite]
         values = values[finite]
+    if ids is not None and len(ids) <= _BLOCK_MOST:
+        return _warp_one(ids, values, params)
     return _warp_rest(ids, values, params)
 
 
-def _warp_candidates(row: TopK, params: SamplingParams, masked: bool) -> Dist:
-    """``warp`` of a row whose top-k the backend took: steps 2-4 on its candidates."""
+def warp_rows(rows: Sequence[Row] | np.ndarray, params: SamplingParams) -> list[Dist]:
+    """``warp`` of each row, in one array pass over all of them where each has a top-k (a
+    verify's rows; a batch's): the same distributions, row by row, as ``warp`` of each alone
+    (it runs this same pass on a block of one). Rows without a top-k to take (``top_k`` 0, or
+    as large as the vocabulary) and greedy parameters go row by row."""
+    if params.greedy or len(rows) == 0:
+        return [warp(row, params) for row in rows]
+    first = rows[0]
+    n_vocab = first.n_vocab if isinstance(first, TopK) else first.shape[-1]
+    if not 0 < params.top_k < n_vocab or any(
+        isinstance(row, TopK) and row.dist is not None for row in rows
+    ):
+        return [warp(row, params) for row in rows]
+    k = params.top_k
+    tops = [row if isinstance(row, TopK) else TopK.of(np.asarray(row), k) for row in rows]
+    width = {len(top.ids) for top in tops}
+    if len(width) > 1:  # candidates of other counts: a block each
+        return [_warp_candidates(top, params) for top in tops]
+    for top in tops:
+        assert 0 < min(params.top_k, top.n_vocab) <= len(top.ids), "at least top_k candidates"
+    ids = np.array([top.ids for top in tops])
+    values = np.array([top.logits for top in tops], dtype=np.float64)
+    return _warp_block(ids, values, params)
+
+
+def _warp_candidates(row: TopK, params: SamplingParams) -> Dist:
     assert 0 < min(params.top_k, row.n_vocab) <= len(row.ids), "at least top_k candidates"
-    # The top-k of a masked row is not the mask of a row's top-k: a grammar reads whole rows.
-    assert not masked, "a grammar's mask is applied to whole rows (row_top_k)"
-    ids, values = row.ids.astype(np.int64), row.logits.astype(np.float64)
-    if params.top_k < len(ids):
-        keep = np.argpartition(values, -params.top_k)[-params.top_k :]
-        ids, values = ids[keep], values[keep]
-    return _warp_rest(ids, values, params)
+    return _warp_one(row.ids, row.logits.astype(np.float64), params)
+
+
+def _warp_one(ids: np.ndarray, values: np.ndarray, params: SamplingParams) -> Dist:
+    """``_warp_block`` of one row, in fewer array operations (a draft step's: one row at a
+    time), the same arithmetic in the same order: the same distribution to the last bit."""
+    order = np.argsort(-values, kind="stable")
+    values, ids = values[order], ids[order]
+    count = len(values)
+    kept = min(count, params.top_k) if params.top_k > 0 else count
+    top = values[0]
+    if params.top_p < 1.0:
+        shifted = np.exp(values - top)
+        shifted[kept:] = 0.0
+        cumulative = np.cumsum(shifted)
+        cumulative /= cumulative[-1]
+        kept = min(kept, int(np.count_nonzero(cumulative < params.top_p)) + 1)
+    if params.min_p > 0.0:
+        kept = min(kept, int(np.count_nonzero(values >= top + math.log(params.min_p))))
+    probs = np.exp((values - top) / params.temperature)
+    probs[kept:] = 0.0
+    probs /= probs.sum()
+    ids, probs = ids[:kept], probs[:kept]
+    by_id = np.argsort(ids)
+    return Dist(ids[by_id].astype(np.int64), probs[by_id])
+
+
+def _warp_block(ids: np.ndarray, values: np.ndarray, params: SamplingParams) -> list[Dist]:
+    """Steps 1-4 of the warp on rows of candidates (``ids``, ``values``: one row each, the
+    same count a row), all rows in each array operation: sorted once by logit, the top-k, the
+    nucleus and min-p are each a prefix of that order."""
+    rows, count = values.shape
+    by_row, columns = np.arange(rows)[:, None], np.arange(count)
+    order = np.argsort(-values, axis=1, kind="stable")
+    values, ids = values[by_row, order], ids[by_row, order].astype(np.int64)
+    # 1. top-k (the backend may give more candidates than this generation's top_k).
+    kept = np.full(rows, min(count, params.top_k) if params.top_k > 0 else count)
+    top = values[:, :1]
+    # 2. top-p on the untempered distribution over the candidates (llama.cpp's order): the
+    # smallest prefix whose mass reaches top_p.
+    if params.top_p < 1.0:
+        shifted = np.exp(values - top)
+        shifted[columns >= kept[:, None]] = 0.0
+        cumulative = np.cumsum(shifted, axis=1)
+        cumulative /= cumulative[:, -1:]
+        kept = np.minimum(kept, (cumulative < params.top_p).sum(axis=1) + 1)
+    # 3. min-p: tokens with p >= min_p * p_max, i.e. logit >= max + ln(min_p), also a prefix.
+    if params.min_p > 0.0:
+        kept = np.minimum(kept, (values >= top + math.log(params.min_p)).sum(axis=1))
+    # 4. Temperature, softmax, and ids sorted so that Dist.prob can binary-search.
+    outside = columns >= kept[:, None]
+    probs = np.exp((values - top) / params.temperature)
+    probs[outside] = 0.0
+    probs /= probs.sum(axis=1, keepdims=True)
+    ids[outside] = np.iinfo(np.int64).max
+    by_id = np.argsort(ids, axis=1)
+    ids, probs = ids[by_row, by_id], probs[by_row, by_id]
+    return [Dist(ids[i, :n], probs[i, :n]) for i, n in enumerate(kept.tolist())]
 
 
 def _warp_rest(ids: np.ndarray | None, values: np.ndarray, params: SamplingParams) -> Dist:
-    """Steps 2-4 of the warp on the candidates (``ids`` None: the whole vocabulary, in order)."""
-    # 2. top-p on the untempered distribution over the candidates (llama.cpp's order).
+    """Steps 2-4 of the warp on many candidates (``ids`` None: the whole vocabulary, in
+    order), where sorting them all would cost more than partitioning out the nucleus."""
+    # 2. top-p on the untempered distribution (llama.cpp's order).
     if params.top_p < 1.0:
         ids, values = _nucleus(ids, values, params.top_p)
     # 3. min-p: keep tokens with p >= min_p * p_max, i.e. logit >= max + ln(min_p).

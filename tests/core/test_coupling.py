@@ -172,3 +172,39 @@ def test_agreement_is_the_exact_share_and_within_its_bounds() -> None:
     assert abs(seen - exact) < 4 * np.sqrt(exact * (1 - exact) / SEEDS)
     assert agreement(P1, P1) == pytest.approx(1.0)
     assert agreement(Dist.one_hot(2), P1) == pytest.approx(P1.prob(2))  # a point mass: p(guess)
+
+
+def _uniforms_in_arrays(seed: int, position: int, ids: np.ndarray) -> np.ndarray:
+    """The keyed uniforms as first written, every step in uint64 arrays (the reference the
+    scalar key's Python integers must match to the bit)."""
+    from specgen.core.coupling import _GOLDEN, _POSITION, _mix
+
+    key = _mix(np.array([seed * 2 + 1], dtype=np.uint64) * _GOLDEN)
+    key = _mix(key ^ (np.array([position], dtype=np.uint64) * _POSITION))
+    z = _mix(key + (np.asarray(ids, dtype=np.uint64) + np.uint64(1)) * _GOLDEN)
+    return ((z >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-53
+
+
+def test_the_keys_python_integers_are_the_arrays_bits() -> None:
+    ids = np.array([0, 1, 5, 49151, 262143])
+    for seed in (0, 1, 7, 2**32 - 1, 2**40 + 5):
+        for position in (0, 1, 5, 1000, 2**33):
+            got, want = uniforms(seed, position, ids), _uniforms_in_arrays(seed, position, ids)
+            np.testing.assert_array_equal(got, want)
+
+
+def test_a_pick_among_few_candidates_is_the_arrays_pick() -> None:
+    """Up to 64 candidates the pick runs in Python numbers: the same token as argmax over
+    arrays of log p + G, on every one of many random supports (and a draw from p, tested
+    above on either side of the bound)."""
+    rng = np.random.default_rng(5)
+    for _ in range(3000):
+        n = int(rng.integers(2, 65))
+        ids = np.sort(rng.choice(262144, n, replace=False)).astype(np.int64)
+        dist = Dist(ids, rng.dirichlet(np.full(n, 0.3)))
+        seed, position = int(rng.integers(2**32)), int(rng.integers(4096))
+        scores = np.log(dist.probs) + gumbel(seed, position, dist.ids)
+        assert gumbel_pick(dist, seed, position) == int(dist.ids[int(np.argmax(scores))])
+    # A probability that underflowed to 0 is never the pick.
+    tiny = Dist(np.array([3, 9]), np.array([1.0, 0.0]))
+    assert all(gumbel_pick(tiny, s, 0) == 3 for s in range(50))

@@ -15,6 +15,7 @@ from specgen.core.sampling import (
     sample,
     top_ids,
     warp,
+    warp_rows,
 )
 from specgen.core.speculative import (
     accept_probability,
@@ -295,3 +296,47 @@ def test_expected_tokens_by_position_is_the_closed_form_at_one_alpha() -> None:
     by_k = expected_tokens_by_position([0.7] * 6)
     assert by_k == pytest.approx([expected_tokens(0.7, k) for k in range(7)])
     assert expected_tokens_by_position([1.0, 0.5, 0.0, 1.0]) == [1.0, 2.0, 2.5, 2.5, 2.5]
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(0.8, 40, 0.95, 0.05),
+        SamplingParams(1.3, 40, 0.9, 0.0),
+        SamplingParams(0.5, 40, 1.0, 0.1),
+        SamplingParams(1.0, 20, 0.5, 0.0),  # fewer than the backend's 40 candidates
+    ],
+)
+def test_a_verifys_rows_warped_together_are_each_warped_alone(params: SamplingParams) -> None:
+    """``warp_rows`` (one array pass over a verify's rows) gives each row, to the last bit, the
+    distribution ``warp`` gives it alone, ties included (rounded logits)."""
+    rng = np.random.default_rng(13)
+    for trial in range(60):
+        logits = (rng.standard_normal((9, 3000)) * rng.uniform(0.5, 6)).astype(np.float32)
+        if trial % 3 == 0:
+            logits = np.round(logits)
+        tops = [TopK.of(row, 40) for row in logits]
+        for rows in (tops, list(logits)):
+            for together, row in zip(warp_rows(rows, params), rows, strict=True):
+                alone = warp(row, params)
+                np.testing.assert_array_equal(together.ids, alone.ids)
+                np.testing.assert_array_equal(together.probs, alone.probs)
+    greedy = SamplingParams(temperature=0)
+    assert [d.ids.tolist() for d in warp_rows(tops, greedy)] == [[best(t)] for t in tops]
+
+
+def test_a_row_warped_on_the_backend_is_its_final_distribution() -> None:
+    """A row whose whole warp ran in llama.cpp's chain (final logits, -inf out of the
+    support) is read as the softmax of its finite logits, ids sorted; warping it again with
+    other parameters is refused."""
+    params = SamplingParams(0.8, 6, 0.9, 0.05)
+    ids = [40, 7, 19, 3, 88, 5]
+    logits = [2.5, 1.0, -np.inf, 0.25, -np.inf, 1.0]
+    row = TopK.final(ids, logits, 100, params)
+    got = warp(row, params)
+    assert got.ids.tolist() == [3, 5, 7, 40]
+    weights = np.exp(np.array([0.25, 1.0, 1.0, 2.5]) - 2.5)
+    np.testing.assert_allclose(got.probs, weights / weights.sum(), rtol=1e-12)
+    assert best(row) == 40
+    with pytest.raises(AssertionError):
+        warp(row, SamplingParams(1.0, 6, 0.9, 0.05))
