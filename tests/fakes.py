@@ -20,12 +20,13 @@ import json
 import time
 import zlib
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from specgen.core.sampling import TopK
+from specgen.core.sampling import SamplingParams, TopK, warp
 from specgen.engine import CycleDone, Finished, TextChunk
 from specgen.host.machine import default_threads
 
@@ -85,6 +86,7 @@ class FakeModel:
         # As a llama.cpp build with backend sampling: rows come back as their top-k when asked.
         self.backend_sampling, self.rows_on_device = backend_sampling, rows_on_device
         self.top_k = 0
+        self.warped: SamplingParams | None = None
         # A real decode costs a fixed amount per call plus a little per token (a batch is cheap
         # per token): each decode advances ``clock`` so, which makes what the adaptive lookahead
         # measures meaningful.
@@ -113,7 +115,7 @@ class FakeModel:
         if seq not in self._views:
             view = copy.copy(self)
             view.seq, view.cache, view.decode_calls = seq, [], []
-            view.top_k = 0
+            view.top_k, view.warped = 0, None
             self._views[seq] = view
         return self._views[seq]
 
@@ -149,8 +151,10 @@ class FakeModel:
         seed = zlib.crc32(np.asarray(prefix, dtype=np.int32).tobytes()) ^ (salt * 2654435761)
         return np.random.default_rng(seed & 0xFFFFFFFF).standard_normal(self.n_vocab)
 
-    def sample_top_k(self, k: int) -> int:
+    def sample_top_k(self, k: int, warped: SamplingParams | None = None) -> int:
         self.top_k = k if self.backend_sampling else 0
+        # As llama.cpp's chain: the rest of the warp on the "backend" (final logits, -inf out).
+        self.warped = warped if self.top_k and warped is not None and not warped.greedy else None
         return self.top_k
 
     def decode(self, tokens: list[int], n_logits: int = 1) -> np.ndarray | list[TopK]:
@@ -173,6 +177,8 @@ class FakeModel:
         # Only the rows asked for are computed, as llama.cpp computes only the flagged ones.
         end = len(self.cache)
         rows = [self._row(self.cache[: end - n_logits + 1 + i]) for i in range(n_logits)]
+        if self.top_k and self.warped is not None:
+            return [_warped(TopK.of(row, self.top_k), self.warped) for row in rows]
         if self.top_k:
             return [TopK.of(row, self.top_k) for row in rows]
         return np.array(rows)
@@ -397,3 +403,36 @@ def run_together(
     finally:
         streams.close()
     return done, streams
+
+
+def _warped(top: TopK, params: SamplingParams) -> TopK:
+    """What llama.cpp's sampler chain gives for a row with the whole warp in it (the top-k's
+    final logits, -inf outside q's support), read as ``backend.rows`` reads it."""
+    q = warp(top, params)
+    logits = np.full(len(top.ids), -np.inf, dtype=np.float32)
+    inside = np.searchsorted(q.ids, top.ids).clip(max=len(q.ids) - 1)
+    held = q.ids[inside] == top.ids
+    logits[held] = np.log(q.probs[inside[held]]).astype(np.float32)
+    return TopK.final(top.ids.tolist(), logits.tolist(), top.n_vocab, params)
+
+
+def first_two_tally(
+    engine: SpeculativeEngine,
+    config: GenerationConfig,
+    prompt: list[int],
+    ids: list[int],
+    source: str,
+    n: int,
+) -> tuple[np.ndarray, int]:
+    """Over seeds 0..n-1 of ``config`` (three tokens each): how often each (first, second)
+    pair came (rows: the first token's place in ``ids``), and in how many generations the
+    first guess from ``source`` was rejected (the residual or the coupling's miss in use)."""
+    counts, rejected = np.zeros((len(ids), engine.target.n_vocab)), 0
+    place = {a: i for i, a in enumerate(ids)}
+    for seed in range(n):
+        tokens, stats = run_to_end(engine, replace(config, seed=seed, max_tokens=3), prompt)
+        assert stats.coupling == config.rule()
+        counts[place[tokens[0]], tokens[1]] += 1
+        guessed = stats.by_source[source]
+        rejected += guessed.accepted < min(guessed.drafted, 1)
+    return counts, rejected

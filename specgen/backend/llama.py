@@ -46,7 +46,7 @@ from specgen.backend.grammar import tokenizer_for
 from specgen.backend.rows import BACKEND_SAMPLING, TopKRows
 from specgen.backend.runtime import decode, init_backend
 from specgen.backend.vocab import Vocabulary
-from specgen.core.sampling import Rows
+from specgen.core.sampling import Rows, SamplingParams
 from specgen.errors import BackendError, ContextFull
 from specgen.host.machine import default_threads
 
@@ -265,11 +265,13 @@ class LlamaModel(Vocabulary):
         """How rows come back: their top-k (k), or whole (0)."""
         return self._rows.k
 
-    def sample_top_k(self, k: int) -> int:
+    def sample_top_k(self, k: int, warped: SamplingParams | None = None) -> int:
         """From the next decode on, rows come back as their ``k`` likeliest tokens, taken on
-        the backend (``k`` > 0), or whole (0). Returns the k in effect: 0 where this build of
-        llama.cpp cannot sample on its backend. A change costs llama.cpp a new graph (once)."""
-        return self._rows.set(k)
+        the backend (``k`` > 0), or whole (0); ``warped``: the rest of the warp too, in
+        llama.cpp's sampler chain (``TopK.warped``, a draft's rows). Returns the k in effect:
+        0 where this build of llama.cpp cannot sample on its backend. A change costs llama.cpp
+        a new graph (once)."""
+        return self._rows.set(k, warped)
 
     def decode(self, tokens: list[int], n_logits: int = 1) -> Rows:
         """Append ``tokens`` to the cache; return logits of the last ``n_logits`` rows.

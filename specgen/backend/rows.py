@@ -6,16 +6,36 @@ logits come back as ``core.sampling.TopK`` rows.
 
 from __future__ import annotations
 
+import ctypes
+from collections.abc import Callable
+
 import llama_cpp
 import numpy as np
 
-from specgen.core.sampling import TopK
+from specgen.core.sampling import SamplingParams, TopK
 from specgen.errors import BackendError
 
 # llama.cpp's backend sampling ([EXPERIMENTAL] there): llama-cpp-python 0.3.36 binds it.
 BACKEND_SAMPLING = hasattr(llama_cpp, "llama_set_sampler") and hasattr(
     llama_cpp, "llama_get_sampled_candidates_ith"
 )
+
+
+def _address_of(name: str) -> Callable[[llama_cpp.llama_context_p, int], int | None]:
+    """llama.cpp's ``name`` (context, row) -> pointer, returning the address as an int: read
+    with ``numpy.frombuffer``, cheaper than a typed pointer through ``numpy.ctypeslib`` (a row
+    read after every draft step counts)."""
+    lib = getattr(getattr(llama_cpp, "llama_cpp", None), "_lib", None)
+    if lib is None or not hasattr(lib, name):
+        typed = getattr(llama_cpp, name)
+        return lambda ctx, i: ctypes.cast(typed(ctx, i), ctypes.c_void_p).value
+    function = lib[name]  # a function object of its own: llama-cpp-python's is left as it is
+    function.argtypes, function.restype = [ctypes.c_void_p, ctypes.c_int32], ctypes.c_void_p
+    return function
+
+
+_candidates_at = _address_of("llama_get_sampled_candidates_ith") if BACKEND_SAMPLING else None
+_logits_at = _address_of("llama_get_sampled_logits_ith") if BACKEND_SAMPLING else None
 
 
 class TopKRows:
@@ -33,25 +53,39 @@ class TopKRows:
         self._ctx, self.n_vocab, self.enabled, self.name = ctx, n_vocab, enabled, name
         self.seq = seq
         self.k = 0
+        self.warped: SamplingParams | None = None
         self._chain: llama_cpp.llama_sampler_p | None = None
 
-    def set(self, k: int) -> int:
-        """Rows' top-k from the next decode on (0: whole rows); the k in effect."""
+    def set(self, k: int, warped: SamplingParams | None = None) -> int:
+        """Rows' top-k from the next decode on (0: whole rows); the k in effect. ``warped``:
+        the rest of the warp runs in the chain too, with these parameters (``TopK.warped``:
+        a draft's rows, whose q is whatever the guesses are drawn from)."""
         k = min(k, self.n_vocab)
-        if k == self.k or not self.enabled:
+        if warped is not None and (warped.greedy or k == 0):
+            warped = None
+        if (k, warped) == (self.k, self.warped) or not self.enabled:
             return self.k
         old = self._chain
         if old is not None:
             llama_cpp.llama_set_sampler(self._ctx, self.seq, None)
-        self._chain, self.k = None, 0
+        self._chain, self.k, self.warped = None, 0, None
         if k > 0:
             chain = llama_cpp.llama_sampler_chain_init(
                 llama_cpp.llama_sampler_chain_default_params()
             )
             llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_top_k(k))
+            if warped is not None:  # llama.cpp's order, as core.sampling.warp's
+                if warped.top_p < 1.0:
+                    top_p = llama_cpp.llama_sampler_init_top_p(warped.top_p, 1)
+                    llama_cpp.llama_sampler_chain_add(chain, top_p)
+                if warped.min_p > 0.0:
+                    min_p = llama_cpp.llama_sampler_init_min_p(warped.min_p, 1)
+                    llama_cpp.llama_sampler_chain_add(chain, min_p)
+                temp = llama_cpp.llama_sampler_init_temp(warped.temperature)
+                llama_cpp.llama_sampler_chain_add(chain, temp)
             # A chain is initialised for one context once: a new one each time it is set.
             if llama_cpp.llama_set_sampler(self._ctx, self.seq, chain):
-                self._chain, self.k = chain, k
+                self._chain, self.k, self.warped = chain, k, warped
             else:
                 llama_cpp.llama_sampler_free(chain)
         if old is not None:
@@ -66,13 +100,26 @@ class TopKRows:
         first = -n_logits if first is None else first
         if llama_cpp.llama_get_sampled_candidates_count_ith(ctx, first) != k:
             raise BackendError(f"llama.cpp's backend sampling gave no rows for {self.name}")
-        ids = np.ctypeslib.as_array(
-            llama_cpp.llama_get_sampled_candidates_ith(ctx, first), shape=(n_logits, n)
-        )[:, :k].copy()
-        logits = np.ctypeslib.as_array(
-            llama_cpp.llama_get_sampled_logits_ith(ctx, first), shape=(n_logits, n)
-        )[:, :k].copy()
-        return [TopK(ids[i], logits[i], n) for i in range(n_logits)]
+        assert _candidates_at is not None and _logits_at is not None, "backend sampling bound"
+        at_ids, at_logits = _candidates_at(ctx, first), _logits_at(ctx, first)
+        if not at_ids or not at_logits:
+            raise BackendError(f"llama.cpp's backend sampling gave no rows for {self.name}")
+        warped = self.warped
+        if warped is not None:  # a draft's rows, one a step: read as Python numbers
+            out = []
+            for i in range(n_logits):
+                ids = (ctypes.c_int32 * k).from_address(at_ids + 4 * n * i)[:]
+                logits = (ctypes.c_float * k).from_address(at_logits + 4 * n * i)[:]
+                out.append(TopK.final(ids, logits, n, warped))
+            return out
+        size = (n_logits - 1) * n + k
+        flat_ids = np.frombuffer(memoryview((ctypes.c_int32 * size).from_address(at_ids)), np.int32)
+        flat = np.frombuffer(
+            memoryview((ctypes.c_float * size).from_address(at_logits)), np.float32
+        )
+        rows = np.lib.stride_tricks.as_strided(flat_ids, (n_logits, k), (4 * n, 4)).copy()
+        values = np.lib.stride_tricks.as_strided(flat, (n_logits, k), (4 * n, 4)).copy()
+        return [TopK(rows[i], values[i], n) for i in range(n_logits)]
 
     def close(self) -> None:
         """Free the chain; the context that held it is freed first (or detaches it here)."""

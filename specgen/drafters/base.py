@@ -44,9 +44,10 @@ class Model(Protocol):
     def decode(self, tokens: list[int], n_logits: int = 1) -> Rows:
         """Append ``tokens``; the last ``n_logits`` rows, whole or as their top-k (below)."""
 
-    def sample_top_k(self, k: int) -> int:
+    def sample_top_k(self, k: int, warped: SamplingParams | None = None) -> int:
         """Rows from the next decode on: their ``k`` likeliest tokens (``TopK``), or whole (0);
-        returns the k in effect (0 where the model cannot)."""
+        returns the k in effect (0 where the model cannot). ``warped``: the model may run the
+        rest of the warp with these parameters too (``TopK.warped``)."""
 
     def constrain(self, grammar: Grammar) -> Constraint:
         """A fresh grammar state for one generation on this model."""

@@ -95,7 +95,9 @@ class ModelDrafter:
                 self._constraint,
                 self._bias or self._penalties,
                 model.rows_on_device,
-            )
+            ),
+            # q is whatever the guesses are drawn from: the backend's warp will do.
+            sampling,
         )
         if self._unread is not None:
             started = self.clock()

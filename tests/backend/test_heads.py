@@ -20,7 +20,7 @@ from specgen.core.sampling import SamplingParams, warp
 from specgen.drafters import Drafter, make_drafter
 from specgen.engine import GenerationConfig, SpeculativeEngine
 from specgen.errors import BackendError
-from tests.fakes import run_to_end, run_together
+from tests.fakes import first_two_tally, run_to_end, run_together
 from tests.stats_helpers import pooled_chisquare_pvalue
 from tests.tiny_models import (
     LLAMA,
@@ -149,17 +149,9 @@ def test_a_heads_guesses_keep_the_target_distribution(
     ids, expected = _first_two_law(target, sampling)
     head = attach_head(target, tiny[f"focused-{name}"], HEADS[name])
     engine = SpeculativeEngine(target, make_drafter(None, False, head=head, target=target))
-    n, rows = 1500, {a: i for i, a in enumerate(ids)}
-    counts, rejected = np.zeros_like(expected), 0
-    for seed in range(n):
-        config = GenerationConfig(
-            lookahead=2, sampling=sampling, max_tokens=3, seed=seed, coupling=coupling
-        )
-        tokens, stats = run_to_end(engine, config, PROMPT)
-        assert stats.coupling == coupling
-        counts[rows[tokens[0]], tokens[1]] += 1
-        source = stats.by_source[HEADS[name]]
-        rejected += source.accepted < min(source.drafted, 1)
+    n = 1500
+    config = GenerationConfig(lookahead=2, sampling=sampling, seed=0, coupling=coupling)
+    counts, rejected = first_two_tally(engine, config, PROMPT, ids, HEADS[name], n)
     assert n / 4 < rejected < n - n / 8, "guesses are kept and rejected: the residual is used"
     assert pooled_chisquare_pvalue(counts, expected * n) > 1e-3
     target.close()

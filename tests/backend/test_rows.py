@@ -1,0 +1,102 @@
+"""A draft model's rows warped in llama.cpp's sampler chain (top-k, top-p, min-p, temperature on
+the backend: the GPU way, forced here on the CPU), on real llama.cpp with tiny GGUFs the tests
+write: the q its guesses are drawn from, and the target's law kept with them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from specgen.backend import LlamaModel, ModelOptions
+from specgen.core.sampling import SamplingParams, TopK, warp
+from specgen.drafters import ModelDrafter
+from specgen.engine import GenerationConfig, SpeculativeEngine
+from tests.fakes import first_two_tally
+from tests.stats_helpers import pooled_chisquare_pvalue
+from tests.tiny_models import write_llama
+
+PROMPT = [3, 14, 15, 92, 65, 35, 89, 79, 32, 38]
+# A target and a draft that favour the same few tokens: q overlaps p, guesses are kept and
+# rejected both.
+FOCUSED = {"output_scale": 0.1, "focus": 5.0}
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("rows")
+    return {
+        "target": write_llama(folder / "target.gguf", **FOCUSED),
+        "draft": write_llama(folder / "draft.gguf", seed=1, **FOCUSED),
+    }
+
+
+def load(path: Path) -> LlamaModel:
+    model = LlamaModel(path, ModelOptions(n_ctx=512, n_threads=1, backend_sampling=True))
+    model.rows_on_device = True  # as on a GPU: rows' top-k (and a draft's warp) on the backend
+    return model
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(1.0, 12, 0.9, 0.05),
+        SamplingParams(0.7, 12, 1.0, 0.0),
+        SamplingParams(1.3, 8, 0.5, 0.2),
+    ],
+)
+def test_rows_warped_on_the_backend_are_the_hosts_q(
+    tiny: dict[str, Path], params: SamplingParams
+) -> None:
+    """Each row llama.cpp's chain warped holds the support and the probabilities the host's
+    warp of the whole row gives (float32 on the backend); without ``warped`` the rows are the
+    top-k alone, warped on the host."""
+    draft = load(tiny["draft"])
+    whole = [row.copy() for row in draft.decode(PROMPT, 3)]
+    draft.reset()
+    assert draft.sample_top_k(params.top_k, params) == params.top_k
+    rows = draft.decode(PROMPT, 3)
+    assert isinstance(rows, list) and len(rows) == 3
+    for row, reference in zip(rows, whole, strict=True):
+        assert isinstance(row, TopK) and row.warped == params and row.dist is not None
+        got, want = warp(row, params), warp(reference, params)
+        np.testing.assert_array_equal(got.ids, want.ids)
+        np.testing.assert_allclose(got.probs, want.probs, rtol=1e-5)
+    draft.reset()
+    assert draft.sample_top_k(params.top_k) == params.top_k
+    plain = draft.decode(PROMPT, 1)[0]
+    assert isinstance(plain, TopK) and plain.dist is None and len(plain.ids) == params.top_k
+    # Greedy needs no warp: its top-1 alone.
+    draft.reset()
+    assert draft.sample_top_k(1, SamplingParams(temperature=0)) == 1
+    assert draft._rows.warped is None
+    draft.close()
+
+
+@pytest.mark.parametrize("coupling", ["residual", "gumbel"])
+def test_guesses_from_backend_warped_rows_keep_the_target_distribution(
+    tiny: dict[str, Path], coupling: str
+) -> None:
+    """Chi-square over fixed seeds on the first two tokens, the draft's q from its rows warped
+    in llama.cpp's chain, the target's p from its top-k warped on the host: their joint law
+    must be p(x1) p(x2 | x1), computed from the target's whole rows."""
+    sampling = SamplingParams(temperature=1.0, top_k=12, top_p=0.9, min_p=0.02)
+    target, draft = load(tiny["target"]), load(tiny["draft"])
+    p1 = warp(target.decode(PROMPT, 1)[0].copy(), sampling)
+    second = {}
+    for a in p1.ids.tolist():
+        target.reset()
+        second[a] = warp(target.decode([*PROMPT, a], 1)[0].copy(), sampling)
+    target.reset()
+    ids = p1.ids.tolist()
+    expected = np.array([p1.prob(a) * second[a].dense(target.n_vocab) for a in ids])
+    engine = SpeculativeEngine(target, ModelDrafter(draft))
+    n = 1500
+    config = GenerationConfig(lookahead=2, sampling=sampling, seed=0, coupling=coupling)
+    counts, rejected = first_two_tally(engine, config, PROMPT, ids, "model", n)
+    assert draft._rows.warped == sampling, "the draft's rows were warped on the backend"
+    assert n / 8 < rejected < n - n / 8, "guesses are kept and rejected: the residual is used"
+    assert pooled_chisquare_pvalue(counts, expected * n) > 1e-3
+    target.close()
+    draft.close()
