@@ -3,8 +3,10 @@ aggregate tokens per second, at 1, 2, 4 ... streams, by K, temperature and how r
 
 Each figure runs S generations side by side on S sequences of one target and one draft context
 (``engine.streams``, as ``serve --parallel`` and ``run -f --parallel`` do), after one warm-up,
-and takes the scheduler's own count: its wall time less the time inside ``decode_together``,
-per target pass (one pass verifies every stream's guesses). One stream through the same
+and counts the host time as ``benchmarks/loop_cost.py`` does: the wall time less the time
+inside llama.cpp's decodes, per target pass (one pass verifies every stream's guesses); the
+scheduler's own count (its steps less the whole of ``decode_together``, rows' reading
+included) is printed beside it. One stream through the same
 scheduler is the baseline the issue's bound is read against (4 streams at most 1.5x it).
 
     python benchmarks/streams_cost.py TARGET DRAFT [-s 1,2,4] [-k 0,4,8] [-n 64]
@@ -25,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from specgen.backend import LlamaModel, ModelOptions  # noqa: E402
+from specgen.backend import LlamaModel, ModelOptions, decode_seconds  # noqa: E402
 from specgen.core.sampling import DEFAULT_SAMPLING, SamplingParams  # noqa: E402
 from specgen.drafters import ModelDrafter  # noqa: E402
 from specgen.engine import CycleDone, GenerationConfig, SpeculativeEngine  # noqa: E402
@@ -68,13 +70,20 @@ def run(target, draft, n: int, config: GenerationConfig) -> dict[str, float]:
     for i, engine in enumerate(engines):
         prompt = target.tokenize(PROMPTS[i % len(PROMPTS)])
         streams.add(lambda e=engine, p=prompt: work(e, p))
-    started = time.perf_counter()
+    started, busy = time.perf_counter(), decode_seconds()
     streams.run()
     seconds = time.perf_counter() - started
+    decoding = decode_seconds() - busy
     streams.close()
     stats = streams.stats
+    passes = max(1, stats.target_passes)
     return {
-        "host_ms_per_pass": 1e3 * stats.host_seconds / max(1, stats.target_passes),
+        # The wall time less the time inside llama.cpp's decodes (as loop_cost.py counts it):
+        # the scheduler, every stream's loop and the reading of rows.
+        "host_ms_per_pass": 1e3 * (seconds - decoding) / passes,
+        # The scheduler's own count: its steps less the whole of decode_together (which
+        # includes the batch's filling and the rows' reading).
+        "scheduler_ms_per_pass": 1e3 * stats.host_seconds / passes,
         "decode_ms_per_pass": 1e3 * stats.decode_seconds / max(1, stats.target_passes),
         "tokens_per_second": made[0] / seconds,
         "passes": stats.target_passes,
@@ -133,7 +142,8 @@ def main() -> None:
                     rows.append(row)
                     print(
                         f"{way:8} K={k} T={temperature:<3} streams={n}  host "
-                        f"{got['host_ms_per_pass']:6.2f} ms/pass  decode "
+                        f"{got['host_ms_per_pass']:6.2f} ms/pass (scheduler's "
+                        f"{got['scheduler_ms_per_pass']:5.2f})  decode "
                         f"{got['decode_ms_per_pass']:7.2f} ms/pass  "
                         f"{got['tokens_per_second']:6.1f} tok/s",
                         flush=True,
