@@ -46,7 +46,7 @@ from specgen.backend.grammar import tokenizer_for
 from specgen.backend.rows import BACKEND_SAMPLING, TopKRows
 from specgen.backend.runtime import decode, init_backend
 from specgen.backend.vocab import Vocabulary
-from specgen.core.sampling import Rows, SamplingParams
+from specgen.core.sampling import Row, Rows, SamplingParams
 from specgen.errors import BackendError, ContextFull
 from specgen.host.machine import default_threads
 
@@ -132,6 +132,20 @@ class DecodeListener(Protocol):
 Gather = Callable[[Any, list[int], int], Rows]
 
 
+class _BatchFill:
+    """The fields of a context's ``llama_batch`` as ctypes pointers taken once: a ctypes
+    structure makes a new pointer object at every field access, and a draft step fills one
+    token (each sequence one seq id, set here for good)."""
+
+    def __init__(self, batch: llama_cpp.llama_batch, n_batch: int) -> None:
+        self.token: Any = batch.token
+        self.pos: Any = batch.pos
+        self.logits: Any = batch.logits
+        self.seq: list[Any] = [batch.seq_id[i] for i in range(n_batch)]
+        for i in range(n_batch):
+            batch.n_seq_id[i] = 1
+
+
 @dataclass
 class _Shared:
     """What every sequence of one context shares: who gathers decodes (None: none), and the
@@ -200,6 +214,7 @@ class LlamaModel(Vocabulary):
         self.n_batch = int(params.n_batch)
         self.n_threads = n_threads
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
+        self._fill = _BatchFill(self._batch, self.n_batch)
         self._shared = _Shared()
         self.description = self._describe()
         # Tokens a rollback may drop at once: any number for an attention model; for a
@@ -293,12 +308,36 @@ class LlamaModel(Vocabulary):
             rows = self.decode_together([(self, chunk, min(wanted, len(chunk)))])[0]
         return rows
 
+    def step(self, token: int) -> Row:
+        """``decode([token], 1)[0]``: a draft's step, one token and its row, with the least
+        host work between two of llama.cpp's decodes (a draft decodes K of them a cycle, and
+        every Python call after a decode runs on cold caches). Where a scheduler gathers the
+        decodes, a checkpoint or a head follows them, it is ``decode``."""
+        if self._shared.gather is not None or self._checkpoint is not None or self.head is not None:
+            return self.decode([token], 1)[0]
+        if self.n_past + 1 > self.n_ctx:
+            raise ContextFull(f"the context of {self.n_ctx} tokens is full")
+        fill, batch = self._fill, self._batch
+        fill.token[0], fill.pos[0], fill.logits[0] = token, self.n_past, True
+        fill.seq[0][0] = self.seq
+        batch.n_tokens = 1
+        status = decode(self._ctx, batch)
+        if status != 0:
+            raise BackendError(f"llama_decode failed on {self.path.name} (status {status})")
+        self._last_decode, self._even = self.n_past, True
+        self.n_past += 1
+        if self._rows.k:
+            return self._rows.rows(1, 0)[0]
+        ptr = llama_cpp.llama_get_logits_ith(self._ctx, 0)
+        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+
     def decode_together(self, items: Sequence[tuple[Any, list[int], int]]) -> list[Rows]:
         """One batch of several sequences of this context: each item's tokens appended to its
         sequence's cache, and its last ``n_logits`` rows (as ``decode`` gives them). The items
         hold at most ``n_batch`` tokens, one item a sequence."""
-        batch, i, firsts, rows = self._batch, 0, [], []
+        batch, fill, i, firsts, rows = self._batch, self._fill, 0, [], []
         assert sum(len(t) for _, t, _ in items) <= self.n_batch, "one batch at most"
+        token_at, pos_at, seq_at, logits_at = fill.token, fill.pos, fill.seq, fill.logits
         for model, tokens, n_logits in items:
             assert isinstance(model, LlamaModel) and model._ctx is self._ctx, "of this context"
             if model.n_past + len(tokens) > model.n_ctx:
@@ -306,12 +345,12 @@ class LlamaModel(Vocabulary):
             first = len(tokens) - n_logits
             firsts.append(i + first)
             rows.append(i)
+            position, seq = model.n_past, model.seq
             for j, token in enumerate(tokens):
-                batch.token[i] = token
-                batch.pos[i] = model.n_past + j
-                batch.n_seq_id[i] = 1
-                batch.seq_id[i][0] = model.seq
-                batch.logits[i] = j >= first
+                token_at[i] = token
+                pos_at[i] = position + j
+                seq_at[i][0] = seq
+                logits_at[i] = j >= first
                 i += 1
         batch.n_tokens = i
         status = decode(self._ctx, batch)
@@ -321,7 +360,7 @@ class LlamaModel(Vocabulary):
         # llama.cpp cuts a recurrent model's batch into ubatches of equal lengths a sequence:
         # where the lengths differ, a sequence's tokens may span ubatches, and its snapshots
         # then do not hold what a rollback needs (measured: a wrong state, not an error).
-        even = len({len(tokens) for _, tokens, _ in items}) == 1
+        even = len(items) == 1 or len({len(tokens) for _, tokens, _ in items}) == 1
         for (model, tokens, n_logits), first, row in zip(items, firsts, rows, strict=True):
             model._decoded(tokens, row)
             model._even = even

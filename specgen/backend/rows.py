@@ -12,7 +12,7 @@ from collections.abc import Callable
 import llama_cpp
 import numpy as np
 
-from specgen.core.sampling import SamplingParams, TopK
+from specgen.core.sampling import SamplingParams, TopK, TopKBlock
 from specgen.errors import BackendError
 
 # llama.cpp's backend sampling ([EXPERIMENTAL] there): llama-cpp-python 0.3.36 binds it.
@@ -98,28 +98,31 @@ class TopKRows:
         the first ``k`` of each filled (copies: the buffer is reused)."""
         ctx, k, n = self._ctx, self.k, self.n_vocab
         first = -n_logits if first is None else first
-        if llama_cpp.llama_get_sampled_candidates_count_ith(ctx, first) != k:
-            raise BackendError(f"llama.cpp's backend sampling gave no rows for {self.name}")
         assert _candidates_at is not None and _logits_at is not None, "backend sampling bound"
         at_ids, at_logits = _candidates_at(ctx, first), _logits_at(ctx, first)
+        # No sampled logits (null) where the chain did not run on these rows.
         if not at_ids or not at_logits:
             raise BackendError(f"llama.cpp's backend sampling gave no rows for {self.name}")
         warped = self.warped
         if warped is not None:  # a draft's rows, one a step: read as Python numbers
+            id_row, logit_row = ctypes.c_int32 * k, ctypes.c_float * k
             out = []
             for i in range(n_logits):
-                ids = (ctypes.c_int32 * k).from_address(at_ids + 4 * n * i)[:]
-                logits = (ctypes.c_float * k).from_address(at_logits + 4 * n * i)[:]
-                out.append(TopK.final(ids, logits, n, warped))
+                candidates = id_row.from_address(at_ids + 4 * n * i)[:]
+                finals = logit_row.from_address(at_logits + 4 * n * i)[:]
+                out.append(TopK.final(candidates, finals, n, warped))
             return out
-        size = (n_logits - 1) * n + k
+        # A top-k alone: its k candidates, every row (checked once a read of several rows).
+        if llama_cpp.llama_get_sampled_candidates_count_ith(ctx, first) != k:
+            raise BackendError(f"llama.cpp's backend sampling gave no rows for {self.name}")
+        size = n_logits * n  # llama.cpp keeps a whole row's room for each output
         flat_ids = np.frombuffer(memoryview((ctypes.c_int32 * size).from_address(at_ids)), np.int32)
         flat = np.frombuffer(
             memoryview((ctypes.c_float * size).from_address(at_logits)), np.float32
         )
-        rows = np.lib.stride_tricks.as_strided(flat_ids, (n_logits, k), (4 * n, 4)).copy()
-        values = np.lib.stride_tricks.as_strided(flat, (n_logits, k), (4 * n, 4)).copy()
-        return [TopK(rows[i], values[i], n) for i in range(n_logits)]
+        ids = flat_ids.reshape(n_logits, n)[:, :k].copy()
+        values = flat.reshape(n_logits, n)[:, :k].copy()
+        return TopKBlock(ids, values, n)
 
     def close(self) -> None:
         """Free the chain; the context that held it is freed first (or detaches it here)."""

@@ -164,6 +164,16 @@ class TopK:
 _NEG = -math.inf
 
 
+class TopKBlock(list[TopK]):
+    """A decode's rows as ``TopK`` rows, each a view of one row of the arrays they were read
+    into (``ids``, ``logits``, a row each): ``warp_rows`` warps a prefix of them from those
+    arrays at once, without stacking the rows again."""
+
+    def __init__(self, ids: np.ndarray, logits: np.ndarray, n_vocab: int) -> None:
+        super().__init__(TopK(ids[i], logits[i], n_vocab) for i in range(len(ids)))
+        self.ids, self.logits = ids, logits
+
+
 # A row of logits: the whole vocabulary's, or its top-k from the backend; a decode's rows.
 Row = np.ndarray | TopK
 Rows = np.ndarray | list[TopK]
@@ -231,11 +241,18 @@ def warp(logits: Row, params: SamplingParams, masked: bool = False) -> Dist:
     return _warp_rest(ids, values, params)
 
 
-def warp_rows(rows: Sequence[Row] | np.ndarray, params: SamplingParams) -> list[Dist]:
-    """``warp`` of each row, in one array pass over all of them where each has a top-k (a
-    verify's rows; a batch's): the same distributions, row by row, as ``warp`` of each alone
-    (it runs this same pass on a block of one). Rows without a top-k to take (``top_k`` 0, or
-    as large as the vocabulary) and greedy parameters go row by row."""
+def warp_rows(
+    rows: Sequence[Row] | np.ndarray, params: SamplingParams, count: int | None = None
+) -> list[Dist]:
+    """``warp`` of each of the first ``count`` rows (default: all), in one array pass over
+    them where each has a top-k (a verify's rows; a batch's): the same distributions, row by
+    row, as ``warp`` of each alone. Rows without a top-k to take (``top_k`` 0, or as large as
+    the vocabulary) and greedy parameters go row by row."""
+    count = len(rows) if count is None else min(count, len(rows))
+    if isinstance(rows, TopKBlock) and not params.greedy and 0 < params.top_k:
+        assert 0 < min(params.top_k, rows[0].n_vocab) <= rows.ids.shape[1], "top_k candidates"
+        return _warp_block(rows.ids[:count], rows.logits[:count].astype(np.float64), params)
+    rows = rows[:count]
     if params.greedy or len(rows) == 0:
         return [warp(row, params) for row in rows]
     first = rows[0]

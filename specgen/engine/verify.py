@@ -41,7 +41,7 @@ def verdict_on(
             return verify_greedy(proposal.tokens, lambda i: best(rows[i]))
         # Every row the rule may read, warped in one array pass (``warp_rows``): the same p
         # row by row as warping each when reached, in fewer operations.
-        p = warp_rows(rows[: len(proposal.tokens) + 1], sampling)
+        p = warp_rows(rows, sampling, len(proposal.tokens) + 1)
         if isinstance(draws, Keyed):
             return verify_gumbel(proposal.tokens, p.__getitem__, draws.seed, draws.position)
         return verify(proposal.tokens, proposal.q, p.__getitem__, draws)

@@ -100,3 +100,33 @@ def test_guesses_from_backend_warped_rows_keep_the_target_distribution(
     assert pooled_chisquare_pvalue(counts, expected * n) > 1e-3
     target.close()
     draft.close()
+
+
+@pytest.mark.parametrize("way", ["whole", "top-k", "warped"])
+def test_a_step_is_a_one_token_decode(tiny: dict[str, Path], way: str) -> None:
+    """``step`` (a draft's lean one-token decode) gives the row ``decode([token], 1)`` gives,
+    moves the cache on as it does, and rolls back like it."""
+    params = SamplingParams(0.8, 12, 0.9, 0.05)
+    models = [load(tiny["draft"]), load(tiny["draft"])]
+    for model in models:
+        if way != "whole":
+            model.sample_top_k(params.top_k, params if way == "warped" else None)
+        model.decode(PROMPT, 0)
+    stepped, decoded = models
+    for token in (5, 9, 5, 77):
+        got, want = stepped.step(token), decoded.decode([token], 1)[0]
+        assert stepped.n_past == decoded.n_past
+        if way == "whole":
+            np.testing.assert_array_equal(got, want)
+        else:
+            assert isinstance(got, TopK) and isinstance(want, TopK)
+            np.testing.assert_array_equal(np.sort(got.ids), np.sort(want.ids))
+            if way == "warped":
+                np.testing.assert_array_equal(warp(got, params).probs, warp(want, params).probs)
+    stepped.rollback(len(PROMPT) + 1)
+    decoded.rollback(len(PROMPT) + 1)
+    again, reference = stepped.step(9), decoded.decode([9], 1)[0]
+    if way == "whole":
+        np.testing.assert_array_equal(again, reference)
+    for model in models:
+        model.close()

@@ -10,6 +10,7 @@ from specgen.core.sampling import (
     Dist,
     SamplingParams,
     TopK,
+    TopKBlock,
     best,
     row_top_k,
     sample,
@@ -316,11 +317,15 @@ def test_a_verifys_rows_warped_together_are_each_warped_alone(params: SamplingPa
         if trial % 3 == 0:
             logits = np.round(logits)
         tops = [TopK.of(row, 40) for row in logits]
-        for rows in (tops, list(logits)):
-            for together, row in zip(warp_rows(rows, params), rows, strict=True):
+        block = TopKBlock(np.array([t.ids for t in tops]), np.array([t.logits for t in tops]), 3000)
+        for rows in (tops, list(logits), block):
+            count = 1 + trial % 9  # a verify reads a prefix of its rows
+            together = warp_rows(rows, params, count)
+            assert len(together) == count
+            for dist, row in zip(together, rows[:count], strict=True):
                 alone = warp(row, params)
-                np.testing.assert_array_equal(together.ids, alone.ids)
-                np.testing.assert_array_equal(together.probs, alone.probs)
+                np.testing.assert_array_equal(dist.ids, alone.ids)
+                np.testing.assert_array_equal(dist.probs, alone.probs)
     greedy = SamplingParams(temperature=0)
     assert [d.ids.tolist() for d in warp_rows(tops, greedy)] == [[best(t)] for t in tops]
 
