@@ -112,7 +112,11 @@ class TopKRows:
                 finals = logit_row.from_address(at_logits + 4 * n * i)[:]
                 out.append(TopK.final(candidates, finals, n, warped))
             return out
-        # A top-k alone: its k candidates, every row (checked once a read of several rows).
+        if k == 1 and n_logits == 1:  # a greedy draft's step: the argmax alone
+            token = ctypes.c_int32.from_address(at_ids).value
+            logit = ctypes.c_float.from_address(at_logits).value
+            return [TopK(np.array([token], np.int32), np.array([logit], np.float32), n)]
+        # A top-k alone: its k candidates, every row.
         if llama_cpp.llama_get_sampled_candidates_count_ith(ctx, first) != k:
             raise BackendError(f"llama.cpp's backend sampling gave no rows for {self.name}")
         size = n_logits * n  # llama.cpp keeps a whole row's room for each output

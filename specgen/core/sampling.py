@@ -311,22 +311,26 @@ def _warp_block(ids: np.ndarray, values: np.ndarray, params: SamplingParams) -> 
     order = np.argsort(-values, axis=1, kind="stable")
     values, ids = values[by_row, order], ids[by_row, order].astype(np.int64)
     # 1. top-k (the backend may give more candidates than this generation's top_k).
-    kept = np.full(rows, min(count, params.top_k) if params.top_k > 0 else count)
+    first = min(count, params.top_k) if params.top_k > 0 else count
+    kept: np.ndarray | int = first
     top = values[:, :1]
+    centered = values - top
     # 2. top-p on the untempered distribution over the candidates (llama.cpp's order): the
     # smallest prefix whose mass reaches top_p.
     if params.top_p < 1.0:
-        shifted = np.exp(values - top)
-        shifted[columns >= kept[:, None]] = 0.0
+        shifted = np.exp(centered)
+        if first < count:
+            shifted[:, first:] = 0.0
         cumulative = np.cumsum(shifted, axis=1)
         cumulative /= cumulative[:, -1:]
-        kept = np.minimum(kept, (cumulative < params.top_p).sum(axis=1) + 1)
+        kept = np.minimum(first, (cumulative < params.top_p).sum(axis=1) + 1)
     # 3. min-p: tokens with p >= min_p * p_max, i.e. logit >= max + ln(min_p), also a prefix.
     if params.min_p > 0.0:
         kept = np.minimum(kept, (values >= top + math.log(params.min_p)).sum(axis=1))
+    kept = np.broadcast_to(kept, (rows,))
     # 4. Temperature, softmax, and ids sorted so that Dist.prob can binary-search.
     outside = columns >= kept[:, None]
-    probs = np.exp((values - top) / params.temperature)
+    probs = np.exp(centered / params.temperature)
     probs[outside] = 0.0
     probs /= probs.sum(axis=1, keepdims=True)
     ids[outside] = np.iinfo(np.int64).max
