@@ -5,14 +5,14 @@ before the verify pass reads them. Pure: no model, no clock.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from specgen.core.constraint import Constraint, shaped
 from specgen.core.coupling import Draws, Keyed, verify_gumbel
 from specgen.core.penalties import Penalties
-from specgen.core.sampling import Row, Rows, SamplingParams, best, warp, warp_rows
+from specgen.core.sampling import Dist, Row, Rows, SamplingParams, best, warp, warp_rows
 from specgen.core.speculative import Verdict, verify, verify_greedy
 from specgen.drafters import NgramTail, Proposal
 from specgen.structured.grammar import LogitBias
@@ -39,12 +39,16 @@ def verdict_on(
             read.extend(rows[: len(proposal.tokens) + 1])
         if sampling.greedy:
             return verify_greedy(proposal.tokens, lambda i: best(rows[i]))
-        # Every row the rule may read, warped in one array pass (``warp_rows``): the same p
-        # row by row as warping each when reached, in fewer operations.
-        p = warp_rows(rows, sampling, len(proposal.tokens) + 1)
+        # Rows' top-k from the backend: every row the rule may read warped in one array pass
+        # (``warp_rows``), the same p row by row as warping each when reached. Whole rows are
+        # warped as reached: each needs its own top-k search first, wasted past a rejection.
+        if isinstance(rows, np.ndarray):
+            p: Callable[[int], Dist] = lambda i: warp(rows[i], sampling)  # noqa: E731
+        else:
+            p = warp_rows(rows, sampling, len(proposal.tokens) + 1).__getitem__
         if isinstance(draws, Keyed):
-            return verify_gumbel(proposal.tokens, p.__getitem__, draws.seed, draws.position)
-        return verify(proposal.tokens, proposal.q, p.__getitem__, draws)
+            return verify_gumbel(proposal.tokens, p, draws.seed, draws.position)
+        return verify(proposal.tokens, proposal.q, p, draws)
     # The bias first, then the penalties of the context and the guesses before the row, then
     # the grammar's mask, whose state for each row is the one after the guesses before it: the
     # rule asks for rows in order (0, 1, ...), each once, so the state follows the kept guesses
