@@ -78,7 +78,9 @@ class Specgen:
             across requests (False: not; a path: kept in that file between processes, and
             ``self.pair.notes`` says when it could not be read).
         parallel: sequences generating at once (``generate_many``, batches, the server):
-            each model's context holds that many, each of ``n_ctx`` tokens.
+            each model's context holds that many, each of ``n_ctx`` tokens. None: as many as
+            ``specgen bench --streams`` found best for these models here, else 1 (``note``
+            says which).
         progress: show download and conversion progress on stderr.
     """
 
@@ -108,8 +110,9 @@ class Specgen:
         rpc: str | None = None,
         rpc_local_head: bool = True,
         lookup_cache: bool | str | Path = True,
-        parallel: int = 1,
+        parallel: int | None = 1,
     ) -> None:
+        from specgen.session import memo
         from specgen.session.decide import decide
         from specgen.session.pair import open_pair
 
@@ -131,6 +134,11 @@ class Specgen:
             explain_alone=explain_alone,
             keep_draft=keep_draft,
         )
+        note = decision.note
+        if parallel is None:  # what bench --streams found best here, else one
+            recalled = memo.recall_parallel(decision.memo)
+            parallel = recalled[0] if recalled else 1
+            note = "; ".join(n for n in (note, recalled[1] if recalled else "") if n)
         options = PairOptions(
             n_ctx=n_ctx,
             target_threads=threads,
@@ -149,7 +157,8 @@ class Specgen:
             raise UsageError("parallel must be at least 1")
         self.decision = decision
         self.choice = decision.choice
-        self.note = decision.note
+        self.note = note
+        self.parallel = parallel
         self.pair: Pair = open_pair(decision, options, progress=progress, snapshots=snapshots)
         self.target_path = self.pair.target.path
         self.draft_path = self.pair.draft.path if self.pair.draft else None

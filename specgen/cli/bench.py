@@ -30,6 +30,7 @@ from specgen.session.memo import Variant
 
 if TYPE_CHECKING:
     from specgen.api import Specgen
+    from specgen.bench.streams import StreamsRow
     from specgen.session.pair import Pair
     from specgen.structured.grammar import Grammar
 from specgen.cli.options import (
@@ -294,7 +295,15 @@ def bench(
             gpu_layers=gpu_layers, verbose=verbose, progress=True, rpc=rpc,
             rpc_local_head=rpc_local_head, parallel=max(counts),
         )  # fmt: skip
-        _streams_row(many, prompts, counts, max_tokens, settings[0], seed)
+        best = _streams_row(many, prompts, counts, max_tokens, settings[0], seed)
+        if small is None and not no_remember:  # as the sweep's: serve's default slots
+            memo.remember_streams(
+                decision.memo,
+                best.streams,
+                best.tokens_per_second,
+                datetime.date.today().isoformat(),
+            )
+            out.note(f"remembered: serve opens {best.streams} slots here (--parallel to choose)")
     if interrupted:
         out.warning(
             "interrupted: the tables above hold what was measured so far (partial); "
@@ -414,8 +423,9 @@ def _streams_row(
     max_tokens: int,
     temperature: float,
     seed: int | None,
-) -> None:
-    """The concurrency table: aggregate tokens/s by streams at once, -k auto and -k 0."""
+) -> StreamsRow:
+    """The concurrency table: aggregate tokens/s by streams at once, -k auto and -k 0; the
+    count that gave the most."""
     from rich.table import Table
 
     from specgen.bench.runner import sampling_at
@@ -448,3 +458,4 @@ def _streams_row(
         f"most tokens/s here: {best.streams} at once ({best.tokens_per_second:.1f} tok/s); "
         f"serve with --parallel {best.streams} where that many clients come at once"
     )
+    return best

@@ -306,6 +306,20 @@ ParallelOpt = Annotated[
         rich_help_panel=PERFORMANCE,
     ),
 ]
+ServeParallelOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--parallel",
+        "-np",
+        min=1,
+        max=64,
+        help="Requests generating at once (llama.cpp's -np): slots decoded side by side in "
+        "one pass per cycle, each a context of --ctx-size tokens (default: what `specgen "
+        "bench --streams` found best for these models here, else 1).",
+        show_default=False,
+        rich_help_panel=PERFORMANCE,
+    ),
+]
 GpuLayersOpt = Annotated[
     int,
     typer.Option(

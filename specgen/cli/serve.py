@@ -18,8 +18,8 @@ from specgen.cli.options import (
     MtpOpt,
     NgramOpt,
     PairOpt,
-    ParallelOpt,
     RpcOpt,
+    ServeParallelOpt,
     TargetOpt,
     ThreadsOpt,
     VerboseOpt,
@@ -115,7 +115,7 @@ def serve(
     threads: ThreadsOpt = 0,
     gpu_layers: GpuLayersOpt = -1,
     ctx_size: CtxOpt = 0,
-    parallel: ParallelOpt = 1,
+    parallel: ServeParallelOpt = None,
     rpc: RpcOpt = None,
     rpc_local_head: LocalHeadOpt = True,
     verbose: VerboseOpt = False,
@@ -149,6 +149,7 @@ def serve(
         lookup_cache=lookup_cache_of(lookup_cache),
         parallel=parallel,
     )
+    parallel = generator.parallel
     if generator.note:
         out.note(generator.note)
     for note in generator.pair.notes:

@@ -33,6 +33,8 @@ NAMED_VARIANTS: tuple[Named, ...] = ("auto", "ngram", "hybrid", "cache")
 # The memo file's format (``store.write_versioned``): one verdict per sampling mode, its keys
 # those ``remember`` writes. Another number is set aside.
 MEMO_VERSION = 1
+# Beside the modes' verdicts: what ``bench --streams`` found best (``remember_streams``).
+STREAMS = "streams"
 
 
 def memo_path(choice: Choice, threads: int, gpu_layers: int) -> Path:
@@ -112,7 +114,7 @@ def forget(choice: Choice) -> list[Path]:
 
 def remember(path: Path, findings: Sequence[Finding], when: str) -> None:
     """Keep each sampling mode's best variant for `run` to use by default."""
-    memo = found_here(path)
+    memo = _read(path)
     for found in findings:
         memo[mode_of(found.temperature)] = {
             "variant": found.variant,
@@ -130,11 +132,43 @@ def recall(path: Path, temperature: float) -> dict[str, object] | None:
     return found if isinstance(found, dict) and "variant" in found else None
 
 
+def remember_streams(path: Path, parallel: int, tokens_per_second: float, when: str) -> None:
+    """Keep how many streams at once gave the most tokens per second (``bench --streams``),
+    for ``serve`` to open that many slots by default."""
+    memo = _read(path)
+    memo[STREAMS] = {"parallel": parallel, "tokens_per_second": tokens_per_second, "date": when}
+    store.write_versioned(path, MEMO_VERSION, memo, indent=1)  # read-only: nothing remembered
+
+
+def recall_parallel(path: Path) -> tuple[int, str] | None:
+    """The streams at once ``bench --streams`` found best for these models here, and a note
+    that says so; None where it never measured them."""
+    found = _read(path).get(STREAMS)
+    if not isinstance(found, dict):
+        return None
+    parallel, speed = found.get("parallel"), found.get("tokens_per_second")
+    if not isinstance(parallel, int) or not 1 <= parallel <= 64:
+        return None
+    rate = f", {speed:.1f} tok/s" if isinstance(speed, int | float) else ""
+    note = (
+        f"--parallel {parallel}: what `specgen bench --streams` found best here "
+        f"({found.get('date')}{rate}); --parallel to choose"
+    )
+    return parallel, note
+
+
 def found_here(path: Path) -> dict[str, dict[str, object]]:
     """Everything bench found at ``path``, by sampling mode (``doctor`` shows it): nothing
     where it never ran here, or left a file of another format (said in one line)."""
-    memo = store.read_versioned(path, "bench memo", MEMO_VERSION) or {}
-    return {mode: found for mode, found in memo.items() if isinstance(found, dict)}
+    return {
+        mode: found
+        for mode, found in _read(path).items()
+        if mode != STREAMS and isinstance(found, dict)
+    }
+
+
+def _read(path: Path) -> dict[str, object]:
+    return store.read_versioned(path, "bench memo", MEMO_VERSION) or {}
 
 
 def variant_name(variant: object) -> str:

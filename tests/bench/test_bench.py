@@ -620,6 +620,32 @@ def test_bench_streams_measures_several_at_once(tmp_path: Path, fake_pair: FakeP
     assert "most tokens/s here: 2 at once" in done.stdout
 
 
+def test_serve_opens_the_slots_bench_streams_found_best(
+    tmp_path: Path, fake_pair: FakePair
+) -> None:
+    """A bench large enough to remember keeps the count of streams that gave the most; the
+    API's ``parallel=None`` (serve's default) then opens that many, and says so; ``parallel``
+    given, or another pair's models, keep their own."""
+    from specgen.api import Specgen
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("The capital of France is\nList three colours:\nCount to ten:\nHello\n")
+    name = fake_pair.named()
+    assert Specgen(pair=name, from_bench=True, parallel=None).parallel == 1  # nothing measured
+    done = specgen_here(
+        "bench", "--pair", name, "-k", "2", "-n", "64", "--prompts", str(prompts),
+        "--temperature", "0", "--streams", "1,2",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "serve opens 2 slots here" in done.stderr
+    picked = Specgen(pair=name, from_bench=True, parallel=None)
+    assert picked.parallel == 2 and picked.pair.parallel == 2
+    assert "--parallel 2: what `specgen bench --streams` found best here" in picked.note
+    assert Specgen(pair=name, from_bench=True, parallel=1).parallel == 1
+    other = Specgen(target=str(fake_pair.draft), draft=str(fake_pair.draft), parallel=None)
+    assert other.parallel == 1
+
+
 def test_bench_streams_takes_counts_only() -> None:
     done = specgen_here("bench", "--streams", "0,2")
     assert done.returncode == 2 and "--streams takes counts from 1 to 64" in done.stderr
