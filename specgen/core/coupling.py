@@ -52,12 +52,17 @@ def _mix_int(z: int) -> int:
     return z ^ (z >> 31)
 
 
+def _key(seed: int, position: int) -> int:
+    """The noise's key at (seed, position), which each token id is mixed into."""
+    key = _mix_int(((seed * 2 + 1) & _MASK) * _GOLDEN_INT & _MASK)
+    return _mix_int(key ^ ((position & _MASK) * _POSITION_INT & _MASK))
+
+
 def uniforms(seed: int, position: int, ids: np.ndarray) -> np.ndarray:
     """U_t(x) in (0, 1) for each token id of ``ids``, a function of (seed, position, id) only:
     the same for a token whichever support it is read in."""
-    key = _mix_int(((seed * 2 + 1) & _MASK) * _GOLDEN_INT & _MASK)
-    key = _mix_int(key ^ ((position & _MASK) * _POSITION_INT & _MASK))
-    z = _mix(np.uint64(key) + (np.asarray(ids, dtype=np.uint64) + np.uint64(1)) * _GOLDEN)
+    tokens = np.asarray(ids, dtype=np.uint64) + np.uint64(1)
+    z = _mix(np.uint64(_key(seed, position)) + tokens * _GOLDEN)
     return ((z >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-53
 
 
@@ -74,8 +79,7 @@ def gumbel_pick(dist: Dist, seed: int, position: int) -> int:
         scores = np.log(dist.probs) + gumbel(seed, position, dist.ids)
         return int(dist.ids[int(np.argmax(scores))])
     # A few candidates (a warped row's support): the same noise, in Python numbers.
-    key = _mix_int(((seed * 2 + 1) & _MASK) * _GOLDEN_INT & _MASK)
-    key = _mix_int(key ^ ((position & _MASK) * _POSITION_INT & _MASK))
+    key = _key(seed, position)
     best, best_score = -1, -math.inf
     for token, p in zip(dist.ids.tolist(), dist.probs.tolist(), strict=True):
         if p <= 0.0:  # underflowed to nothing: never the pick
