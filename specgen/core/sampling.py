@@ -221,9 +221,6 @@ def warp(logits: Row, params: SamplingParams, masked: bool = False) -> Dist:
             return logits.dist
         return _warp_candidates(logits, params)
     logits = np.asarray(logits)
-    if 0 < params.top_k < logits.shape[0] and not masked:
-        top = TopK.of(logits, params.top_k)
-        return _warp_one(top.ids, top.logits.astype(np.float64), params)
     # 1. Candidates: top-k, else the whole vocabulary (kept implicit until needed).
     if 0 < params.top_k < logits.shape[0]:
         ids = top_ids(logits, params.top_k)
@@ -236,7 +233,8 @@ def warp(logits: Row, params: SamplingParams, masked: bool = False) -> Dist:
         finite = np.isfinite(values)
         ids = np.flatnonzero(finite) if ids is None else ids[finite]
         values = values[finite]
-    if ids is not None and len(ids) <= _BLOCK_MOST:
+    # A top-k's few candidates are sorted whole; so are a mask's, where they are few enough.
+    if ids is not None and (not masked or len(ids) <= _BLOCK_MOST):
         return _warp_one(ids, values, params)
     return _warp_rest(ids, values, params)
 
