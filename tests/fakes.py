@@ -157,9 +157,6 @@ class FakeModel:
         self.warped = warped if self.top_k and warped is not None and not warped.greedy else None
         return self.top_k
 
-    def step(self, token: int) -> np.ndarray | TopK:
-        return self.decode([token], 1)[0]
-
     def decode(self, tokens: list[int], n_logits: int = 1) -> np.ndarray | list[TopK]:
         assert 0 <= n_logits <= len(tokens), "logits can only be asked for decoded rows"
         assert self.n_past + len(tokens) <= self.n_ctx, "decode past the context"

@@ -46,7 +46,7 @@ from specgen.backend.grammar import tokenizer_for
 from specgen.backend.rows import BACKEND_SAMPLING, TopKRows
 from specgen.backend.runtime import decode, init_backend
 from specgen.backend.vocab import Vocabulary
-from specgen.core.sampling import Row, Rows, SamplingParams
+from specgen.core.sampling import Rows, SamplingParams
 from specgen.errors import BackendError, ContextFull
 from specgen.host.machine import default_threads
 
@@ -301,35 +301,14 @@ class LlamaModel(Vocabulary):
         gather = self._shared.gather
         if gather is not None:
             return gather(self, tokens, n_logits)
+        if len(tokens) <= self.n_batch:  # one batch: a draft's step, a verify
+            return self.decode_together([(self, tokens, n_logits)])[0]
         rows: Rows = np.empty((0, self.n_vocab), dtype=np.float32)
         for start in range(0, len(tokens), self.n_batch):
             chunk = tokens[start : start + self.n_batch]
             wanted = max(0, n_logits - (len(tokens) - start - len(chunk)))
             rows = self.decode_together([(self, chunk, min(wanted, len(chunk)))])[0]
         return rows
-
-    def step(self, token: int) -> Row:
-        """``decode([token], 1)[0]``: a draft's step, one token and its row, with the least
-        host work between two of llama.cpp's decodes (a draft decodes K of them a cycle, and
-        every Python call after a decode runs on cold caches). Where a scheduler gathers the
-        decodes, a checkpoint or a head follows them, it is ``decode``."""
-        if self._shared.gather is not None or self._checkpoint is not None or self.head is not None:
-            return self.decode([token], 1)[0]
-        if self.n_past + 1 > self.n_ctx:
-            raise ContextFull(f"the context of {self.n_ctx} tokens is full")
-        fill, batch = self._fill, self._batch
-        fill.token[0], fill.pos[0], fill.logits[0] = token, self.n_past, True
-        fill.seq[0][0] = self.seq
-        batch.n_tokens = 1
-        status = decode(self._ctx, batch)
-        if status != 0:
-            raise BackendError(f"llama_decode failed on {self.path.name} (status {status})")
-        self._last_decode, self._even = self.n_past, True
-        self.n_past += 1
-        if self._rows.k:
-            return self._rows.rows(1, 0)[0]
-        ptr = llama_cpp.llama_get_logits_ith(self._ctx, 0)
-        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
 
     def decode_together(self, items: Sequence[tuple[Any, list[int], int]]) -> list[Rows]:
         """One batch of several sequences of this context: each item's tokens appended to its

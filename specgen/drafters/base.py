@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Protocol
 from specgen.core.constraint import Constraint
 from specgen.core.coupling import Draws
 from specgen.core.penalties import Penalties
-from specgen.core.sampling import Dist, Row, Rows, SamplingParams
+from specgen.core.sampling import Dist, Rows, SamplingParams
 from specgen.structured.grammar import LogitBias
 
 if TYPE_CHECKING:
@@ -43,9 +43,6 @@ class Model(Protocol):
 
     def decode(self, tokens: list[int], n_logits: int = 1) -> Rows:
         """Append ``tokens``; the last ``n_logits`` rows, whole or as their top-k (below)."""
-
-    def step(self, token: int) -> Row:
-        """``decode([token], 1)[0]`` (a draft's step), with as little host work as it can."""
 
     def sample_top_k(self, k: int, warped: SamplingParams | None = None) -> int:
         """Rows from the next decode on: their ``k`` likeliest tokens (``TopK``), or whole (0);

@@ -125,7 +125,7 @@ class ModelDrafter:
         first = feed
 
         def logits_after(guess: int | None) -> Row:
-            return model.decode(first, 1)[0] if guess is None else model.step(guess)
+            return model.decode(first if guess is None else [guess], 1)[0]
 
         draw_guesses(
             out, logits_after, k, sampling, rng, self.p_min, model.is_eog, context, follow,

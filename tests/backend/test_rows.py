@@ -103,39 +103,39 @@ def test_guesses_from_backend_warped_rows_keep_the_target_distribution(
 
 
 @pytest.mark.parametrize("way", ["whole", "top-k", "top-1", "warped"])
-def test_a_step_is_a_one_token_decode(tiny: dict[str, Path], way: str) -> None:
-    """``step`` (a draft's lean one-token decode) gives the row ``decode([token], 1)`` gives,
-    moves the cache on as it does, and rolls back like it."""
+def test_a_one_token_decode_reads_its_row_as_asked(tiny: dict[str, Path], way: str) -> None:
+    """A draft's step (``decode([token], 1)``, one batch) reads its row whole, as its top-k,
+    as its argmax alone or warped on the backend: each the whole row's own, step after step
+    and after a rollback."""
     params = SamplingParams(0.8, 12, 0.9, 0.05)
-    models = [load(tiny["draft"]), load(tiny["draft"]), load(tiny["draft"])]
-    for model in models[:2]:
-        if way == "top-1":  # greedy's rows on a device: the argmax alone
-            assert model.sample_top_k(1) == 1
-        elif way != "whole":
-            model.sample_top_k(params.top_k, params if way == "warped" else None)
-    for model in models:
+    reading, whole = load(tiny["draft"]), load(tiny["draft"])
+    if way == "top-1":  # greedy's rows on a device: the argmax alone
+        assert reading.sample_top_k(1) == 1
+    elif way != "whole":
+        reading.sample_top_k(params.top_k, params if way == "warped" else None)
+    for model in (reading, whole):
         model.decode(PROMPT, 0)
-    stepped, decoded, whole = models
-    for token in (5, 9, 5, 77):
-        got, want = stepped.step(token), decoded.decode([token], 1)[0]
-        row = np.array(whole.decode([token], 1)[0])
-        assert stepped.n_past == decoded.n_past == whole.n_past
+
+    def same_row(token: int) -> None:
+        got, row = reading.decode([token], 1)[0], np.array(whole.decode([token], 1)[0])
+        assert reading.n_past == whole.n_past
         if way == "whole":
-            np.testing.assert_array_equal(got, want)
-            continue
-        assert isinstance(got, TopK) and isinstance(want, TopK)
-        np.testing.assert_array_equal(np.sort(got.ids), np.sort(want.ids))
-        np.testing.assert_array_equal(np.sort(got.logits), np.sort(want.logits))
+            np.testing.assert_array_equal(got, row)
+            return
+        assert isinstance(got, TopK)
         if way == "warped":
-            np.testing.assert_array_equal(warp(got, params).probs, warp(want, params).probs)
-        else:  # the row's top-k itself: its ids and logits
-            k = len(got.ids)
-            np.testing.assert_array_equal(np.sort(got.ids), np.sort(np.argsort(-row)[:k]))
-            np.testing.assert_allclose(np.sort(got.logits), np.sort(row)[-k:], rtol=1e-6)
-    stepped.rollback(len(PROMPT) + 1)
-    decoded.rollback(len(PROMPT) + 1)
-    again, reference = stepped.step(9), decoded.decode([9], 1)[0]
-    if way == "whole":
-        np.testing.assert_array_equal(again, reference)
-    for model in models:
-        model.close()
+            q, want = warp(got, params), warp(row, params)
+            np.testing.assert_array_equal(q.ids, want.ids)
+            np.testing.assert_allclose(q.probs, want.probs, rtol=1e-5)
+            return
+        k = len(got.ids)  # the row's top-k itself: its ids and logits
+        np.testing.assert_array_equal(np.sort(got.ids), np.sort(np.argsort(-row)[:k]))
+        np.testing.assert_allclose(np.sort(got.logits), np.sort(row)[-k:], rtol=1e-6)
+
+    for token in (5, 9, 5, 77):
+        same_row(token)
+    reading.rollback(len(PROMPT) + 1)
+    whole.rollback(len(PROMPT) + 1)
+    same_row(9)
+    reading.close()
+    whole.close()
