@@ -137,8 +137,10 @@ class Specgen:
         note = decision.note
         if parallel is None:  # what bench --streams found best here, else one
             recalled = memo.recall_parallel(decision.memo)
-            parallel = recalled[0] if recalled else 1
-            note = "; ".join(n for n in (note, recalled[1] if recalled else "") if n)
+            parallel = 1
+            if recalled is not None:
+                parallel, said = recalled
+                note = f"{note}; {said}" if note else said
         options = PairOptions(
             n_ctx=n_ctx,
             target_threads=threads,
