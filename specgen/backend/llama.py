@@ -301,7 +301,7 @@ class LlamaModel(Vocabulary):
         gather = self._shared.gather
         if gather is not None:
             return gather(self, tokens, n_logits)
-        if len(tokens) <= self.n_batch:  # one batch: a draft's step, a verify
+        if 0 < len(tokens) <= self.n_batch:  # one batch: a draft's step, a verify
             return self.decode_together([(self, tokens, n_logits)])[0]
         rows: Rows = np.empty((0, self.n_vocab), dtype=np.float32)
         for start in range(0, len(tokens), self.n_batch):

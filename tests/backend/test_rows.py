@@ -134,6 +134,8 @@ def test_a_one_token_decode_reads_its_row_as_asked(tiny: dict[str, Path], way: s
 
     for token in (5, 9, 5, 77):
         same_row(token)
+    for model in (reading, whole):  # nothing to read (a catch-up with nothing new) is no batch
+        assert len(model.decode([], 0)) == 0
     reading.rollback(len(PROMPT) + 1)
     whole.rollback(len(PROMPT) + 1)
     same_row(9)
