@@ -26,9 +26,12 @@ The formula rests on estimates: a draft's first read of a prompt, a joining requ
 a pass, the loop's host time per sequence are not in it. So the batch also measures itself: for
 each batch size, its tokens per second over the cycles where any sequence guessed and over those
 where none did (every draft pass, prompt reads included, counted in the cycle it led to). Where
-guessing measured slower, no sequence guesses at that size, and after ``RETRY_AFTER`` cycles
-the formula's choice runs again for ``RETRY_FOR`` cycles (twice as long a wait each time it
-still loses), so a change (other texts, another load on the machine) is seen.
+guessing measured slower, no sequence guesses at that size, and the formula's choice runs again
+for ``RETRY_FOR`` cycles once the batch has run plainly long enough that the last such run's
+loss (its seconds, less what plain cycles would have taken for its tokens) is ``RETRY_SHARE`` of
+the time: so a change (other texts, another load on the machine) is seen, and retrying costs a
+bounded share of the batch's time however dear a run of guesses is (a draft that must catch up
+on what it missed, a slow quantized draft).
 """
 
 from __future__ import annotations
@@ -50,9 +53,9 @@ from specgen.lookahead.costs import (
 # where every guess survived (then the draft never decoded it). Counted as two, the most.
 FIRST_STEP_TOKENS = 2
 # A batch size's measured rates are trusted after this many cycles of each kind; guessing that
-# measured slower is tried again after RETRY_AFTER cycles without it, for RETRY_FOR cycles, and
-# after twice as many the next time it still measured slower (at most RETRY_MOST).
-TRUST_AFTER, RETRY_AFTER, RETRY_FOR, RETRY_MOST = 4, 64, 4, 2048
+# measured slower is tried again for RETRY_FOR cycles once the plain cycles since its last run
+# took 1 / RETRY_SHARE times what that run lost.
+TRUST_AFTER, RETRY_FOR, RETRY_SHARE = 4, 4, 0.03
 RATE_MEMORY = 0.95  # each cycle's weight in a measured rate falls by this much a cycle
 
 
@@ -76,13 +79,32 @@ class _Rate:
 
 @dataclass
 class _Measured:
-    """One batch size's cycles: with guesses and without, and how long since one guessed."""
+    """One batch size's cycles: with guesses and without, the last run of cycles with guesses,
+    and the plain cycles' seconds since."""
 
     guessed: _Rate = field(default_factory=_Rate)
     plain: _Rate = field(default_factory=_Rate)
-    since_guessed: int = 0
+    run_tokens: float = 0.0  # of the last run of cycles with guesses
+    run_seconds: float = 0.0
+    waited: float = 0.0  # seconds of plain cycles since that run
     retry_left: int = 0
-    gap: int = RETRY_AFTER  # cycles without guesses before the next retry
+
+    def add(self, guessed: bool, tokens: float, seconds: float) -> None:
+        if guessed:
+            if self.waited:  # a new run
+                self.run_tokens = self.run_seconds = self.waited = 0.0
+            self.guessed.add(tokens, seconds)
+            self.run_tokens += tokens
+            self.run_seconds += seconds
+            self.retry_left = max(0, self.retry_left - 1)
+        else:
+            self.plain.add(tokens, seconds)
+            self.waited += seconds
+
+    def lost(self, plain: float) -> float:
+        """Seconds the last run of cycles with guesses took past what plain cycles at
+        ``plain`` tokens per second would have taken for its tokens."""
+        return self.run_seconds - self.run_tokens / plain if plain > 0 else 0.0
 
 
 @dataclass
@@ -133,12 +155,21 @@ class BatchLoad:
     _draft_fit: Fit | None = field(default=None, init=False, repr=False)
     _drafting: float = field(default=0.0, init=False, repr=False)  # draft seconds this cycle
     _cycle: _Cycle | None = field(default=None, init=False, repr=False)
+    _leaving: set[int] = field(default_factory=set, init=False, repr=False)
 
     def join(self, slot: int, greedy: bool) -> None:
+        if self._leaving and slot not in self._leaving:  # it takes a leaver's place
+            self.slots.pop(self._leaving.pop(), None)
+        self._leaving.discard(slot)
         self.slots[slot] = _Slot(greedy)
 
     def leave(self, slot: int) -> None:
-        self.slots.pop(slot, None)
+        """``slot`` ended. It is counted until the next target pass: a request that takes its
+        place before then (the next of a file, a waiting one) keeps the batch's size to the
+        others' plans, which would otherwise price a cycle or two as a smaller batch (and a
+        draft's first read of its prompt for it)."""
+        if slot in self.slots:
+            self._leaving.add(slot)
 
     def report(
         self, slot: int, kept: int, verify_tokens: int, paid: int, source: str | None
@@ -226,6 +257,9 @@ class BatchLoad:
         curve of every mode in the batch. ``verifies``: every sequence in it verified guesses
         (or took its next token); a pass that also read a prompt is no cycle to measure."""
         self.target_passes += 1
+        for slot in self._leaving:  # they ended before this pass
+            self.slots.pop(slot, None)
+        self._leaving.clear()
         for profile in self._profiles():
             profile.observe_pass(n_tokens, seconds)
         self._close_cycle()
@@ -237,14 +271,9 @@ class BatchLoad:
         cycle, self._cycle = self._cycle, None
         if cycle is None or not cycle.tokens:
             return
-        measured = self.measured.setdefault(cycle.size, _Measured())
-        if cycle.guessed:
-            measured.guessed.add(cycle.tokens, cycle.seconds)
-            measured.since_guessed = 0
-            measured.retry_left = max(0, measured.retry_left - 1)
-        else:
-            measured.plain.add(cycle.tokens, cycle.seconds)
-            measured.since_guessed += 1
+        self.measured.setdefault(cycle.size, _Measured()).add(
+            cycle.guessed, cycle.tokens, cycle.seconds
+        )
 
     def guessing_loses(self) -> bool:
         """Whether, at the batch's size now, cycles with guesses measured fewer tokens per
@@ -259,11 +288,9 @@ class BatchLoad:
         # cycles), as the target's measured pass over one token a sequence gives it.
         plain = measured.plain.rate if measured.plain.cycles >= TRUST_AFTER else self.plain_rate()
         if guessed.rate >= plain:
-            measured.gap = RETRY_AFTER
             return False
-        if measured.since_guessed >= measured.gap:
-            measured.since_guessed, measured.retry_left = 0, RETRY_FOR
-            measured.gap = min(2 * measured.gap, RETRY_MOST)
+        if measured.waited * RETRY_SHARE >= measured.lost(plain):
+            measured.retry_left = RETRY_FOR
             return False
         return True
 

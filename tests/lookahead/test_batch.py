@@ -11,7 +11,7 @@ import pytest
 from specgen.core.speculative import expected_tokens
 from specgen.drafters import Candidate, Plan
 from specgen.lookahead import AdaptiveLookahead, BatchLoad, CostBook
-from specgen.lookahead.batch import FIRST_STEP_TOKENS
+from specgen.lookahead.batch import FIRST_STEP_TOKENS, RETRY_FOR, RETRY_SHARE, TRUST_AFTER
 
 MODEL = Candidate("model", "model", 10_000)
 Curve = Callable[[int], float]
@@ -175,6 +175,74 @@ def test_a_batch_that_measures_slower_with_guesses_stops_guessing() -> None:
     rate, chosen = simulate_batch(4, 0.9, gpu_draft, gpu_target, unseen=8.0)
     assert rate >= 0.85 * plain, (rate, plain, chosen)
     assert chosen.get(0, 0) > 0.8 * sum(chosen.values()), chosen
+
+
+def _cycles(load: BatchLoad, count: int, seconds: float, guessed: bool) -> None:
+    """``count`` cycles of two sequences, each keeping one token, in passes of ``seconds``
+    (with guesses: each verified three tokens)."""
+    width = 3 if guessed else 1
+    for _ in range(count):
+        load.observe_target(seconds, 2 * width)
+        for slot in (0, 1):
+            load.report(slot, 1, width, width - 1, "model" if guessed else None)
+
+
+def test_guessing_that_lost_is_retried_once_plain_cycles_took_many_times_its_loss() -> None:
+    """After a run of cycles with guesses measured slower, none guesses until the plain cycles
+    since took 1 / RETRY_SHARE times what that run lost; then RETRY_FOR cycles guess again."""
+    load = BatchLoad(CostBook())
+    for slot in (0, 1):
+        load.join(slot, True)
+    _cycles(load, 2, 0.2, guessed=False)
+    _cycles(load, TRUST_AFTER, 1.0, guessed=True)  # 2 tokens a second
+    _cycles(load, TRUST_AFTER, 0.2, guessed=False)  # 10 tokens a second
+    assert load.guessing_loses()
+    lost = TRUST_AFTER * 1.0 - 2 * TRUST_AFTER / 10.0  # the run's seconds, less plain's
+    plain_cycles = round(lost / RETRY_SHARE / 0.2)
+    _cycles(load, plain_cycles - TRUST_AFTER - 2, 0.2, guessed=False)
+    assert load.guessing_loses(), "the wait is not yet 1 / RETRY_SHARE times the loss"
+    _cycles(load, 4, 0.2, guessed=False)
+    assert not load.guessing_loses(), "a retry"
+    _cycles(load, RETRY_FOR - 1, 1.0, guessed=True)
+    assert not load.guessing_loses(), "the retry runs its cycles"
+    _cycles(load, 2, 1.0, guessed=True)
+    assert load.guessing_loses(), "it lost again: the wait starts afresh"
+
+
+def test_the_retry_costs_a_bounded_share_however_dear_a_cycle_with_guesses_is() -> None:
+    """A cycle with guesses that also pays a read twenty times a plain cycle (a draft catching
+    up on what it missed): over a long run the batch stays within a few percent of plain
+    batching, and still retries."""
+    plain = fixed_rate(4, 0.9, 0, gpu_draft, gpu_target)
+    rate, chosen = simulate_batch(4, 0.9, gpu_draft, gpu_target, cycles=6000, unseen=20.0)
+    assert rate >= 0.93 * plain, (rate, plain, chosen)
+    guessing = sum(n for k, n in chosen.items() if k)
+    assert guessing > 4 * (TRUST_AFTER + RETRY_FOR), chosen
+
+
+def test_a_request_that_takes_a_leaver_s_place_keeps_the_batch_s_size() -> None:
+    """A slot that ends is counted until the next target pass, so the others' plans in between
+    price the batch the next request joins, not a batch of one; a newcomer takes its place."""
+    load = BatchLoad(CostBook())
+    for slot in (0, 1):
+        load.join(slot, True)
+    _cycles(load, 2, 0.2, guessed=False)
+    _cycles(load, TRUST_AFTER, 1.0, guessed=True)
+    _cycles(load, TRUST_AFTER, 0.2, guessed=False)
+    assert load.guessing_loses()
+    load.leave(1)
+    assert len(load.slots) == 2 and load.guessing_loses(), "still the batch of two"
+    load.join(3, True)  # the next request, on another slot
+    assert sorted(load.slots) == [0, 3] and load.guessing_loses()
+    load.observe_target(0.2, 2)
+    assert sorted(load.slots) == [0, 3]
+    load.leave(3)
+    load.observe_target(0.1, 1)  # no one came: a batch of one from this pass on
+    assert sorted(load.slots) == [0]
+    load.leave(0)
+    load.join(0, False)  # the same slot again
+    load.observe_target(0.1, 1)
+    assert list(load.slots) == [0] and load.slots[0].greedy is False
 
 
 def test_a_draft_that_must_first_read_a_long_prompt_is_priced_by_that_read() -> None:
