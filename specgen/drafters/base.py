@@ -95,7 +95,8 @@ class Candidate:
     preview: tuple[int, ...] = ()
     match_length: int = 0
     # Tokens the source reads before its first guess (a draft model's prompt, read once it is
-    # first asked): in a batch, a read every other sequence waits for.
+    # first asked, and what it missed while others drafted or none did): in a batch, a read
+    # every other sequence waits for.
     setup: int = 0
 
 

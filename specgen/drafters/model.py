@@ -70,12 +70,12 @@ class ModelDrafter:
         room = self.model.n_ctx - (len(context) - self._skipped) + 1
         if room <= 0:
             return []
-        unread = 0
+        unread, cached = 0, self.model.n_past + self._skipped
         if self._unread is not None:
             held, prompt = self._unread
             kept = common_prefix(held, prompt) if self.model.rollback_anywhere else 0
-            unread = len(prompt) - kept
-        return [Candidate("model", "model", room, setup=unread)]
+            unread, cached = len(prompt) - kept, len(prompt)
+        return [Candidate("model", "model", room, setup=unread + catch_up(len(context) - cached))]
 
     def propose(
         self,
@@ -114,7 +114,7 @@ class ModelDrafter:
         # the draft about what verifying it cost the target, and the draft's guesses need not
         # come from the whole text to be exact, only from the q they report.
         feed = list(context[model.n_past + self._skipped :])
-        if len(feed) > 2:
+        if catch_up(len(feed)):
             skip = max(0, len(feed) - 1 - CATCH_UP_WINDOW)
             self._skipped += skip
             started = self.clock()
@@ -148,6 +148,13 @@ class ModelDrafter:
 
     def end(self, tokens: Sequence[int]) -> None:
         """The draft's cache keeps its text for the next generation's shared prefix."""
+
+
+def catch_up(behind: int) -> int:
+    """Tokens a draft reads in a batch of their own before its first step, ``behind`` tokens of
+    the context past its cache: none where they are the last cycle's drawn token and kept
+    guess (its first step reads those), else the latest ``CATCH_UP_WINDOW`` but the last."""
+    return min(behind - 1, CATCH_UP_WINDOW) if behind > 2 else 0
 
 
 def draft_top_k(

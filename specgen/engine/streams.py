@@ -230,7 +230,7 @@ class Streams:
             stats.guesses[size] = stats.guesses.get(size, 0) + guessed
             if load is not None:
                 verifies = all(p.n_logits == len(p.tokens) for p in batch)
-                load.observe_target(seconds, n, verifies)
+                load.observe_target(seconds, n, verifies, ended=self.clock())
         else:
             stats.draft_passes += 1
             if load is not None:

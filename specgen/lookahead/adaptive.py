@@ -112,6 +112,11 @@ class AdaptiveLookahead:
         # raises the batch's rate.
         if best.lookahead and self.load is not None and best_rate < self.load.plain_rate():
             best, best_rate = TARGET_ALONE, alone_rate
+        # A read before the first guess is priced by what guessing measured here too: the
+        # formula's rates run high in a batch (the host's time, the others' luck).
+        setup = best.candidate.setup if best.candidate is not None else 0
+        if setup and self.load is not None and not self.load.read_pays(setup, budget):
+            best, best_rate = TARGET_ALONE, alone_rate
         # 3. A source not yet timed (a draft model) is timed once nothing timed pays, so it is
         #    not run while prompt lookup does well.
         untimed = [c for c in candidates if c not in timed]

@@ -22,10 +22,12 @@ batching wins. V is the pair's own verify curve (``costs.PairProfile.verify``): 
 tokens costs about the same whichever sequences they belong to, so the costs a single stream
 measured price a batch from its first cycle, and every batched pass adds to them.
 
-The formula rests on estimates: a draft's first read of a prompt, a joining request's prompt in
-a pass, the loop's host time per sequence are not in it. So the batch also measures itself: for
-each batch size, its tokens per second over the cycles where any sequence guessed and over those
-where none did (every draft pass, prompt reads included, counted in the cycle it led to). Where
+The formula rests on estimates: a joining request's prompt in a pass, the loop's host time per
+sequence are not in it. So the batch also measures itself: for each batch size, its tokens per
+second over the cycles where any sequence guessed and over those where none did (the wall time
+from one target pass's end to the next, less the draft's reads of prompts and of what it missed:
+those are the price of starting to guess, which the formula weighs as a candidate's ``setup``,
+not of guessing; counted in, every retry would measure a sequence's catch-up, and lose). Where
 guessing measured slower, no sequence guesses at that size, and the formula's choice runs again
 for ``RETRY_FOR`` cycles once the batch has run plainly long enough that the last such run's
 loss (its seconds, less what plain cycles would have taken for its tokens) is ``RETRY_SHARE`` of
@@ -153,7 +155,9 @@ class BatchLoad:
     draft_by_n: dict[int, Timing] = field(default_factory=dict)
     measured: dict[int, _Measured] = field(default_factory=dict)  # by batch size
     _draft_fit: Fit | None = field(default=None, init=False, repr=False)
-    _drafting: float = field(default=0.0, init=False, repr=False)  # draft seconds this cycle
+    _drafting: float = field(default=0.0, init=False, repr=False)  # draft steps this cycle
+    _reading: float = field(default=0.0, init=False, repr=False)  # draft reads this cycle
+    _last_end: float | None = field(default=None, init=False, repr=False)  # of a target pass
     _cycle: _Cycle | None = field(default=None, init=False, repr=False)
     _leaving: set[int] = field(default_factory=set, init=False, repr=False)
 
@@ -252,10 +256,16 @@ class BatchLoad:
         modes = {s.greedy for s in self.slots.values()}
         return [self.costs.of(greedy) for greedy in sorted(modes)]
 
-    def observe_target(self, seconds: float, n_tokens: int, verifies: bool = True) -> None:
+    def observe_target(
+        self, seconds: float, n_tokens: int, verifies: bool = True, ended: float | None = None
+    ) -> None:
         """A batched target pass over ``n_tokens`` took ``seconds``: a point of the verify
         curve of every mode in the batch. ``verifies``: every sequence in it verified guesses
-        (or took its next token); a pass that also read a prompt is no cycle to measure."""
+        (or took its next token); a pass that also read a prompt is no cycle to measure.
+        ``ended``: the clock when it ended. Then the cycle is the time since the last target
+        pass ended (the host's time in it too), else its draft steps and this pass; either way
+        without the draft's reads (a prompt's, a catch-up's), which are what starting to guess
+        costs, not what guessing does, and which the formula prices (``Candidate.setup``)."""
         self.target_passes += 1
         for slot in self._leaving:  # they ended before this pass
             self.slots.pop(slot, None)
@@ -264,8 +274,13 @@ class BatchLoad:
             profile.observe_pass(n_tokens, seconds)
         self._close_cycle()
         if verifies and len(self.slots) > 1:
-            self._cycle = _Cycle(self._drafting + seconds, len(self.slots))
-        self._drafting = 0.0
+            if ended is not None and self._last_end is not None:
+                cycle = max(seconds, ended - self._last_end - self._reading)
+            else:
+                cycle = self._drafting + seconds
+            self._cycle = _Cycle(cycle, len(self.slots))
+        self._drafting = self._reading = 0.0
+        self._last_end = ended
 
     def _close_cycle(self) -> None:
         cycle, self._cycle = self._cycle, None
@@ -294,12 +309,30 @@ class BatchLoad:
             return False
         return True
 
+    def read_pays(self, setup: int, budget: int) -> bool:
+        """Whether a draft's read of ``setup`` tokens before its first guess (every sequence
+        waits for it) pays for a sequence with ``budget`` tokens left, by what this batch size
+        measured: its remaining tokens come out at 1/N of the batch's rate, so guessing saves
+        the batch ``budget * N * (1/plain - 1/guessed)`` seconds. True until both rates are
+        trusted (the formula's price of the read decides alone)."""
+        measured = self.measured.get(len(self.slots))
+        if measured is None or min(measured.guessed.cycles, measured.plain.cycles) < TRUST_AFTER:
+            return True
+        plain, guessed = measured.plain.rate, measured.guessed.rate
+        read = self.draft_pass(setup)
+        if read is None or plain <= 0 or guessed <= plain:
+            return read is None
+        return budget * len(self.slots) * (1 / plain - 1 / guessed) > read
+
     def observe_draft(self, seconds: float, n_tokens: int, step: bool, source: str) -> None:
         """A batched draft pass over ``n_tokens`` took ``seconds``; a ``step`` (a guess for
         every sequence still drafting, not a prompt's or a catch-up's read) also times a guess
         of ``source``."""
         self._draft_fit = None
-        self._drafting += seconds
+        if step:
+            self._drafting += seconds
+        else:  # a pass with a read in it: what the others' steps in it cost is let go too
+            self._reading += seconds
         self.draft_by_n.setdefault(n_tokens, Timing(COST_MEMORY)).add(seconds)
         if step:
             for profile in self._profiles():

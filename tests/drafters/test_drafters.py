@@ -341,3 +341,28 @@ def test_a_draft_model_says_how_much_it_reads_before_its_first_guess() -> None:
     longer = [*prompt, 41, 42]
     drafter.begin(longer, reuse_prefix=True)  # a chat that goes on: the prompt's start is held
     assert 0 < drafter.candidates(longer)[0].setup < len(longer) - 1
+
+
+@pytest.mark.parametrize("missed", [0, 1, 2, 10, CATCH_UP_WINDOW + 1, 3 * CATCH_UP_WINDOW])
+@pytest.mark.parametrize("read", [False, True])
+def test_a_draft_model_s_setup_is_what_it_reads_before_its_first_step(
+    missed: int, read: bool
+) -> None:
+    """What a draft model says it reads before its first guess (its unread prompt, and the
+    tokens it missed while the target went on alone, at most the catch-up window) is what it
+    then reads: every decode before the step that gives its first guess."""
+    draft = FakeModel(sharpness=0.7)
+    drafter = ModelDrafter(draft)
+    prompt = list(range(3, 40))
+    drafter.begin(prompt)
+    if read:  # the prompt read, a cycle drafted, its guesses dropped
+        drafter.propose(prompt, drafter.candidates(prompt)[0], 2, GREEDY, np.random.default_rng(0))
+        drafter.rollback_to(0)
+    drawn = [99] if read else []  # the token that cycle drew
+    context = [*prompt, *drawn, *range(100, 100 + missed)]
+    setup = drafter.candidates(context)[0].setup
+    draft.decode_calls.clear()
+    drafter.propose(context, drafter.candidates(context)[0], 1, GREEDY, np.random.default_rng(0))
+    reads = [n for n, logits in draft.decode_calls if logits == 0]
+    assert sum(reads) == setup
+    assert setup <= (0 if read else len(prompt) - 1) + CATCH_UP_WINDOW

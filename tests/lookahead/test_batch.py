@@ -30,8 +30,8 @@ def simulate_batch(
     every sequence plans, the draft context decodes a step per guess of the longest over the
     sequences still drafting (the first step also reads a sequence's last kept guess where
     every guess survived), then one target pass verifies every [last, guesses]. ``unseen``:
-    seconds a cycle with guesses also costs, in a draft pass the formula cannot price (a
-    prompt's first read). Returns the batch's tokens per second and how often each K was
+    seconds a cycle with guesses also costs, outside the passes, which the formula cannot price
+    (the host's). Returns the batch's tokens per second and how often each K was
     chosen."""
     rng = np.random.default_rng(seed)
     load = BatchLoad(CostBook())
@@ -50,12 +50,11 @@ def simulate_batch(
             load.observe_draft(cost, sum(widths), True, "model")
             seconds += cost
         if unseen and any(ks):
-            load.observe_draft(unseen, 200, False, "model")
             seconds += unseen
         n_tokens = sum(k + 1 for k in ks)
         cost = verify(n_tokens)
-        load.observe_target(cost, n_tokens)
         seconds += cost
+        load.observe_target(cost, n_tokens, ended=seconds)
         for i, (policy, plan, k) in enumerate(zip(policies, plans, ks, strict=True)):
             kept = 0
             while kept < k and rng.random() < accept:
@@ -210,14 +209,67 @@ def test_guessing_that_lost_is_retried_once_plain_cycles_took_many_times_its_los
 
 
 def test_the_retry_costs_a_bounded_share_however_dear_a_cycle_with_guesses_is() -> None:
-    """A cycle with guesses that also pays a read twenty times a plain cycle (a draft catching
-    up on what it missed): over a long run the batch stays within a few percent of plain
-    batching, and still retries."""
+    """A cycle with guesses that also costs the host twenty times a plain cycle: over a long
+    run the batch stays within a few percent of plain batching, and still retries."""
     plain = fixed_rate(4, 0.9, 0, gpu_draft, gpu_target)
     rate, chosen = simulate_batch(4, 0.9, gpu_draft, gpu_target, cycles=6000, unseen=20.0)
     assert rate >= 0.93 * plain, (rate, plain, chosen)
     guessing = sum(n for k, n in chosen.items() if k)
     assert guessing > 4 * (TRUST_AFTER + RETRY_FOR), chosen
+
+
+def test_a_batch_measures_its_cycles_by_the_wall_clock_less_the_draft_s_reads() -> None:
+    """A cycle is the time from one target pass's end to the next (the host's time in it too),
+    less the draft's reads: a run of guesses that began with a long read (a prompt's, a
+    catch-up's: what starting to guess costs, which the formula prices) measures what its
+    cycles gave, and beats plain cycles that spend most of their time on the host."""
+    load = BatchLoad(CostBook())
+    for slot in (0, 1):
+        load.join(slot, True)
+    clock = 0.0
+
+    def cycle(pass_seconds: float, host: float, kept: int, read: float = 0.0) -> None:
+        nonlocal clock
+        if read:
+            load.observe_draft(read, 64, False, "model")
+        clock += read + host + pass_seconds
+        width = 3 if kept > 1 else 1
+        load.observe_target(pass_seconds, 2 * width, ended=clock)
+        for slot in (0, 1):
+            load.report(slot, kept, width, width - 1, "model" if width > 1 else None)
+
+    clock = 0.5
+    load.observe_target(0.5, 20, verifies=False, ended=clock)  # the prompts
+    for _ in range(2 + TRUST_AFTER):
+        cycle(0.1, 0.2, 1)  # plain: 2 tokens in 0.3 s
+    cycle(0.2, 0.1, 3, read=5.0)  # the read first, then guesses: 6 tokens in 0.3 s
+    for _ in range(TRUST_AFTER):
+        cycle(0.2, 0.1, 3)
+    measured = load.measured[2]
+    assert measured.plain.rate == pytest.approx(2 / 0.3)
+    assert measured.guessed.rate == pytest.approx(6 / 0.3)
+    assert not load.guessing_loses()
+
+
+def test_a_draft_s_read_pays_where_what_guessing_measured_saves_more_than_it() -> None:
+    """Where this batch size measured guessing a little faster than plain, a read before the
+    first guess pays for a long answer and not for a short one; before the rates are trusted,
+    the formula decides alone."""
+    load = BatchLoad(CostBook())
+    for slot in (0, 1):
+        load.join(slot, True)
+    for m in (1, 8, 64, 128):
+        load.observe_draft(0.002 * m, m, False, "model")  # a read of 100 tokens: 0.2 s
+    assert load.read_pays(100, 10)  # nothing measured yet
+    _cycles(load, 2 + TRUST_AFTER, 0.2, guessed=False)  # 10 tokens a second
+    guessed = 2 / 0.18  # each cycle with guesses 0.18 s: about 11 tokens a second
+    _cycles(load, TRUST_AFTER + 1, 0.18, guessed=True)
+    assert load.measured[2].guessed.rate == pytest.approx(guessed)
+    saved_a_token = 2 * (1 / 10 - 1 / guessed)  # the batch's seconds per token of this budget
+    assert not load.read_pays(100, int(0.9 * 0.2 / saved_a_token))
+    assert load.read_pays(100, int(1.1 * 0.2 / saved_a_token) + 1)
+    _cycles(load, 10, 0.3, guessed=True)  # now slower than plain: no read pays
+    assert not load.read_pays(100, 100_000)
 
 
 def test_a_request_that_takes_a_leaver_s_place_keeps_the_batch_s_size() -> None:
