@@ -294,15 +294,16 @@ CtxOpt = Annotated[
     ),
 ]
 ParallelOpt = Annotated[
-    int,
+    int | None,
     typer.Option(
         "--parallel",
         "-np",
         min=1,
         max=64,
-        help="Sequences generating at once (llama.cpp's -np): prompts of a batch, or requests "
-        "to the server, decoded side by side in one pass per cycle; each takes a context of "
-        "--ctx-size tokens.",
+        help="Prompts of a batch generating at once (llama.cpp's -np), decoded side by side "
+        "in one pass per cycle; each takes a context of --ctx-size tokens (default: what "
+        "`specgen bench --streams` found best for these models here, else 1).",
+        show_default=False,
         rich_help_panel=PERFORMANCE,
     ),
 ]

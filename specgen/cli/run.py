@@ -298,7 +298,7 @@ def run(
         ),
     ] = None,
     ctx_size: CtxOpt = 0,
-    parallel: ParallelOpt = 1,
+    parallel: ParallelOpt = None,
     rpc: RpcOpt = None,
     rpc_local_head: LocalHeadOpt = True,
     verbose: VerboseOpt = False,
@@ -327,7 +327,7 @@ def run(
         raise UsageError(
             "--output and --resume are for batches: add --each-line, or give a .jsonl --file"
         )
-    if parallel > 1 and not batch:
+    if parallel is not None and parallel > 1 and not batch:
         raise UsageError(
             "--parallel is for batches: give a .jsonl --file, or add --each-line "
             "(one prompt runs as one sequence)"
@@ -376,7 +376,7 @@ def run(
         rpc=rpc,
         rpc_local_head=rpc_local_head,
         lookup_cache=lookup_cache_of(lookup_cache),
-        parallel=parallel,
+        parallel=parallel if batch else 1,
     )
     for note in sg.pair.notes:
         out.warning(note)
@@ -387,6 +387,8 @@ def run(
         return
     use_chat = sg.wants_chat("", system_text)
     if batch:
+        if sg.note and not no_stats:
+            out.note(sg.note)
         code = run_batch_shown(
             sg, settings, items, sink, output, resume, use_chat, system_text, no_stats
         )

@@ -642,6 +642,15 @@ def test_serve_opens_the_slots_bench_streams_found_best(
     assert picked.parallel == 2 and picked.pair.parallel == 2
     assert "--parallel 2: what `specgen bench --streams` found best here" in picked.note
     assert Specgen(pair=name, from_bench=True, parallel=1).parallel == 1
+    # A batch without --parallel runs that many at once too, its results in the file's order.
+    batch = specgen_here(
+        "run", "--pair", name, "--each-line", "-f", str(prompts), "-n", "4", "--json",
+        "--temperature", "0",
+    )  # fmt: skip
+    assert batch.returncode == 0, batch.stderr
+    assert "--parallel 2: what `specgen bench --streams` found best here" in batch.stderr
+    ids = [json.loads(line)["id"] for line in batch.stdout.splitlines()]
+    assert ids == sorted(ids, key=int) and len(ids) == 4, ids
     other = Specgen(target=str(fake_pair.draft), draft=str(fake_pair.draft), parallel=None)
     assert other.parallel == 1
 
