@@ -11,7 +11,13 @@ import pytest
 from specgen.core.speculative import expected_tokens
 from specgen.drafters import Candidate, Plan
 from specgen.lookahead import AdaptiveLookahead, BatchLoad, CostBook
-from specgen.lookahead.batch import FIRST_STEP_TOKENS, RETRY_FOR, RETRY_SHARE, TRUST_AFTER
+from specgen.lookahead.batch import (
+    FIRST_STEP_TOKENS,
+    RETRY_FOR,
+    RETRY_SHARE,
+    TRUST_AFTER,
+    _Measured,
+)
 
 MODEL = Candidate("model", "model", 10_000)
 Curve = Callable[[int], float]
@@ -270,6 +276,36 @@ def test_a_draft_s_read_pays_where_what_guessing_measured_saves_more_than_it() -
     assert load.read_pays(100, int(1.1 * 0.2 / saved_a_token) + 1)
     _cycles(load, 10, 0.3, guessed=True)  # now slower than plain: no read pays
     assert not load.read_pays(100, 100_000)
+
+
+def test_a_read_the_formula_would_pay_waits_where_guessing_measured_little_gain() -> None:
+    """The formula prices a short read as worth it; where this batch size measured guessing
+    hardly faster than plain, the policy reads nothing for a short answer."""
+    draft = lambda m: 0.1 + 0.05 * (m - 1)  # noqa: E731
+    verify = lambda m: 1.0 + 0.05 * (m - 1)  # noqa: E731
+    load = BatchLoad(CostBook())
+    for slot in range(2):
+        load.join(slot, True)
+    for m in (1, 2, 3, 4, 8, 16, 64):
+        for _ in range(3):
+            load.observe_target(verify(m), m, verifies=False)
+            load.observe_draft(draft(m), m, m <= 4, "model")
+    policy = AdaptiveLookahead(load.costs.of(True), load=load, slot=0)
+    rng = np.random.default_rng(2)
+    for _ in range(40):
+        kept = 0
+        while kept < 8 and rng.random() < 0.9:
+            kept += 1
+        policy.observe(Plan(MODEL, 8), 8, kept, 0.0, 0.0)
+    load.report(1, 1, 1, 0, None)
+    read = Candidate("model", "model", 10_000, setup=20)
+    assert policy.plan([read], 64).lookahead > 0  # nothing measured: the formula's choice
+    measured = load.measured.setdefault(2, _Measured())
+    for _ in range(TRUST_AFTER):
+        measured.add(False, 2.0, 1.0)  # 2 tokens a second without guesses
+        measured.add(True, 2.02, 1.0)  # 1% more with them
+    assert policy.plan([read], 64).lookahead == 0
+    assert policy.plan([MODEL], 64).lookahead > 0  # nothing to read: the formula's choice
 
 
 def test_a_request_that_takes_a_leaver_s_place_keeps_the_batch_s_size() -> None:
