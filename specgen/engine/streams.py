@@ -151,9 +151,10 @@ class Streams:
         except Exception as err:  # the batch's tasks each see it where they decoded
             self._ready.extend((p.task, _Raise(err)) for p in batch)
             return True
-        seconds = self.clock() - decoding
+        ended = self.clock()
+        seconds = ended - decoding
         self.stats.decode_seconds += seconds
-        self._count(context, batch, seconds)
+        self._count(context, batch, seconds, ended)
         # Whole rows are views of the context's buffer, valid until its next decode: every
         # task reads its own before the next step decodes again.
         self._ready.extend((p.task, r) for p, r in zip(batch, rows, strict=True))
@@ -217,7 +218,7 @@ class Streams:
         self._parked = [p for p in parked if id(p) not in taken]
         return context, batch
 
-    def _count(self, context: Context, batch: list[_Parked], seconds: float) -> None:
+    def _count(self, context: Context, batch: list[_Parked], seconds: float, ended: float) -> None:
         stats, load = self.stats, self.load
         if context is self.target:
             n = sum(len(p.tokens) for p in batch)
@@ -230,7 +231,7 @@ class Streams:
             stats.guesses[size] = stats.guesses.get(size, 0) + guessed
             if load is not None:
                 verifies = all(p.n_logits == len(p.tokens) for p in batch)
-                load.observe_target(seconds, n, verifies, ended=self.clock())
+                load.observe_target(seconds, n, verifies, ended=ended)
         else:
             stats.draft_passes += 1
             if load is not None:

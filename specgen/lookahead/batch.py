@@ -318,10 +318,12 @@ class BatchLoad:
         measured = self.measured.get(len(self.slots))
         if measured is None or min(measured.guessed.cycles, measured.plain.cycles) < TRUST_AFTER:
             return True
-        plain, guessed = measured.plain.rate, measured.guessed.rate
         read = self.draft_pass(setup)
-        if read is None or plain <= 0 or guessed <= plain:
-            return read is None
+        if read is None:
+            return True
+        plain, guessed = measured.plain.rate, measured.guessed.rate
+        if plain <= 0 or guessed <= plain:
+            return False
         return budget * len(self.slots) * (1 / plain - 1 / guessed) > read
 
     def observe_draft(self, seconds: float, n_tokens: int, step: bool, source: str) -> None:
@@ -329,11 +331,10 @@ class BatchLoad:
         every sequence still drafting, not a prompt's or a catch-up's read) also times a guess
         of ``source``."""
         self._draft_fit = None
-        if step:
-            self._drafting += seconds
-        else:  # a pass with a read in it: what the others' steps in it cost is let go too
-            self._reading += seconds
         self.draft_by_n.setdefault(n_tokens, Timing(COST_MEMORY)).add(seconds)
-        if step:
-            for profile in self._profiles():
-                profile.observe_step(source, seconds)
+        if not step:  # a pass with a read in it: what the others' steps in it cost is let go too
+            self._reading += seconds
+            return
+        self._drafting += seconds
+        for profile in self._profiles():
+            profile.observe_step(source, seconds)
