@@ -293,34 +293,26 @@ CtxOpt = Annotated[
         rich_help_panel=PERFORMANCE,
     ),
 ]
-ParallelOpt = Annotated[
-    int | None,
-    typer.Option(
+
+
+def _parallel(what: str) -> typer.models.OptionInfo:
+    """``--parallel``: ``what`` (prompts of a batch, a server's requests) decoded side by side,
+    by default as many as ``bench --streams`` found best here."""
+    return typer.Option(
         "--parallel",
         "-np",
         min=1,
         max=64,
-        help="Prompts of a batch generating at once (llama.cpp's -np), decoded side by side "
-        "in one pass per cycle; each takes a context of --ctx-size tokens (default: what "
-        "`specgen bench --streams` found best for these models here, else 1).",
+        help=f"{what} generating at once (llama.cpp's -np), decoded side by side in one pass "
+        "per cycle; each takes a context of --ctx-size tokens (default: what `specgen bench "
+        "--streams` found best for these models here, else 1).",
         show_default=False,
         rich_help_panel=PERFORMANCE,
-    ),
-]
-ServeParallelOpt = Annotated[
-    int | None,
-    typer.Option(
-        "--parallel",
-        "-np",
-        min=1,
-        max=64,
-        help="Requests generating at once (llama.cpp's -np): slots decoded side by side in "
-        "one pass per cycle, each a context of --ctx-size tokens (default: what `specgen "
-        "bench --streams` found best for these models here, else 1).",
-        show_default=False,
-        rich_help_panel=PERFORMANCE,
-    ),
-]
+    )
+
+
+ParallelOpt = Annotated[int | None, _parallel("Prompts of a batch")]
+ServeParallelOpt = Annotated[int | None, _parallel("Requests (the server's slots)")]
 GpuLayersOpt = Annotated[
     int,
     typer.Option(

@@ -278,15 +278,16 @@ def test_a_draft_s_read_pays_where_what_guessing_measured_saves_more_than_it() -
     assert not load.read_pays(100, 100_000)
 
 
-def test_a_read_the_formula_would_pay_waits_where_guessing_measured_little_gain() -> None:
-    """The formula prices a short read as worth it; where this batch size measured guessing
-    hardly faster than plain, the policy reads nothing for a short answer."""
+def _two_sequences_learned(lengths: tuple[int, ...]) -> tuple[BatchLoad, AdaptiveLookahead]:
+    """A batch of two whose passes were timed at ``lengths`` (a cheap draft, a flat-ish
+    target), and sequence 0's policy, which learned that 9 guesses in 10 survive; sequence 1
+    took its next token alone."""
     draft = lambda m: 0.1 + 0.05 * (m - 1)  # noqa: E731
     verify = lambda m: 1.0 + 0.05 * (m - 1)  # noqa: E731
     load = BatchLoad(CostBook())
     for slot in range(2):
         load.join(slot, True)
-    for m in (1, 2, 3, 4, 8, 16, 64):
+    for m in lengths:
         for _ in range(3):
             load.observe_target(verify(m), m, verifies=False)
             load.observe_draft(draft(m), m, m <= 4, "model")
@@ -298,6 +299,13 @@ def test_a_read_the_formula_would_pay_waits_where_guessing_measured_little_gain(
             kept += 1
         policy.observe(Plan(MODEL, 8), 8, kept, 0.0, 0.0)
     load.report(1, 1, 1, 0, None)
+    return load, policy
+
+
+def test_a_read_the_formula_would_pay_waits_where_guessing_measured_little_gain() -> None:
+    """The formula prices a short read as worth it; where this batch size measured guessing
+    hardly faster than plain, the policy reads nothing for a short answer."""
+    load, policy = _two_sequences_learned((1, 2, 3, 4, 8, 16, 64))
     read = Candidate("model", "model", 10_000, setup=20)
     assert policy.plan([read], 64).lookahead > 0  # nothing measured: the formula's choice
     measured = load.measured.setdefault(2, _Measured())
@@ -337,23 +345,7 @@ def test_a_draft_that_must_first_read_a_long_prompt_is_priced_by_that_read() -> 
     """In a batch, a draft model's first read of its prompt stalls every sequence: the policy
     shares that read over the cycles the budget leaves, and a short answer to a long prompt is
     not worth it where the same draft, its prompt read, pays."""
-    draft = lambda m: 0.1 + 0.05 * (m - 1)  # noqa: E731
-    verify = lambda m: 1.0 + 0.05 * (m - 1)  # noqa: E731
-    load = BatchLoad(CostBook())
-    for slot in range(2):
-        load.join(slot, True)
-    for m in (1, 2, 3, 4, 8, 16, 64, 512):
-        for _ in range(3):
-            load.observe_target(verify(m), m, verifies=False)
-            load.observe_draft(draft(m), m, m <= 4, "model")
-    policy = AdaptiveLookahead(load.costs.of(True), load=load, slot=0)
-    rng = np.random.default_rng(2)
-    for _ in range(40):
-        kept = 0
-        while kept < 8 and rng.random() < 0.9:
-            kept += 1
-        policy.observe(Plan(MODEL, 8), 8, kept, 0.0, 0.0)
-    load.report(1, 1, 1, 0, None)
+    load, policy = _two_sequences_learned((1, 2, 3, 4, 8, 16, 64, 512))
     read = Candidate("model", "model", 10_000, setup=500)
     assert policy.plan([MODEL], 64).lookahead > 0
     assert policy.plan([read], 64).lookahead == 0
