@@ -301,7 +301,9 @@ class LlamaModel(Vocabulary):
         gather = self._shared.gather
         if gather is not None:
             return gather(self, tokens, n_logits)
-        if 0 < len(tokens) <= self.n_batch:  # one batch: a draft's step, a verify
+        if len(tokens) == 1:  # a draft's step, K of them a cycle: the least host work
+            return self._step(tokens[0], n_logits)
+        if 0 < len(tokens) <= self.n_batch:  # one batch: a verify, a catch-up
             return self.decode_together([(self, tokens, n_logits)])[0]
         rows: Rows = np.empty((0, self.n_vocab), dtype=np.float32)
         for start in range(0, len(tokens), self.n_batch):
@@ -345,6 +347,23 @@ class LlamaModel(Vocabulary):
             model._even = even
             out.append(model._rows_from(first, n_logits))
         return out
+
+    def _step(self, token: int, n_logits: int) -> Rows:
+        """``decode_together`` of this sequence's one token alone, in fewer steps: after each
+        of llama.cpp's decodes the host's caches are cold, and every line between two
+        decodes costs (``benchmarks/loop_cost.py``)."""
+        fill = self._fill
+        fill.token[0] = token
+        fill.pos[0] = self.n_past
+        fill.seq[0][0] = self.seq
+        fill.logits[0] = n_logits
+        self._batch.n_tokens = 1
+        status = decode(self._ctx, self._batch)
+        if status != 0:
+            raise BackendError(f"llama_decode failed on {self.path.name} (status {status})")
+        self._decoded([token])
+        self._even = True
+        return self._rows_from(0, n_logits)
 
     def _decoded(self, chunk: list[int], row: int = 0) -> None:
         if self._checkpoint is not None:

@@ -141,3 +141,39 @@ def test_a_one_token_decode_reads_its_row_as_asked(tiny: dict[str, Path], way: s
     same_row(9)
     reading.close()
     whole.close()
+
+
+@pytest.mark.parametrize("way", ["whole", "top-1", "warped"])
+def test_a_one_token_step_is_decode_together_s_own(tiny: dict[str, Path], way: str) -> None:
+    """``decode`` of one token takes a shorter way than ``decode_together`` (a draft's step,
+    K a cycle): the same cache, the same rows, a row or none, step after step and after a
+    rollback."""
+    params = SamplingParams(0.8, 12, 0.9, 0.05)
+    lean, general = load(tiny["draft"]), load(tiny["draft"])
+    for model in (lean, general):
+        if way == "top-1":
+            assert model.sample_top_k(1) == 1
+        elif way == "warped":
+            model.sample_top_k(params.top_k, params)
+        model.decode(PROMPT, 0)
+
+    def same(token: int, n_logits: int) -> None:
+        got = lean.decode([token], n_logits)
+        want = general.decode_together([(general, [token], n_logits)])[0]
+        assert lean.n_past == general.n_past
+        assert len(got) == len(want) == n_logits
+        for a, b in zip(got, want, strict=True):
+            if way == "whole":
+                np.testing.assert_array_equal(np.array(a), np.array(b))
+            else:
+                assert isinstance(a, TopK) and isinstance(b, TopK)
+                np.testing.assert_array_equal(a.ids, b.ids)
+                np.testing.assert_array_equal(a.logits, b.logits)
+
+    for token, n_logits in ((5, 1), (9, 0), (5, 1), (77, 1)):
+        same(token, n_logits)
+    for model in (lean, general):
+        model.rollback(len(PROMPT) + 1)
+    same(9, 1)
+    lean.close()
+    general.close()
