@@ -79,3 +79,21 @@ def _run(
 def best_streams(rows: Sequence[StreamsRow]) -> StreamsRow:
     """The figure with the most tokens per second (the fewest streams among equals)."""
     return max(rows, key=lambda r: (round(r.tokens_per_second, 1), -r.streams))
+
+
+def streams_advice(rows: Sequence[StreamsRow]) -> list[str]:
+    """What the concurrency table says to do: how many at once gave the most with ``-k auto``
+    (serve's default), and where ``-k 0`` measured faster at that count, that too."""
+    best = best_streams([r for r in rows if r.lookahead == "auto"])
+    lines = [
+        f"most tokens/s here: {best.streams} at once ({best.tokens_per_second:.1f} tok/s); "
+        f"serve with --parallel {best.streams} where that many clients come at once"
+    ]
+    plain = next((r for r in rows if r.lookahead == "0" and r.streams == best.streams), None)
+    if plain is not None and plain.tokens_per_second > best.tokens_per_second:
+        lines.append(
+            f"at {best.streams} at once the target alone was faster here "
+            f"({plain.tokens_per_second:.1f} tok/s): for requests like these, "
+            f"serve --parallel {best.streams} -k 0 may give more"
+        )
+    return lines

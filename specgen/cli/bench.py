@@ -429,7 +429,7 @@ def _streams_row(
     from rich.table import Table
 
     from specgen.bench.runner import sampling_at
-    from specgen.bench.streams import best_streams, measure_streams
+    from specgen.bench.streams import best_streams, measure_streams, streams_advice
     from specgen.engine import GenerationConfig
 
     config = GenerationConfig(
@@ -453,9 +453,6 @@ def _streams_row(
         ratio = f"{auto / one:.2f}x" if one else "-"
         table.add_row(str(count), f"{auto:.1f}", f"{alone:.1f}", ratio)
     out.show(table)
-    best = best_streams([r for r in rows if r.lookahead == "auto"])
-    out.show(
-        f"most tokens/s here: {best.streams} at once ({best.tokens_per_second:.1f} tok/s); "
-        f"serve with --parallel {best.streams} where that many clients come at once"
-    )
-    return best
+    for line in streams_advice(rows):
+        out.show(line)
+    return best_streams([r for r in rows if r.lookahead == "auto"])
