@@ -316,7 +316,7 @@ class LlamaModel(Vocabulary):
         """One batch of several sequences of this context: each item's tokens appended to its
         sequence's cache, and its last ``n_logits`` rows (as ``decode`` gives them). The items
         hold at most ``n_batch`` tokens, one item a sequence."""
-        batch, fill, i, firsts, rows = self._batch, self._fill, 0, [], []
+        fill, i, firsts, rows = self._fill, 0, [], []
         assert sum(len(t) for _, t, _ in items) <= self.n_batch, "one batch at most"
         token_at, pos_at, seq_at, logits_at = fill.token, fill.pos, fill.seq, fill.logits
         for model, tokens, n_logits in items:
@@ -333,10 +333,7 @@ class LlamaModel(Vocabulary):
                 seq_at[i][0] = seq
                 logits_at[i] = j >= first
                 i += 1
-        batch.n_tokens = i
-        status = decode(self._ctx, batch)
-        if status != 0:
-            raise BackendError(f"llama_decode failed on {self.path.name} (status {status})")
+        self._decode_filled(i)
         out: list[Rows] = []
         # llama.cpp cuts a recurrent model's batch into ubatches of equal lengths a sequence:
         # where the lengths differ, a sequence's tokens may span ubatches, and its snapshots
@@ -357,13 +354,17 @@ class LlamaModel(Vocabulary):
         fill.pos[0] = self.n_past
         fill.seq[0][0] = self.seq
         fill.logits[0] = n_logits
-        self._batch.n_tokens = 1
-        status = decode(self._ctx, self._batch)
-        if status != 0:
-            raise BackendError(f"llama_decode failed on {self.path.name} (status {status})")
+        self._decode_filled(1)
         self._decoded([token])
         self._even = True
         return self._rows_from(0, n_logits)
+
+    def _decode_filled(self, n_tokens: int) -> None:
+        """llama.cpp's decode of the batch's first ``n_tokens``, filled by the caller."""
+        self._batch.n_tokens = n_tokens
+        status = decode(self._ctx, self._batch)
+        if status != 0:
+            raise BackendError(f"llama_decode failed on {self.path.name} (status {status})")
 
     def _decoded(self, chunk: list[int], row: int = 0) -> None:
         if self._checkpoint is not None:

@@ -81,10 +81,9 @@ def best_streams(rows: Sequence[StreamsRow]) -> StreamsRow:
     return max(rows, key=lambda r: (round(r.tokens_per_second, 1), -r.streams))
 
 
-def streams_advice(rows: Sequence[StreamsRow]) -> list[str]:
-    """What the concurrency table says to do: how many at once gave the most with ``-k auto``
-    (serve's default), and where ``-k 0`` measured faster at that count, that too."""
-    best = best_streams([r for r in rows if r.lookahead == "auto"])
+def streams_advice(rows: Sequence[StreamsRow], best: StreamsRow) -> list[str]:
+    """What the concurrency table says to do: ``best``, the count that gave the most with
+    ``-k auto`` (serve's default), and where ``-k 0`` measured faster at that count, that too."""
     lines = [
         f"most tokens/s here: {best.streams} at once ({best.tokens_per_second:.1f} tok/s); "
         f"serve with --parallel {best.streams} where that many clients come at once"

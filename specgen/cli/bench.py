@@ -453,6 +453,7 @@ def _streams_row(
         ratio = f"{auto / one:.2f}x" if one else "-"
         table.add_row(str(count), f"{auto:.1f}", f"{alone:.1f}", ratio)
     out.show(table)
-    for line in streams_advice(rows):
+    best = best_streams([r for r in rows if r.lookahead == "auto"])
+    for line in streams_advice(rows, best):
         out.show(line)
-    return best_streams([r for r in rows if r.lookahead == "auto"])
+    return best
