@@ -84,7 +84,8 @@ class AdaptiveLookahead:
         exploration = self.exploration
         exploration.cycle += 1
         self.profile.explore_cycle = exploration.cycle
-        if not candidates or budget <= 0:
+        critical = self.load is None or self.load.on_critical_path(self.slot, budget)
+        if not candidates or budget <= 0 or not critical:
             return TARGET_ALONE
         # 1. The first two cycles time the target alone (the first one runs cold).
         alone_rate = self._alone_rate()

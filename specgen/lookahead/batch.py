@@ -160,6 +160,11 @@ class BatchLoad:
     _last_end: float | None = field(default=None, init=False, repr=False)  # of a target pass
     _cycle: _Cycle | None = field(default=None, init=False, repr=False)
     _leaving: set[int] = field(default_factory=set, init=False, repr=False)
+    # No generation will join this batch (a file's, ``generate_many``'s last prompt started):
+    # then it ends with its last sequence, and a sequence ahead of that one gains nothing by
+    # guessing (``on_critical_path``). A server never knows that, so its batches stay open.
+    closed: bool = False
+    _left: dict[int, int] = field(default_factory=dict, init=False, repr=False)
 
     def join(self, slot: int, greedy: bool) -> None:
         if self._leaving and slot not in self._leaving:  # it takes a leaver's place
@@ -174,6 +179,19 @@ class BatchLoad:
         draft's first read of its prompt for it)."""
         if slot in self.slots:
             self._leaving.add(slot)
+        self._left.pop(slot, None)
+
+    def on_critical_path(self, slot: int, left: int) -> bool:
+        """Whether ``slot``, with at most ``left`` tokens to go, may end the batch: always in
+        an open batch, where a sequence that ends sooner frees its place for the next; in a
+        closed one, where none has more tokens left. A closed batch takes as long as its
+        longest sequence, so guesses elsewhere end nothing sooner and only lengthen the passes
+        (and the draft's steps) every sequence shares: there the one ahead runs plainly until
+        the others catch up, and the batch's sequences end together."""
+        self._left[slot] = left
+        if not self.closed:
+            return True
+        return left >= max((n for s, n in self._left.items() if s != slot), default=0)
 
     def report(
         self, slot: int, kept: int, verify_tokens: int, paid: int, source: str | None

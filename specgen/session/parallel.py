@@ -76,15 +76,13 @@ class Slots:
         running (None: every slot), and step until all have ended."""
         limit = self.size if at_once is None else at_once
         pending = iter(works)
-        more = True
+        waiting = next(pending, None)  # one ahead: the batch knows when none is left to join
         while True:
-            while more and self.busy < limit:
-                work = next(pending, None)
-                if work is None:
-                    more = False
-                else:
-                    self.start(work)
-            if not self.step() and not more:
+            while waiting is not None and self.busy < limit:
+                self.start(waiting)
+                waiting = next(pending, None)
+            self.load.closed = waiting is None
+            if not self.step() and waiting is None:
                 return
 
     def step(self) -> bool:

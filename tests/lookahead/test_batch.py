@@ -341,6 +341,64 @@ def test_a_request_that_takes_a_leaver_s_place_keeps_the_batch_s_size() -> None:
     assert list(load.slots) == [0] and load.slots[0].greedy is False
 
 
+def simulate_round(accepts: list[float], budget: int, closed: bool, seed: int = 0) -> float:
+    """One round of sequences on ``-k auto``, each with ``budget`` tokens to make and its own
+    acceptance, nothing joining after them (the batch ``closed`` or not): the seconds until
+    the last one ends, as ``simulate_batch`` runs a cycle."""
+    rng = np.random.default_rng(seed)
+    verify = lambda m: 1.0 + 0.1 * (m - 1)  # noqa: E731 (a pass that grows with its tokens)
+    draft = lambda m: 0.05 + 0.01 * (m - 1)  # noqa: E731
+    load = BatchLoad(CostBook(), closed=closed)
+    n = len(accepts)
+    policies = [AdaptiveLookahead(load.costs.of(True), load=load, slot=i) for i in range(n)]
+    for i in range(n):
+        load.join(i, True)
+    left = [budget] * n
+    seconds = 0.0
+    while any(left):
+        live = [i for i in range(n) if left[i]]
+        plans = {i: policies[i].plan([MODEL], left[i] - 1) for i in live}
+        ks = {i: plan.lookahead for i, plan in plans.items()}
+        for step in range(1, max(ks.values()) + 1):
+            width = sum(1 for k in ks.values() if k >= step)
+            load.observe_draft(draft(width), width, True, "model")
+            seconds += draft(width)
+        n_tokens = sum(k + 1 for k in ks.values())
+        seconds += verify(n_tokens)
+        load.observe_target(verify(n_tokens), n_tokens, ended=seconds)
+        for i in live:
+            kept = 0
+            while kept < ks[i] and rng.random() < accepts[i]:
+                kept += 1
+            policies[i].observe(plans[i], ks[i], kept, 0.0, 0.0)
+            load.report(i, kept + 1, ks[i] + 1, ks[i], "model" if ks[i] else None)
+            left[i] = max(0, left[i] - kept - 1)
+            if not left[i]:
+                load.leave(i)
+    return seconds
+
+
+def test_a_closed_batch_ends_sooner_where_the_ones_ahead_stop_guessing() -> None:
+    """Nothing joins a closed batch, so it takes as long as its slowest sequence: the ones whose
+    guesses survive, ahead, guess only while none has more tokens left, and the batch's passes
+    stay short while the slow one goes on. The open batch lets them race ahead and end alone."""
+    accepts = [0.95, 0.95, 0.95, 0.2]
+    for seed in range(3):
+        open_round = simulate_round(accepts, 200, closed=False, seed=seed)
+        closed_round = simulate_round(accepts, 200, closed=True, seed=seed)
+        assert closed_round < 0.95 * open_round, (closed_round, open_round)
+
+
+def test_in_a_closed_batch_only_the_sequences_furthest_behind_are_on_its_critical_path() -> None:
+    load = BatchLoad(CostBook())
+    assert load.on_critical_path(0, 50) and load.on_critical_path(1, 80), "open: every one"
+    load.closed = True
+    assert load.on_critical_path(1, 80) and not load.on_critical_path(0, 50)
+    assert load.on_critical_path(0, 80), "level again"
+    load.leave(1)
+    assert load.on_critical_path(0, 10), "alone"
+
+
 def test_a_draft_that_must_first_read_a_long_prompt_is_priced_by_that_read() -> None:
     """In a batch, a draft model's first read of its prompt stalls every sequence: the policy
     shares that read over the cycles the budget leaves, and a short answer to a long prompt is
