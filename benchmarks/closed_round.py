@@ -5,7 +5,8 @@ Nothing joins the batch after its last prompt has started, so the round takes as
 slowest sequence (``BatchLoad.closed``). Each mode has its own loaded pair; the modes take turns,
 ``--rounds`` times, so a machine that gets busier weighs on both alike. Per run: tokens/s, the
 target's passes, the tokens in them (a guess is one), the seconds inside the target's passes,
-and the median seconds of each pass shape (sequences, tokens) seen at least three times.
+the draft model's passes (its steps and reads: tokens and seconds), and the median seconds of
+each target pass shape (sequences, tokens) seen at least three times.
 
     python benchmarks/closed_round.py --target T.gguf --draft D.gguf [--parallel 8]
         [--prompts 8] [-n 128] [--rounds 3] [--temperature 0]
@@ -32,14 +33,18 @@ from specgen.api import Specgen  # noqa: E402
 from specgen.engine import streams  # noqa: E402
 
 _passes: list[tuple[int, int, float]] = []  # each target pass: sequences, tokens, seconds
+_drafts: list[tuple[int, float]] = []  # each draft pass: tokens, seconds
 
 
 def _traced() -> None:
     counted = streams.Streams._count
 
     def count(self: Any, context: Any, batch: list[Any], seconds: float, ended: float) -> None:
+        tokens = sum(len(p.tokens) for p in batch)
         if context is self.target:
-            _passes.append((len(batch), sum(len(p.tokens) for p in batch), seconds))
+            _passes.append((len(batch), tokens, seconds))
+        else:
+            _drafts.append((tokens, seconds))
         counted(self, context, batch, seconds, ended)
 
     streams.Streams._count = count  # type: ignore[method-assign]
@@ -73,6 +78,7 @@ def main() -> None:
     for _ in range(args.rounds):
         for mode, pair in pairs.items():
             _passes.clear()
+            _drafts.clear()
             started = time.perf_counter()
             results = pair.generate_many(
                 prompts, max_tokens=args.max_tokens, temperature=args.temperature
@@ -91,7 +97,9 @@ def main() -> None:
             print(
                 f"{mode:4}  {made / seconds:6.1f} tok/s  {seconds:5.2f} s  passes {len(_passes)}"
                 f"  tokens in them {sum(t for _, t, _ in _passes)}"
-                f"  in the target {sum(s for _, _, s in _passes):5.2f} s  {common}",
+                f"  in the target {sum(s for _, _, s in _passes):5.2f} s"
+                f"  draft passes {len(_drafts)} of {sum(t for t, _ in _drafts)} tokens"
+                f" in {sum(s for _, s in _drafts):4.2f} s  {common}",
                 flush=True,
             )
     ratios = [a / b for a, b in zip(rates["auto"], rates["k0"], strict=True)]

@@ -96,6 +96,10 @@ class AdaptiveLookahead:
         speed = self.profile.speed_matches_remembered()
         if speed == "no":
             self.profile.forget_remembered()
+        # Where this batch measured drafting slower than going without it (a draft model's
+        # batched step on a CPU), only free guesses (prompt lookup) are left.
+        if self.load is not None and self.load.drafting_loses():
+            candidates = [c for c in candidates if c.preview]
         # 2. The best plan among candidates whose costs are known. Free guesses (an n-gram's
         #    continuation) cost a lookup; a draft model is timed twice (its first step runs
         #    cold) before its costs are trusted.
@@ -113,7 +117,7 @@ class AdaptiveLookahead:
         # raises the batch's rate.
         if best.lookahead and self.load is not None and best_rate < self.load.plain_rate():
             best, best_rate = TARGET_ALONE, alone_rate
-        # A read before the first guess is priced by what guessing measured here too: the
+        # A read before the first guess is priced by what drafting measured here too: the
         # formula's rates run high in a batch (the host's time, the others' luck).
         setup = best.candidate.setup if best.candidate is not None else 0
         if setup and self.load is not None and not self.load.read_pays(setup, budget):
@@ -129,6 +133,11 @@ class AdaptiveLookahead:
         for candidate in timed:
             if not exploration.due(candidate, chosen):
                 continue
+            # In a batch a read before the guesses stalls every sequence: a look that needs one
+            # is priced as step 2 prices a plan's.
+            if candidate.setup and self.load is not None:
+                if not self.load.read_pays(candidate.setup, budget):
+                    continue
             _, hope = self._best_lookahead(candidate, budget, optimistic=True)
             verdict = exploration.judge(candidate, hope, alone_rate, best_rate, speed, self.profile)
             if verdict == "time":

@@ -38,6 +38,7 @@ on what it missed, a slow quantized draft).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from specgen.drafters.base import HEAD_SOURCES, draft_cost
@@ -81,8 +82,9 @@ class _Rate:
 
 @dataclass
 class _Measured:
-    """One batch size's cycles: with guesses and without, the last run of cycles with guesses,
-    and the plain cycles' seconds since."""
+    """One batch size's cycles with a kind of guess (``guessed``: any guess, or a draft that
+    costs) and without (``plain``), the last run of cycles with it, and the seconds of the
+    cycles without it since."""
 
     guessed: _Rate = field(default_factory=_Rate)
     plain: _Rate = field(default_factory=_Rate)
@@ -118,6 +120,7 @@ class _Cycle:
     size: int
     tokens: float = 0.0
     guessed: bool = False
+    drafted: bool = False  # a source that costs (a draft model, a head) guessed in it
 
 
 @dataclass
@@ -154,6 +157,9 @@ class BatchLoad:
     # The draft context's passes, seconds by tokens in them (every sequence's, batched).
     draft_by_n: dict[int, Timing] = field(default_factory=dict)
     measured: dict[int, _Measured] = field(default_factory=dict)  # by batch size
+    # By batch size too: cycles where a source that costs drafted, against the others (plain,
+    # or free guesses alone).
+    drafting: dict[int, _Measured] = field(default_factory=dict)
     _draft_fit: Fit | None = field(default=None, init=False, repr=False)
     _drafting: float = field(default=0.0, init=False, repr=False)  # draft steps this cycle
     _reading: float = field(default=0.0, init=False, repr=False)  # draft reads this cycle
@@ -204,6 +210,7 @@ class BatchLoad:
         if self._cycle is not None:
             self._cycle.tokens += kept
             self._cycle.guessed |= verify_tokens > 1
+            self._cycle.drafted |= paid > 0
         found.tokens.add(float(kept))
         found.verify_tokens, found.paid, found.source = verify_tokens, paid, source
 
@@ -307,42 +314,42 @@ class BatchLoad:
         self.measured.setdefault(cycle.size, _Measured()).add(
             cycle.guessed, cycle.tokens, cycle.seconds
         )
+        self.drafting.setdefault(cycle.size, _Measured()).add(
+            cycle.drafted, cycle.tokens, cycle.seconds
+        )
 
     def guessing_loses(self) -> bool:
         """Whether, at the batch's size now, cycles with guesses measured fewer tokens per
         second than cycles without (then none guesses, but for a retry now and then)."""
-        measured = self.measured.get(len(self.slots))
-        if measured is None or measured.retry_left:
-            return False
-        guessed = measured.guessed
-        if guessed.cycles < TRUST_AFTER:
-            return False
-        # Without guesses: as measured, or, before that (a batch that guessed from its first
-        # cycles), as the target's measured pass over one token a sequence gives it.
-        plain = measured.plain.rate if measured.plain.cycles >= TRUST_AFTER else self.plain_rate()
-        if guessed.rate >= plain:
-            return False
-        if measured.waited * RETRY_SHARE >= measured.lost(plain):
-            measured.retry_left = RETRY_FOR
-            return False
-        return True
+        # Without guesses, before that was measured (a batch that guessed from its first
+        # cycles): as the target's measured pass over one token a sequence gives it.
+        return _loses(self.measured.get(len(self.slots)), self.plain_rate)
+
+    def drafting_loses(self) -> bool:
+        """Whether, at the batch's size now, cycles where a source that costs (a draft model,
+        a head) drafted measured fewer tokens per second than cycles where none did (plain, or
+        free guesses alone): then none drafts with one, but for a retry now and then, as
+        ``guessing_loses``. On a CPU a draft model's batched step can cost as much as the
+        target's pass, while prompt lookup's guesses cost nothing."""
+        return _loses(self.drafting.get(len(self.slots)), None)
 
     def read_pays(self, setup: int, budget: int) -> bool:
         """Whether a draft's read of ``setup`` tokens before its first guess (every sequence
         waits for it) pays for a sequence with ``budget`` tokens left, by what this batch size
-        measured: its remaining tokens come out at 1/N of the batch's rate, so guessing saves
-        the batch ``budget * N * (1/plain - 1/guessed)`` seconds. True until both rates are
-        trusted (the formula's price of the read decides alone)."""
-        measured = self.measured.get(len(self.slots))
+        measured of cycles where a draft drafted against cycles where none did: its remaining
+        tokens come out at 1/N of the batch's rate, so drafting saves the batch
+        ``budget * N * (1/without - 1/drafted)`` seconds. True until both rates are trusted
+        (the formula's price of the read decides alone)."""
+        measured = self.drafting.get(len(self.slots))
         if measured is None or min(measured.guessed.cycles, measured.plain.cycles) < TRUST_AFTER:
             return True
         read = self.draft_pass(setup)
         if read is None:
             return True
-        plain, guessed = measured.plain.rate, measured.guessed.rate
-        if plain <= 0 or guessed <= plain:
+        without, drafted = measured.plain.rate, measured.guessed.rate
+        if without <= 0 or drafted <= without:
             return False
-        return budget * len(self.slots) * (1 / plain - 1 / guessed) > read
+        return budget * len(self.slots) * (1 / without - 1 / drafted) > read
 
     def observe_draft(self, seconds: float, n_tokens: int, step: bool, source: str) -> None:
         """A batched draft pass over ``n_tokens`` took ``seconds``; a ``step`` (a guess for
@@ -356,3 +363,26 @@ class BatchLoad:
         self._drafting += seconds
         for profile in self._profiles():
             profile.observe_step(source, seconds)
+
+
+def _loses(measured: _Measured | None, before: Callable[[], float] | None) -> bool:
+    """Whether the cycles ``measured`` with a kind of guess ran fewer tokens per second than
+    the cycles without it (``before``: their rate until those are trusted; None: not known
+    then), and no retry is due: a retry runs RETRY_FOR cycles once the cycles without it since
+    the last run took 1 / RETRY_SHARE times what that run lost."""
+    if measured is None or measured.retry_left:
+        return False
+    if measured.guessed.cycles < TRUST_AFTER:
+        return False
+    if measured.plain.cycles >= TRUST_AFTER:
+        without = measured.plain.rate
+    elif before is not None:
+        without = before()
+    else:
+        return False
+    if measured.guessed.rate >= without:
+        return False
+    if measured.waited * RETRY_SHARE >= measured.lost(without):
+        measured.retry_left = RETRY_FOR
+        return False
+    return True

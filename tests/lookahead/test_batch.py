@@ -302,18 +302,52 @@ def _two_sequences_learned(lengths: tuple[int, ...]) -> tuple[BatchLoad, Adaptiv
     return load, policy
 
 
-def test_a_read_the_formula_would_pay_waits_where_guessing_measured_little_gain() -> None:
-    """The formula prices a short read as worth it; where this batch size measured guessing
-    hardly faster than plain, the policy reads nothing for a short answer."""
+def test_a_read_the_formula_would_pay_waits_where_drafting_measured_little_gain() -> None:
+    """The formula prices a short read as worth it; where this batch size measured cycles with
+    a draft's guesses hardly faster than cycles without, the policy reads nothing for a short
+    answer."""
     load, policy = _two_sequences_learned((1, 2, 3, 4, 8, 16, 64))
     read = Candidate("model", "model", 10_000, setup=20)
     assert policy.plan([read], 64).lookahead > 0  # nothing measured: the formula's choice
-    measured = load.measured.setdefault(2, _Measured())
+    measured = load.drafting.setdefault(2, _Measured())
     for _ in range(TRUST_AFTER):
-        measured.add(False, 2.0, 1.0)  # 2 tokens a second without guesses
+        measured.add(False, 2.0, 1.0)  # 2 tokens a second without a draft's guesses
         measured.add(True, 2.02, 1.0)  # 1% more with them
     assert policy.plan([read], 64).lookahead == 0
     assert policy.plan([MODEL], 64).lookahead > 0  # nothing to read: the formula's choice
+
+
+def _kind_cycles(load: BatchLoad, count: int, seconds: float, kept: int, paid: int) -> None:
+    """``count`` cycles of two sequences, each keeping ``kept`` tokens of ``kept`` guesses,
+    ``paid`` of them a draft model's (the rest free: prompt lookup's), in ``seconds`` each."""
+    guesses = kept - 1
+    for _ in range(count):
+        load.observe_target(seconds, 2 * kept)
+        for slot in (0, 1):
+            source = "model" if paid else ("ngram" if guesses else None)
+            load.report(slot, kept, guesses + 1, paid, source)
+
+
+def test_a_batch_that_measures_a_draft_model_slower_than_going_without_drafts_no_more() -> None:
+    """Cycles where a draft model guessed measured slower than those where none did (prompt
+    lookup's free guesses, plain cycles): drafting loses while guessing does not, and the
+    policy then takes free guesses or none, never the draft model's, and does not explore it;
+    a retry comes as guessing's does."""
+    load, policy = _two_sequences_learned((1, 2, 3, 4, 8, 16, 64))
+    ngram = Candidate("ngram", "ngram4", 4, (5, 6, 7, 8))
+    assert policy.plan([MODEL, ngram], 10_000).candidate == MODEL  # the formula's choice
+    _kind_cycles(load, TRUST_AFTER + 1, 0.15, kept=1, paid=0)  # plain: 13 tokens a second
+    _kind_cycles(load, TRUST_AFTER, 0.2, kept=2, paid=0)  # prompt lookup's: 20 a second
+    _kind_cycles(load, TRUST_AFTER + 1, 0.4, kept=3, paid=2)  # the draft model's: 15 a second
+    load.observe_target(0.15, 2)
+    assert not load.guessing_loses() and load.drafting_loses()
+    for _ in range(50):
+        plan = policy.plan([MODEL, ngram], 10_000)
+        assert plan.candidate != MODEL, plan
+    assert policy.plan([MODEL], 10_000) == Plan(None, 0)
+    measured = load.drafting[2]
+    measured.waited = measured.lost(measured.plain.rate) / RETRY_SHARE  # the retry is due
+    assert not load.drafting_loses()
 
 
 def test_a_request_that_takes_a_leaver_s_place_keeps_the_batch_s_size() -> None:
