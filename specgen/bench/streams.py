@@ -72,7 +72,8 @@ def _run(
 
         return run
 
-    slots.run((work(prompt) for prompt in prompts), at_once)
+    # Open to the end, as the server's batches are (the count it finds is for ``serve``).
+    slots.run((work(prompt) for prompt in prompts), at_once, closes=False)
     return made[0]
 
 

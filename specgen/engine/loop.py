@@ -293,9 +293,10 @@ class _Generation:
         """The policy picks a candidate and K within the token budget and the context; where
         the grammar allows one way on, its forced tokens are the guesses."""
         target, drafter, stats = self.target, self.drafter, self.stats
-        budget = min(
-            self.config.max_tokens - stats.n_generated - 1, target.n_ctx - target.n_past - 1
-        )
+        left, room = self.config.max_tokens - stats.n_generated, target.n_ctx - target.n_past
+        budget = min(left, room) - 1
+        if self.engine.load is not None:  # where the context bounds it, its end is unknown
+            self.engine.load.note_left(self.engine.slot, left if left <= room else None)
         # (-k 0 is the target alone: no guesses at all, forced ones included.)
         forces = self.lookahead != 0 and budget > 0
         constraint = self.constraint

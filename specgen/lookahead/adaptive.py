@@ -84,7 +84,7 @@ class AdaptiveLookahead:
         exploration = self.exploration
         exploration.cycle += 1
         self.profile.explore_cycle = exploration.cycle
-        critical = self.load is None or self.load.on_critical_path(self.slot, budget)
+        critical = self.load is None or self.load.on_critical_path(self.slot)
         if not candidates or budget <= 0 or not critical:
             return TARGET_ALONE
         # 1. The first two cycles time the target alone (the first one runs cold).

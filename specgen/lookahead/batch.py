@@ -30,10 +30,17 @@ those are the price of starting to guess, which the formula weighs as a candidat
 not of guessing; counted in, every retry would measure a sequence's catch-up, and lose). Where
 guessing measured slower, no sequence guesses at that size, and the formula's choice runs again
 for ``RETRY_FOR`` cycles once the batch has run plainly long enough that the last such run's
-loss (its seconds, less what plain cycles would have taken for its tokens) is ``RETRY_SHARE`` of
-the time: so a change (other texts, another load on the machine) is seen, and retrying costs a
-bounded share of the batch's time however dear a run of guesses is (a draft that must catch up
-on what it missed, a slow quantized draft).
+loss (its seconds and the draft's reads it needed, less what plain cycles would have taken for
+its tokens) is ``RETRY_SHARE`` of the time: so a change (other texts, another load on the
+machine) is seen, and retrying costs a bounded share of the batch's time however dear a run of
+guesses is (a draft that must catch up on what it missed, a slow quantized draft). Cycles where
+a source that costs (a draft model, a head) drafted are measured the same way against the
+others (plain, or prompt lookup's free guesses alone): where they measured slower, only free
+guesses are made at that size (retried alike), and a draft's read must pay by that measure.
+
+A batch that nothing will join (``closed``: the last prompts of a file) takes as long as its
+longest sequence: there a sequence with fewer tokens left than another plans no guesses until
+the others catch up (``on_critical_path``), since its guesses would end nothing sooner.
 """
 
 from __future__ import annotations
@@ -93,13 +100,16 @@ class _Measured:
     waited: float = 0.0  # seconds of plain cycles since that run
     retry_left: int = 0
 
-    def add(self, guessed: bool, tokens: float, seconds: float) -> None:
+    def add(self, guessed: bool, tokens: float, seconds: float, read: float = 0.0) -> None:
+        """A cycle with the kind of guess or without; ``read``: seconds of the draft's reads
+        before it, left out of the rates (the price of starting, not of guessing) but counted
+        in what a run of such cycles lost, so that retries pay for their reads too."""
         if guessed:
             if self.waited:  # a new run
                 self.run_tokens = self.run_seconds = self.waited = 0.0
             self.guessed.add(tokens, seconds)
             self.run_tokens += tokens
-            self.run_seconds += seconds
+            self.run_seconds += seconds + read
             self.retry_left = max(0, self.retry_left - 1)
         else:
             self.plain.add(tokens, seconds)
@@ -121,6 +131,7 @@ class _Cycle:
     tokens: float = 0.0
     guessed: bool = False
     drafted: bool = False  # a source that costs (a draft model, a head) guessed in it
+    read: float = 0.0  # seconds of the draft's reads before it (not in ``seconds``)
 
 
 @dataclass
@@ -170,7 +181,7 @@ class BatchLoad:
     # then it ends with its last sequence, and a sequence ahead of that one gains nothing by
     # guessing (``on_critical_path``). A server never knows that, so its batches stay open.
     closed: bool = False
-    _left: dict[int, int] = field(default_factory=dict, init=False, repr=False)
+    _left: dict[int, int | None] = field(default_factory=dict, init=False, repr=False)
 
     def join(self, slot: int, greedy: bool) -> None:
         if self._leaving and slot not in self._leaving:  # it takes a leaver's place
@@ -187,17 +198,26 @@ class BatchLoad:
             self._leaving.add(slot)
         self._left.pop(slot, None)
 
-    def on_critical_path(self, slot: int, left: int) -> bool:
-        """Whether ``slot``, with at most ``left`` tokens to go, may end the batch: always in
-        an open batch, where a sequence that ends sooner frees its place for the next; in a
-        closed one, where none has more tokens left. A closed batch takes as long as its
-        longest sequence, so guesses elsewhere end nothing sooner and only lengthen the passes
-        (and the draft's steps) every sequence shares: there the one ahead runs plainly until
-        the others catch up, and the batch's sequences end together."""
+    def note_left(self, slot: int, left: int | None) -> None:
+        """``slot`` has at most ``left`` tokens to go by its ``max_tokens`` (None: the context
+        bounds it instead, and nothing says when it ends). The engine says so every cycle."""
         self._left[slot] = left
-        if not self.closed:
+
+    def on_critical_path(self, slot: int) -> bool:
+        """Whether ``slot`` may be the one that ends the batch: always in an open batch, where
+        a sequence that ends sooner frees its place for the next; in a closed one, where none
+        has more tokens left (by ``note_left``; any not bounded by its ``max_tokens``: every
+        one). A closed batch takes as long as its longest sequence, so guesses elsewhere end
+        nothing sooner and only lengthen the passes (and the draft's steps) every sequence
+        shares: there the one ahead runs plainly until the others catch up, and the batch's
+        sequences end together."""
+        mine = self._left.get(slot)
+        if not self.closed or mine is None:
             return True
-        return left >= max((n for s, n in self._left.items() if s != slot), default=0)
+        others = [n for s, n in self._left.items() if s != slot]
+        if any(n is None for n in others):
+            return True
+        return mine >= max((n for n in others if n is not None), default=0)
 
     def report(
         self, slot: int, kept: int, verify_tokens: int, paid: int, source: str | None
@@ -210,7 +230,7 @@ class BatchLoad:
         if self._cycle is not None:
             self._cycle.tokens += kept
             self._cycle.guessed |= verify_tokens > 1
-            self._cycle.drafted |= paid > 0
+            self._cycle.drafted |= paid > 0 and (source == "model" or source in HEAD_SOURCES)
         found.tokens.add(float(kept))
         found.verify_tokens, found.paid, found.source = verify_tokens, paid, source
 
@@ -303,7 +323,7 @@ class BatchLoad:
                 cycle = max(seconds, ended - self._last_end - self._reading)
             else:
                 cycle = self._drafting + seconds
-            self._cycle = _Cycle(cycle, len(self.slots))
+            self._cycle = _Cycle(cycle, len(self.slots), read=self._reading)
         self._drafting = self._reading = 0.0
         self._last_end = ended
 
@@ -312,10 +332,10 @@ class BatchLoad:
         if cycle is None or not cycle.tokens:
             return
         self.measured.setdefault(cycle.size, _Measured()).add(
-            cycle.guessed, cycle.tokens, cycle.seconds
+            cycle.guessed, cycle.tokens, cycle.seconds, cycle.read
         )
         self.drafting.setdefault(cycle.size, _Measured()).add(
-            cycle.drafted, cycle.tokens, cycle.seconds
+            cycle.drafted, cycle.tokens, cycle.seconds, cycle.read
         )
 
     def guessing_loses(self) -> bool:
@@ -342,6 +362,8 @@ class BatchLoad:
         (the formula's price of the read decides alone)."""
         measured = self.drafting.get(len(self.slots))
         if measured is None or min(measured.guessed.cycles, measured.plain.cycles) < TRUST_AFTER:
+            return True
+        if measured.retry_left:  # a retry of drafting reads what it must
             return True
         read = self.draft_pass(setup)
         if read is None:

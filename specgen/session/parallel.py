@@ -70,10 +70,15 @@ class Slots:
         return True
 
     def run(
-        self, works: Iterable[Callable[[SpeculativeEngine], None]], at_once: int | None = None
+        self,
+        works: Iterable[Callable[[SpeculativeEngine], None]],
+        at_once: int | None = None,
+        closes: bool = True,
     ) -> None:
         """Start each of ``works`` (in order, taken as slots free up) with at most ``at_once``
-        running (None: every slot), and step until all have ended."""
+        running (None: every slot), and step until all have ended. Once the last has started
+        the batch is closed (``BatchLoad.closed``: its sequences end together), unless
+        ``closes`` is False: then it runs open to the end, as the server's batches do."""
         limit = self.size if at_once is None else at_once
         pending = iter(works)
         waiting = next(pending, None)  # one ahead: the batch knows when none is left to join
@@ -81,7 +86,7 @@ class Slots:
             while waiting is not None and self.busy < limit:
                 self.start(waiting)
                 waiting = next(pending, None)
-            self.load.closed = waiting is None
+            self.load.closed = closes and waiting is None
             if not self.step() and waiting is None:
                 return
 

@@ -317,15 +317,16 @@ def test_a_read_the_formula_would_pay_waits_where_drafting_measured_little_gain(
     assert policy.plan([MODEL], 64).lookahead > 0  # nothing to read: the formula's choice
 
 
-def _kind_cycles(load: BatchLoad, count: int, seconds: float, kept: int, paid: int) -> None:
-    """``count`` cycles of two sequences, each keeping ``kept`` tokens of ``kept`` guesses,
-    ``paid`` of them a draft model's (the rest free: prompt lookup's), in ``seconds`` each."""
-    guesses = kept - 1
+def _kind_cycles(
+    load: BatchLoad, count: int, seconds: float, kept: int, source: str | None
+) -> None:
+    """``count`` cycles of two sequences, each keeping ``kept`` tokens, every guess of
+    ``source``'s kept, in ``seconds`` each, reported as the engine reports them (its guesses
+    counted as paid whatever their source, unless prompt lookup's ended a draft model's run)."""
     for _ in range(count):
         load.observe_target(seconds, 2 * kept)
         for slot in (0, 1):
-            source = "model" if paid else ("ngram" if guesses else None)
-            load.report(slot, kept, guesses + 1, paid, source)
+            load.report(slot, kept, kept, kept - 1, source)
 
 
 def test_a_batch_that_measures_a_draft_model_slower_than_going_without_drafts_no_more() -> None:
@@ -336,11 +337,12 @@ def test_a_batch_that_measures_a_draft_model_slower_than_going_without_drafts_no
     load, policy = _two_sequences_learned((1, 2, 3, 4, 8, 16, 64))
     ngram = Candidate("ngram", "ngram4", 4, (5, 6, 7, 8))
     assert policy.plan([MODEL, ngram], 10_000).candidate == MODEL  # the formula's choice
-    _kind_cycles(load, TRUST_AFTER + 1, 0.15, kept=1, paid=0)  # plain: 13 tokens a second
-    _kind_cycles(load, TRUST_AFTER, 0.2, kept=2, paid=0)  # prompt lookup's: 20 a second
-    _kind_cycles(load, TRUST_AFTER + 1, 0.4, kept=3, paid=2)  # the draft model's: 15 a second
+    _kind_cycles(load, TRUST_AFTER + 1, 0.15, kept=1, source=None)  # plain: 13 tokens a second
+    _kind_cycles(load, TRUST_AFTER, 0.2, kept=2, source="ngram")  # prompt lookup's: 20 a second
+    _kind_cycles(load, TRUST_AFTER + 1, 0.4, kept=3, source="model")  # the model's: 15 a second
     load.observe_target(0.15, 2)
     assert not load.guessing_loses() and load.drafting_loses()
+    assert not load.read_pays(1, 10_000)
     for _ in range(50):
         plan = policy.plan([MODEL, ngram], 10_000)
         assert plan.candidate != MODEL, plan
@@ -348,6 +350,22 @@ def test_a_batch_that_measures_a_draft_model_slower_than_going_without_drafts_no
     measured = load.drafting[2]
     measured.waited = measured.lost(measured.plain.rate) / RETRY_SHARE  # the retry is due
     assert not load.drafting_loses()
+    assert load.read_pays(1, 10_000), "a retry reads what it must, or it never drafts"
+
+
+def test_a_retry_counts_the_draft_s_reads_in_what_it_lost() -> None:
+    """A run of cycles where the draft drafted, the first after a read of 0.5 s: the rates
+    leave the read out, what the run lost counts it, so the next retry waits for it too."""
+    load = BatchLoad(CostBook())
+    for slot in (0, 1):
+        load.join(slot, True)
+    _kind_cycles(load, 2, 0.1, kept=1, source=None)
+    load.observe_draft(0.5, 40, False, "model")  # a read before the next cycle
+    _kind_cycles(load, 2, 0.1, kept=2, source="model")
+    load.observe_target(0.1, 2)
+    measured = load.drafting[2]
+    assert measured.guessed.rate == pytest.approx(4 / 0.1)
+    assert measured.run_seconds == pytest.approx(0.2 + 0.5)
 
 
 def test_a_request_that_takes_a_leaver_s_place_keeps_the_batch_s_size() -> None:
@@ -391,6 +409,8 @@ def simulate_round(accepts: list[float], budget: int, closed: bool, seed: int = 
     seconds = 0.0
     while any(left):
         live = [i for i in range(n) if left[i]]
+        for i in live:
+            load.note_left(i, left[i])
         plans = {i: policies[i].plan([MODEL], left[i] - 1) for i in live}
         ks = {i: plan.lookahead for i, plan in plans.items()}
         for step in range(1, max(ks.values()) + 1):
@@ -425,12 +445,20 @@ def test_a_closed_batch_ends_sooner_where_the_ones_ahead_stop_guessing() -> None
 
 def test_in_a_closed_batch_only_the_sequences_furthest_behind_are_on_its_critical_path() -> None:
     load = BatchLoad(CostBook())
-    assert load.on_critical_path(0, 50) and load.on_critical_path(1, 80), "open: every one"
+    load.note_left(0, 50)
+    load.note_left(1, 80)
+    assert load.on_critical_path(0) and load.on_critical_path(1), "open: every one"
     load.closed = True
-    assert load.on_critical_path(1, 80) and not load.on_critical_path(0, 50)
-    assert load.on_critical_path(0, 80), "level again"
+    assert load.on_critical_path(1) and not load.on_critical_path(0)
+    load.note_left(0, 80)
+    assert load.on_critical_path(0), "level again"
+    load.note_left(2, None)  # bounded by its context alone: when it ends is unknown
+    assert load.on_critical_path(0) and load.on_critical_path(1)
+    load.leave(2)
+    load.note_left(0, 10)
+    assert not load.on_critical_path(0)
     load.leave(1)
-    assert load.on_critical_path(0, 10), "alone"
+    assert load.on_critical_path(0), "alone"
 
 
 def test_a_draft_that_must_first_read_a_long_prompt_is_priced_by_that_read() -> None:
