@@ -119,8 +119,7 @@ class AdaptiveLookahead:
             best, best_rate = TARGET_ALONE, alone_rate
         # A read before the first guess is priced by what drafting measured here too: the
         # formula's rates run high in a batch (the host's time, the others' luck).
-        setup = best.candidate.setup if best.candidate is not None else 0
-        if setup and self.load is not None and not self.load.read_pays(setup, budget):
+        if self._read_waits(best.candidate, budget):
             best, best_rate = TARGET_ALONE, alone_rate
         # 3. A source not yet timed (a draft model) is timed once nothing timed pays, so it is
         #    not run while prompt lookup does well.
@@ -133,11 +132,9 @@ class AdaptiveLookahead:
         for candidate in timed:
             if not exploration.due(candidate, chosen):
                 continue
-            # In a batch a read before the guesses stalls every sequence: a look that needs one
-            # is priced as step 2 prices a plan's.
-            if candidate.setup and self.load is not None:
-                if not self.load.read_pays(candidate.setup, budget):
-                    continue
+            # A look that needs a read is priced as step 2 prices a plan's.
+            if self._read_waits(candidate, budget):
+                continue
             _, hope = self._best_lookahead(candidate, budget, optimistic=True)
             verdict = exploration.judge(candidate, hope, alone_rate, best_rate, speed, self.profile)
             if verdict == "time":
@@ -146,6 +143,13 @@ class AdaptiveLookahead:
                 return self._explore(candidate, budget)
         exploration.settled(best.candidate)
         return best
+
+    def _read_waits(self, candidate: Candidate | None, budget: int) -> bool:
+        """In a batch, whether ``candidate``'s read before its first guess (a pass every
+        sequence waits for) does not pay by what drafting measured here
+        (``BatchLoad.read_pays``)."""
+        setup = candidate.setup if candidate is not None else 0
+        return bool(setup) and self.load is not None and not self.load.read_pays(setup, budget)
 
     def _explore(
         self, candidate: Candidate, budget: int, lookahead: int = EXPLORE_LOOKAHEAD
