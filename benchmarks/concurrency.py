@@ -1,5 +1,6 @@
 """Aggregate throughput of OpenAI-compatible servers under concurrent clients (issue 36).
-`specgen serve` with and without speculation (-k 0), and llama.cpp's llama-server with and
+`specgen serve` with and without speculation (-k 0) and with its batches open to the end
+(specgen-open: --no-balance), and llama.cpp's llama-server with and
 without it, each take C clients sharing one fixed workload of R distinct `/v1/completions`
 requests (non-streaming; client i sends requests i, i+C, i+2C, ... one after another). Each
 figure is measured on a fresh server: the sum of `usage.completion_tokens` over the wall time
@@ -48,7 +49,7 @@ PROMPTS = [  # 16 distinct short prompts; request i takes prompt i (mod 16)
     "What should someone pack for a week of hiking in the mountains?",
     "Explain how a rainbow forms after a storm.",
 ]
-SERVERS = ("specgen", "specgen-k0", "llama-server", "llama-server-spec")
+SERVERS = ("specgen", "specgen-k0", "specgen-open", "llama-server", "llama-server-spec")
 LLAMA = ("llama-server", "llama-server-spec")
 
 
@@ -132,6 +133,7 @@ def command(
         program += ["--target", args.target, "--draft", args.draft]
         flags = ["--threads", "2", *(["--parallel", str(clients)] if parallel else [])]
         flags += shlex.split(args.specgen_args) + (["-k", "0"] if name == "specgen-k0" else [])
+        flags += ["--no-balance"] if name == "specgen-open" else []
         return program, flags
     assert llama is not None
     program = [llama, "-m", args.target]

@@ -72,8 +72,9 @@ def _run(
 
         return run
 
-    # Open to the end, as the server's batches are (the count it finds is for ``serve``).
-    slots.run((work(prompt) for prompt in prompts), at_once, closes=False)
+    # Ending together once the last prompt has started, as a server's batch does once its
+    # clients send no more (the count it finds is for ``serve``).
+    slots.run((work(prompt) for prompt in prompts), at_once)
     return made[0]
 
 

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from specgen.cli.options import (
+    PERFORMANCE,
     CtxOpt,
     DraftOpt,
     DraftPMinOpt,
@@ -116,6 +117,18 @@ def serve(
     gpu_layers: GpuLayersOpt = -1,
     ctx_size: CtxOpt = 0,
     parallel: ServeParallelOpt = None,
+    balance: Annotated[
+        bool,
+        typer.Option(
+            "--balance/--no-balance",
+            help="Requests sent together (a burst: parallel tool calls, a batch) end "
+            "together: while none waits for a slot, one ahead of another of its burst (fewer "
+            "tokens left to its max_tokens) guesses nothing until the other catches up, so "
+            "the burst ends sooner; not while clients send their next request as soon as they "
+            "have an answer. --no-balance: each request guesses for its own latency.",
+            rich_help_panel=PERFORMANCE,
+        ),
+    ] = True,
     rpc: RpcOpt = None,
     rpc_local_head: LocalHeadOpt = True,
     verbose: VerboseOpt = False,
@@ -163,6 +176,7 @@ def serve(
         n_ctx=generator.pair.target.n_ctx,
         max_tokens_limit=max_tokens_limit,
         access_log=(lambda line: out.note(line)) if access_log else None,
+        balance=balance,
     )
     where = f"http://{host}:{port}/v1"
     out.note(

@@ -40,7 +40,9 @@ guesses are made at that size (retried alike), and a draft's read must pay by th
 
 A batch that nothing will join (``closed``: the last prompts of a file) takes as long as its
 longest sequence: there a sequence with fewer tokens left than another plans no guesses until
-the others catch up (``on_critical_path``), since its guesses would end nothing sooner.
+the others catch up (``on_critical_path``), since its guesses would end nothing sooner. While
+nothing waits to join a server's batch (``waves``), requests that arrived together (a burst:
+parallel tool calls, a batch of requests, whose sender waits for all) end together alike.
 """
 
 from __future__ import annotations
@@ -67,6 +69,9 @@ FIRST_STEP_TOKENS = 2
 # took 1 / RETRY_SHARE times what that run lost.
 TRUST_AFTER, RETRY_FOR, RETRY_SHARE = 4, 4, 0.03
 RATE_MEMORY = 0.95  # each cycle's weight in a measured rate falls by this much a cycle
+# Generations that arrive within this many seconds of each other are one wave (``waves``): a
+# burst sent at once reaches a server over some milliseconds, and may be admitted over a pass.
+WAVE_SECONDS = 0.5
 
 
 @dataclass
@@ -179,9 +184,14 @@ class BatchLoad:
     _leaving: set[int] = field(default_factory=set, init=False, repr=False)
     # No generation will join this batch (a file's, ``generate_many``'s last prompt started):
     # then it ends with its last sequence, and a sequence ahead of that one gains nothing by
-    # guessing (``on_critical_path``). A server never knows that, so its batches stay open.
+    # guessing (``on_critical_path``).
     closed: bool = False
+    # None waits to join (a server's queue is empty): the sequences that arrived together (within
+    # WAVE_SECONDS of each other: parallel tool calls, a burst of requests) end together, as a
+    # closed batch's do.
+    waves: bool = False
     _left: dict[int, int | None] = field(default_factory=dict, init=False, repr=False)
+    _arrived: dict[int, float] = field(default_factory=dict, init=False, repr=False)
 
     def join(self, slot: int, greedy: bool) -> None:
         if self._leaving and slot not in self._leaving:  # it takes a leaver's place
@@ -203,21 +213,36 @@ class BatchLoad:
         bounds it instead, and nothing says when it ends). The engine says so every cycle."""
         self._left[slot] = left
 
+    def arrive(self, slot: int, at: float) -> None:
+        """``slot``'s next generation arrived at ``at`` (seconds on the pair's clock: a server's
+        request when it was received, a batch's prompt when it started)."""
+        self._arrived[slot] = at
+
     def on_critical_path(self, slot: int) -> bool:
-        """Whether ``slot`` may be the one that ends the batch: always in an open batch, where
-        a sequence that ends sooner frees its place for the next; in a closed one, where none
-        has more tokens left (by ``note_left``; any not bounded by its ``max_tokens``: every
-        one). A closed batch takes as long as its longest sequence, so guesses elsewhere end
-        nothing sooner and only lengthen the passes (and the draft's steps) every sequence
-        shares: there the one ahead runs plainly until the others catch up, and the batch's
-        sequences end together."""
+        """Whether ``slot`` may be the one that ends its batch, or its wave: always in an open
+        batch, where a sequence that ends sooner frees its place for the next. In a closed
+        one, the one that has most tokens left (by ``note_left``; any not bounded by its
+        ``max_tokens``: every one), and with ``waves``, the one that has most of those that
+        arrived with it. A closed batch (a wave, whose sender waits for all of it) takes as
+        long as its longest sequence, so guesses elsewhere end nothing sooner and only
+        lengthen the passes (and the draft's steps) every sequence shares: there the one ahead
+        runs plainly until the others catch up, and they end together."""
         mine = self._left.get(slot)
-        if not self.closed or mine is None:
+        if mine is None or not (self.closed or self.waves):
             return True
-        others = [n for s, n in self._left.items() if s != slot]
+        others = [
+            n
+            for s, n in self._left.items()
+            if s != slot and (self.closed or self._together(s, slot))
+        ]
         if any(n is None for n in others):
             return True
         return mine >= max((n for n in others if n is not None), default=0)
+
+    def _together(self, one: int, other: int) -> bool:
+        """Whether two slots' generations arrived together (one wave)."""
+        a, b = self._arrived.get(one), self._arrived.get(other)
+        return a is not None and b is not None and abs(a - b) <= WAVE_SECONDS
 
     def report(
         self, slot: int, kept: int, verify_tokens: int, paid: int, source: str | None

@@ -83,15 +83,19 @@ def create_app(
     n_ctx: int | None = None,
     max_tokens_limit: int | None = None,
     access_log: Callable[[str], None] | None = None,
+    balance: bool = True,
 ) -> FastAPI:
     """The FastAPI app over a loaded pair; ``parallel`` > 1 (a pair loaded with that many
     sequences) serves that many requests side by side. A request's ``max_tokens`` past the
     context (``n_ctx``) is refused, past ``max_tokens_limit`` lowered to it; ``access_log``
-    gets one line per request."""
+    gets one line per request; ``balance``: requests sent together end together
+    (``SlotQueue``)."""
     app = FastAPI(title="specgen", docs_url=None, redoc_url=None)
     metrics = Metrics()
     queue: GenerationQueue | SlotQueue = (
-        SlotQueue(generator, max_queue) if parallel > 1 else GenerationQueue(generator, max_queue)
+        SlotQueue(generator, max_queue, balance)
+        if parallel > 1
+        else GenerationQueue(generator, max_queue)
     )
     app.state.queue, app.state.metrics = queue, metrics
     model_id = generator.name

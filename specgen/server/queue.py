@@ -19,7 +19,7 @@ from specgen.api import Settings
 from specgen.engine import SpeculativeEngine, TextChunk
 from specgen.server.openai import ApiError
 from specgen.session.generate import Prompt, Result
-from specgen.session.parallel import Slots
+from specgen.session.parallel import Ends, Refills, Slots, balance
 from specgen.structured.tools import Tool, ToolChoice, ToolPlan
 
 
@@ -163,15 +163,20 @@ class GenerationQueue:
 class SlotQueue:
     """Runs up to the pair's ``parallel`` generations side by side on one thread of its own
     (``session.parallel``: one batched pass per cycle for all of them); requests past the
-    slots wait, in order, in a queue of ``max_queue``."""
+    slots wait, in order, in a queue of ``max_queue``. ``balance``: while none waits and the
+    places that free up are not taken again at once, requests that arrived together end
+    together (``session.parallel.balance``)."""
 
-    def __init__(self, generator: Generator, max_queue: int) -> None:
+    def __init__(self, generator: Generator, max_queue: int, balance: bool = True) -> None:
         self.generator, self.max_queue = generator, max_queue
+        self.ends: Ends = "waves" if balance else "open"
         self.slots = generator.slots()
         self.size = self.slots.size
         self.draining = threading.Event()
-        # Each waiting request's work, and its key for the slot that ran its start.
-        self._inbox: deque[tuple[Callable[[SpeculativeEngine], None], Sequence[Any]]] = deque()
+        # Each waiting request's work, its key for the slot that ran its start, when it came.
+        self._inbox: deque[tuple[Callable[[SpeculativeEngine], None], Sequence[Any], float]] = (
+            deque()
+        )
         self._lock = threading.Lock()
         self._wake = threading.Event()
         threading.Thread(target=self._serve, name="specgen-slots", daemon=True).start()
@@ -205,7 +210,7 @@ class SlotQueue:
                 hand(done)
 
         with self._lock:
-            self._inbox.append((work, _key(job.prompt)))
+            self._inbox.append((work, _key(job.prompt), self.slots.pair.clock()))
         self._wake.set()
         try:
             async for item in _handed(queue, done):
@@ -215,17 +220,23 @@ class SlotQueue:
 
     def _serve(self) -> None:
         """The slots' thread: admit waiting requests to free slots, then one batched pass."""
-        slots = self.slots
+        slots, clock, refills = self.slots, self.slots.pair.clock, Refills()
         while True:
             with self._lock:
                 while self._inbox and slots.free:
-                    work, key = self._inbox.popleft()
-                    slots.start(work, key)
+                    work, key, arrived = self._inbox.popleft()
+                    refills.arrive(arrived)
+                    slots.start(work, key, arrived)
+                waiting = bool(self._inbox)
             if not slots.busy:
                 self._wake.wait(0.5)
                 self._wake.clear()
                 continue
+            balance(slots.load, self.ends, waiting, refills.refilled(clock()))
+            busy = slots.busy
             slots.step()
+            if slots.busy < busy:
+                refills.free(clock())
 
 
 def _key(prompt: Prompt) -> Sequence[Any]:

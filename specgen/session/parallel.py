@@ -13,13 +13,67 @@ request it last ran, so a chat that goes on is put on the slot whose caches hold
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from specgen.drafters import common_prefix
 from specgen.engine import SpeculativeEngine
 from specgen.engine.streams import Streams
 from specgen.lookahead import BatchLoad
 from specgen.session.pair import Pair
+
+Ends = Literal["together", "waves", "open"]
+# A place freed is taken again when a request arrives within this many seconds of it (a
+# client that sends its next request as soon as it has its answer).
+REFILL_SECONDS = 0.5
+
+
+def balance(load: BatchLoad, ends: Ends, waiting: bool, refilled: bool = False) -> None:
+    """Tell ``load`` which of its sequences should end together (``waiting``: a generation
+    waits for a slot), by ``ends``:
+
+    - ``together``: all of them once nothing waits (``BatchLoad.closed``: the last of a file's
+      prompts has started);
+    - ``waves``: while nothing waits and the places that free up are not taken again at once
+      (``refilled``, ``Refills``), those that arrived together (``BatchLoad.waves``). A
+      server's burst (parallel tool calls, a batch of requests) takes as long as its slowest
+      request, so one ahead guessing ends nothing sooner for its sender and lengthens every
+      pass the others share. A request that arrived alone guesses for its own latency; with
+      requests waiting, or clients that send their next as soon as they have an answer, each
+      one that ends sooner lets the next in sooner;
+    - ``open``: never; every sequence guesses for itself.
+    """
+    load.closed = ends == "together" and not waiting
+    load.waves = ends == "waves" and not waiting and not refilled
+
+
+@dataclass
+class Refills:
+    """Whether the places that free up are taken again at once (by a request arriving within
+    ``REFILL_SECONDS``), by the last one freed: a server's clients that each send their next
+    request as soon as they have an answer keep the batch full, so one that ends sooner lets
+    the next start sooner. Until a place frees (a first burst, whose sender may well wait for
+    all of it) and once one stays free that long, they are not."""
+
+    freed: float | None = None  # when the last place freed that no request has taken yet
+    taken: bool = False
+
+    def free(self, at: float) -> None:
+        """A place freed at ``at`` (seconds)."""
+        if self.freed is None:
+            self.freed = at
+
+    def arrive(self, at: float) -> None:
+        """A request arrived at ``at``."""
+        if self.freed is not None:
+            self.taken = at - self.freed <= REFILL_SECONDS
+            self.freed = None
+
+    def refilled(self, now: float) -> bool:
+        """Whether places are taken again as they free up, as of ``now``."""
+        if self.freed is not None and now - self.freed > REFILL_SECONDS:
+            self.taken, self.freed = False, None
+        return self.taken
 
 
 class Slots:
@@ -49,15 +103,22 @@ class Slots:
             return None
         return max(self.free, key=lambda i: (common_prefix(self._keys.get(i, ()), key), -i))
 
-    def start(self, work: Callable[[SpeculativeEngine], None], key: Sequence[Any] = ()) -> bool:
+    def start(
+        self,
+        work: Callable[[SpeculativeEngine], None],
+        key: Sequence[Any] = (),
+        arrived: float | None = None,
+    ) -> bool:
         """Run ``work`` with a free slot's engine from the next step on (False: none free): the
-        slot whose last request shares most of ``key``'s start. The slot is free again when
-        ``work`` returns or raises; ``work`` handles its own errors."""
+        slot whose last request shares most of ``key``'s start. ``arrived``: when its request
+        came, on the pair's clock (None: now; ``BatchLoad.arrive``). The slot is free again
+        when ``work`` returns or raises; ``work`` handles its own errors."""
         slot = self.best_slot(key)
         if slot is None:
             return False
         self.free.remove(slot)
         self._keys[slot] = key
+        self.load.arrive(slot, self.pair.clock() if arrived is None else arrived)
         engine = self.engines[slot]
 
         def task() -> None:
@@ -73,12 +134,13 @@ class Slots:
         self,
         works: Iterable[Callable[[SpeculativeEngine], None]],
         at_once: int | None = None,
-        closes: bool = True,
+        ends: Ends = "together",
     ) -> None:
         """Start each of ``works`` (in order, taken as slots free up) with at most ``at_once``
-        running (None: every slot), and step until all have ended. Once the last has started
-        the batch is closed (``BatchLoad.closed``: its sequences end together), unless
-        ``closes`` is False: then it runs open to the end, as the server's batches do."""
+        running (None: every slot), and step until all have ended. When the batch ends
+        together is ``ends``' (``balance``): all once the last work has started (a file,
+        ``generate_many``), or those started together while none waits, as a server's
+        batches (``waves``)."""
         limit = self.size if at_once is None else at_once
         pending = iter(works)
         waiting = next(pending, None)  # one ahead: the batch knows when none is left to join
@@ -86,7 +148,7 @@ class Slots:
             while waiting is not None and self.busy < limit:
                 self.start(waiting)
                 waiting = next(pending, None)
-            self.load.closed = closes and waiting is None
+            balance(self.load, ends, waiting is not None)
             if not self.step() and waiting is None:
                 return
 

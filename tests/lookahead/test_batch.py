@@ -16,6 +16,7 @@ from specgen.lookahead.batch import (
     RETRY_FOR,
     RETRY_SHARE,
     TRUST_AFTER,
+    WAVE_SECONDS,
     _Measured,
 )
 
@@ -459,6 +460,25 @@ def test_in_a_closed_batch_only_the_sequences_furthest_behind_are_on_its_critica
     assert not load.on_critical_path(0)
     load.leave(1)
     assert load.on_critical_path(0), "alone"
+
+
+def test_requests_that_arrived_together_end_together_while_none_waits() -> None:
+    """``waves`` (a server's batch with no request waiting): a sequence ahead of another that
+    arrived with it (a burst) is off the critical path; one ahead of a request that came later
+    (a client's next, another client's) guesses for itself."""
+    load = BatchLoad(CostBook())
+    for slot, at, left in ((0, 10.0, 50), (1, 10.2, 80), (2, 30.0, 120)):
+        load.arrive(slot, at)
+        load.note_left(slot, left)
+    assert all(load.on_critical_path(slot) for slot in range(3)), "not told: open"
+    load.waves = True
+    assert not load.on_critical_path(0), "behind slot 1, which came with it"
+    assert load.on_critical_path(1), "ahead only of one that came 20 s later"
+    assert load.on_critical_path(2)
+    load.arrive(1, 10.0 + WAVE_SECONDS + 0.1)
+    assert load.on_critical_path(0), "one that came later is not its wave"
+    load.closed, load.waves = True, False
+    assert not load.on_critical_path(0) and not load.on_critical_path(1), "closed: all"
 
 
 def test_a_draft_that_must_first_read_a_long_prompt_is_priced_by_that_read() -> None:

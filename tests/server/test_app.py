@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -415,6 +416,69 @@ def test_parallel_slots_answer_side_by_side_as_one_at_a_time_does(fake_pair: Fak
         assert two["timings"]["cache_n"] >= answers[2]["usage"]["prompt_tokens"]
     finally:
         http.close()
+
+
+@pytest.mark.parametrize("balance", [True, False])
+def test_a_burst_ends_together_until_a_client_sends_its_next_at_once(
+    fake_pair: FakePair, balance: bool
+) -> None:
+    """``serve --parallel 2`` (``--balance``, the default): two requests sent at once, with none
+    waiting, are one wave (each stamped with when it came) told to end together
+    (``BatchLoad.waves``: one ahead of another of its wave guesses nothing until it catches
+    up), before and after the short one ends. A third, sent as soon as the short one has its
+    answer, takes the freed place at once: then every request guesses for itself (a client's
+    next starts sooner). ``--no-balance``: never."""
+    from specgen.api import Specgen
+    from specgen.lookahead.batch import WAVE_SECONDS
+    from specgen.server import create_app
+
+    many = Specgen(target=fake_pair.target, draft=fake_pair.draft, threads=2, parallel=2)
+    app = create_app(many, api_key=KEY, parallel=2, balance=balance)
+    http = AppClient(app)
+    queue, slots = app.state.queue, app.state.queue.slots
+    seen: list[tuple[int, int, bool, bool]] = []  # at each pass: started, busy, waves, closed
+    step, start = slots.step, slots.start
+    started: list[float] = []
+
+    def watched_step() -> bool:
+        # The pass waits for what the client sends at once (the second request with the first;
+        # the third when the first has ended), so that no pass runs before it comes.
+        need = 2 if len(started) == slots.busy else 3
+        deadline = time.monotonic() + 10
+        while len(started) + queue.waiting < need and time.monotonic() < deadline:
+            time.sleep(0.001)
+        seen.append((len(started), slots.busy, slots.load.waves, slots.load.closed))
+        return step()
+
+    def watched_start(work, key=(), arrived=None) -> bool:  # noqa: ANN001
+        started.append(arrived)
+        return start(work, key, arrived)
+
+    slots.step, slots.start = watched_step, watched_start
+    auth = {"Authorization": f"Bearer {KEY}"}
+
+    def send(n: int) -> asyncio.Future[httpx.Response]:
+        body = {"prompt": f"Count to {n}.", "temperature": 0, "max_tokens": n}
+        return asyncio.ensure_future(http.http.post("/v1/completions", json=body, headers=auth))
+
+    async def burst_then_next() -> list[httpx.Response]:
+        first, second = send(4), send(200)
+        return [await first, await send(12), await second]
+
+    try:
+        answers = http.loop.run_until_complete(burst_then_next())
+        assert [a.status_code for a in answers] == [200, 200, 200]
+    finally:
+        http.close()
+    assert len(started) == 3 and abs(started[1] - started[0]) <= WAVE_SECONDS
+    assert not any(closed for *_, closed in seen)
+    both = [waves for count, busy, waves, _ in seen if count == 2 and busy == 2]
+    after = [waves for count, busy, waves, _ in seen if count == 2 and busy == 1]
+    # (Once the third has ended too and its place stays free, the last is a wave's again.)
+    next_one = [waves for count, busy, waves, _ in seen if count == 3 and busy == 2]
+    assert both and next_one  # (the third may come before a pass runs the long one alone)
+    assert all(both + after) == balance and any(both + after) == balance
+    assert not any(next_one)
 
 
 def test_penalties_from_a_real_client_are_run_s(http, fake_pair: FakePair) -> None:

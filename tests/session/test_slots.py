@@ -1,5 +1,7 @@
-"""``Slots.run``: works started as slots free up, and the batch told when none is left to join
-(``BatchLoad.closed``: then ``-k auto`` balances the batch's end)."""
+"""``Slots.run``: works started as slots free up, and the batch told when its sequences should
+end together (then ``-k auto`` balances the batch's end): all once none is left to join
+(``BatchLoad.closed``), or, as a server's, those started together while none waits
+(``BatchLoad.waves``)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from specgen.lookahead import CostBook
-from specgen.session.parallel import Slots
+from specgen.session.parallel import REFILL_SECONDS, Refills, Slots, balance
 
 
 class _Context:
@@ -48,3 +50,50 @@ def test_works_that_all_fit_start_closed() -> None:
     seen: list[bool] = []
     slots.run(lambda engine: seen.append(slots.load.closed) for _ in range(3))
     assert seen == [True, True, True]
+
+
+def test_a_batch_run_as_a_server_balances_its_waves_while_none_waits() -> None:
+    """``ends="waves"`` (``bench --streams``, as ``serve`` runs its batches): never closed;
+    waves only once nothing waits, and every start is stamped with when it started."""
+    pair = _Pair(2)
+    slots = Slots(pair)  # type: ignore[arg-type]
+    seen: list[tuple[int, bool, bool]] = []
+
+    def work(at: int) -> Callable[[Any], None]:
+        return lambda engine: seen.append((at, slots.load.closed, slots.load.waves))
+
+    slots.run((work(at) for at in range(5)), ends="waves")
+    assert sorted(seen) == [(at, False, at == 4) for at in range(5)]
+    assert set(slots.load._arrived) == {0, 1}
+    slots.run((work(at) for at in range(5)), ends="open")
+    assert not any(closed or waves for _, closed, waves in seen[5:])
+
+
+def test_places_taken_again_at_once_keep_a_servers_batch_open() -> None:
+    """``Refills``: a first burst is not refilled (nothing freed yet); a place taken again by a
+    request that came as soon as it freed (a client's next) is, until a place stays free for
+    longer than ``REFILL_SECONDS``. ``balance`` leaves a server's batch open while they are."""
+    refills = Refills()
+    assert not refills.refilled(0.0), "nothing freed yet"
+    refills.free(10.0)
+    refills.free(10.2)  # a second place: the first freed counts
+    refills.arrive(10.05)
+    assert refills.refilled(10.1) and refills.refilled(400.0), "taken again at once"
+    refills.free(500.0)
+    assert refills.refilled(500.0 + REFILL_SECONDS / 2), "not yet: its client may be sending"
+    assert not refills.refilled(500.0 + 2 * REFILL_SECONDS), "stayed free"
+    refills.arrive(600.0)  # a request long after: nothing freed waits for it
+    assert not refills.refilled(600.0)
+    refills.free(700.0)
+    refills.arrive(700.0 + 2 * REFILL_SECONDS)
+    assert not refills.refilled(701.0), "taken again, but not at once"
+
+    load = Slots(_Pair(2)).load  # type: ignore[arg-type]
+    balance(load, "waves", waiting=False, refilled=False)
+    assert load.waves and not load.closed
+    balance(load, "waves", waiting=False, refilled=True)
+    assert not load.waves
+    balance(load, "waves", waiting=True, refilled=False)
+    assert not load.waves
+    balance(load, "together", waiting=False)
+    assert load.closed and not load.waves
