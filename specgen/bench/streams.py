@@ -72,8 +72,8 @@ def _run(
 
         return run
 
-    # Ending together once the last prompt has started, as a server's batch does once its
-    # clients send no more (the count it finds is for ``serve``).
+    # Ending together once the last prompt has started, as a file's batch does (the server
+    # balances only requests that arrived together).
     slots.run((work(prompt) for prompt in prompts), at_once)
     return made[0]
 

@@ -18,8 +18,8 @@ from typing import Any, Protocol
 from specgen.api import Settings
 from specgen.engine import SpeculativeEngine, TextChunk
 from specgen.server.openai import ApiError
+from specgen.session import parallel
 from specgen.session.generate import Prompt, Result
-from specgen.session.parallel import Ends, Refills, Slots, balance
 from specgen.structured.tools import Tool, ToolChoice, ToolPlan
 
 
@@ -42,7 +42,7 @@ class Generator(Protocol):
         engine: SpeculativeEngine | None = None,
     ) -> Iterator[TextChunk | Result]: ...
 
-    def slots(self) -> Slots: ...
+    def slots(self) -> parallel.Slots: ...
 
     def tool_plan(
         self, tools: Sequence[Tool], choice: ToolChoice, parallel: bool = True
@@ -169,7 +169,7 @@ class SlotQueue:
 
     def __init__(self, generator: Generator, max_queue: int, balance: bool = True) -> None:
         self.generator, self.max_queue = generator, max_queue
-        self.ends: Ends = "waves" if balance else "open"
+        self.ends: parallel.Ends = "waves" if balance else "open"
         self.slots = generator.slots()
         self.size = self.slots.size
         self.draining = threading.Event()
@@ -220,7 +220,7 @@ class SlotQueue:
 
     def _serve(self) -> None:
         """The slots' thread: admit waiting requests to free slots, then one batched pass."""
-        slots, clock, refills = self.slots, self.slots.pair.clock, Refills()
+        slots, clock, refills = self.slots, self.slots.pair.clock, parallel.Refills()
         while True:
             with self._lock:
                 while self._inbox and slots.free:
@@ -232,11 +232,12 @@ class SlotQueue:
                 self._wake.wait(0.5)
                 self._wake.clear()
                 continue
-            balance(slots.load, self.ends, waiting, refills.refilled(clock()))
+            began = clock()
+            parallel.balance(slots.load, self.ends, waiting, refills.refilled(began))
             busy = slots.busy
             slots.step()
             if slots.busy < busy:
-                refills.free(clock())
+                refills.free(began, clock(), busy - slots.busy)
 
 
 def _key(prompt: Prompt) -> Sequence[Any]:

@@ -12,8 +12,9 @@ request it last ran, so a chat that goes on is put on the slot whose caches hold
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from specgen.drafters import common_prefix
@@ -49,30 +50,36 @@ def balance(load: BatchLoad, ends: Ends, waiting: bool, refilled: bool = False) 
 
 @dataclass
 class Refills:
-    """Whether the places that free up are taken again at once (by a request arriving within
-    ``REFILL_SECONDS``), by the last one freed: a server's clients that each send their next
-    request as soon as they have an answer keep the batch full, so one that ends sooner lets
-    the next start sooner. Until a place frees (a first burst, whose sender may well wait for
-    all of it) and once one stays free that long, they are not."""
+    """Whether the places that free up are taken again at once: a server's clients that each
+    send their next request as soon as they have an answer keep the batch full, so one that
+    ends sooner lets the next start sooner. A place counts as taken again when a request that
+    came after the pass that freed it began arrives within ``REFILL_SECONDS`` of its end (one
+    that waited in the queue before says nothing of its client); they are not once any place
+    stays free that long, nor until a place has freed (a first burst, whose sender may well
+    wait for all of it)."""
 
-    freed: float | None = None  # when the last place freed that no request has taken yet
+    # Each place freed and not taken yet, oldest first: when the pass that freed it began and
+    # ended (seconds).
+    free_places: deque[tuple[float, float]] = field(default_factory=deque)
     taken: bool = False
 
-    def free(self, at: float) -> None:
-        """A place freed at ``at`` (seconds)."""
-        if self.freed is None:
-            self.freed = at
+    def free(self, began: float, ended: float, places: int = 1) -> None:
+        """``places`` freed in the pass from ``began`` to ``ended``."""
+        self.free_places.extend([(began, ended)] * places)
 
     def arrive(self, at: float) -> None:
-        """A request arrived at ``at``."""
-        if self.freed is not None:
-            self.taken = at - self.freed <= REFILL_SECONDS
-            self.freed = None
+        """A request that arrived at ``at`` takes a place (the oldest freed)."""
+        if not self.free_places:
+            return
+        began, ended = self.free_places.popleft()
+        if at >= began:  # not one that waited for the place
+            self.taken = at - ended <= REFILL_SECONDS
 
     def refilled(self, now: float) -> bool:
         """Whether places are taken again as they free up, as of ``now``."""
-        if self.freed is not None and now - self.freed > REFILL_SECONDS:
-            self.taken, self.freed = False, None
+        if self.free_places and now - self.free_places[0][1] > REFILL_SECONDS:
+            self.taken = False
+            self.free_places.clear()
         return self.taken
 
 
@@ -137,10 +144,10 @@ class Slots:
         ends: Ends = "together",
     ) -> None:
         """Start each of ``works`` (in order, taken as slots free up) with at most ``at_once``
-        running (None: every slot), and step until all have ended. When the batch ends
-        together is ``ends``' (``balance``): all once the last work has started (a file,
-        ``generate_many``), or those started together while none waits, as a server's
-        batches (``waves``)."""
+        running (None: every slot), and step until all have ended. ``ends`` says which of
+        its sequences end together (``balance``): all once the last work has started
+        (``together``: a file, ``generate_many``), those started together while none waits
+        (``waves``), or none (``open``)."""
         limit = self.size if at_once is None else at_once
         pending = iter(works)
         waiting = next(pending, None)  # one ahead: the batch knows when none is left to join

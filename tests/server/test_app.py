@@ -436,7 +436,9 @@ def test_a_burst_ends_together_until_a_client_sends_its_next_at_once(
     app = create_app(many, api_key=KEY, parallel=2, balance=balance)
     http = AppClient(app)
     queue, slots = app.state.queue, app.state.queue.slots
-    seen: list[tuple[int, int, bool, bool]] = []  # at each pass: started, busy, waves, closed
+    # At each pass: requests started, busy slots, waves, closed, and how many of the running
+    # sequences are off the critical path (they plan no guesses).
+    seen: list[tuple[int, int, bool, bool, int]] = []
     step, start = slots.step, slots.start
     started: list[float] = []
 
@@ -445,9 +447,13 @@ def test_a_burst_ends_together_until_a_client_sends_its_next_at_once(
         # the third when the first has ended), so that no pass runs before it comes.
         need = 2 if len(started) == slots.busy else 3
         deadline = time.monotonic() + 10
-        while len(started) + queue.waiting < need and time.monotonic() < deadline:
+        while len(started) + queue.waiting < need:
+            if time.monotonic() > deadline:
+                raise AssertionError("the client's request never came")
             time.sleep(0.001)
-        seen.append((len(started), slots.busy, slots.load.waves, slots.load.closed))
+        load = slots.load
+        behind = sum(not load.on_critical_path(slot) for slot in load._left)
+        seen.append((len(started), slots.busy, load.waves, load.closed, behind))
         return step()
 
     def watched_start(work, key=(), arrived=None) -> bool:  # noqa: ANN001
@@ -471,14 +477,18 @@ def test_a_burst_ends_together_until_a_client_sends_its_next_at_once(
     finally:
         http.close()
     assert len(started) == 3 and abs(started[1] - started[0]) <= WAVE_SECONDS
-    assert not any(closed for *_, closed in seen)
-    both = [waves for count, busy, waves, _ in seen if count == 2 and busy == 2]
-    after = [waves for count, busy, waves, _ in seen if count == 2 and busy == 1]
+    assert not any(closed for *_, closed, _ in seen)
+    both = [(waves, behind) for count, busy, waves, _, behind in seen if count == 2 and busy == 2]
+    after = [waves for count, busy, waves, _, _ in seen if count == 2 and busy == 1]
     # (Once the third has ended too and its place stays free, the last is a wave's again.)
-    next_one = [waves for count, busy, waves, _ in seen if count == 3 and busy == 2]
+    next_one = [(w, b) for count, busy, w, _, b in seen if count == 3 and busy == 2]
     assert both and next_one  # (the third may come before a pass runs the long one alone)
-    assert all(both + after) == balance and any(both + after) == balance
-    assert not any(next_one)
+    waves = [w for w, _ in both] + after
+    assert all(waves) == balance and any(waves) == balance
+    # Balanced, the short one (ahead by its tokens left once both run) plans no guesses.
+    assert any(behind == 1 for _, behind in both) == balance
+    assert all(behind <= (1 if balance else 0) for _, behind in both)
+    assert not any(w or b for w, b in next_one)
 
 
 def test_penalties_from_a_real_client_are_run_s(http, fake_pair: FakePair) -> None:

@@ -53,8 +53,8 @@ def test_works_that_all_fit_start_closed() -> None:
 
 
 def test_a_batch_run_as_a_server_balances_its_waves_while_none_waits() -> None:
-    """``ends="waves"`` (``bench --streams``, as ``serve`` runs its batches): never closed;
-    waves only once nothing waits, and every start is stamped with when it started."""
+    """``ends="waves"`` (the server's rule, here with no refills): never closed; waves only
+    once nothing waits, and every start is stamped with when it started."""
     pair = _Pair(2)
     slots = Slots(pair)  # type: ignore[arg-type]
     seen: list[tuple[int, bool, bool]] = []
@@ -72,21 +72,30 @@ def test_a_batch_run_as_a_server_balances_its_waves_while_none_waits() -> None:
 def test_places_taken_again_at_once_keep_a_servers_batch_open() -> None:
     """``Refills``: a first burst is not refilled (nothing freed yet); a place taken again by a
     request that came as soon as it freed (a client's next) is, until a place stays free for
-    longer than ``REFILL_SECONDS``. ``balance`` leaves a server's batch open while they are."""
+    longer than ``REFILL_SECONDS``. A request that waited in the queue says nothing, and every
+    place freed counts. ``balance`` leaves a server's batch open while they are refilled."""
     refills = Refills()
     assert not refills.refilled(0.0), "nothing freed yet"
-    refills.free(10.0)
-    refills.free(10.2)  # a second place: the first freed counts
+    refills.free(9.9, 10.0)
     refills.arrive(10.05)
     assert refills.refilled(10.1) and refills.refilled(400.0), "taken again at once"
-    refills.free(500.0)
+    refills.free(499.9, 500.0)
     assert refills.refilled(500.0 + REFILL_SECONDS / 2), "not yet: its client may be sending"
     assert not refills.refilled(500.0 + 2 * REFILL_SECONDS), "stayed free"
     refills.arrive(600.0)  # a request long after: nothing freed waits for it
     assert not refills.refilled(600.0)
-    refills.free(700.0)
+    refills.free(699.9, 700.0)
     refills.arrive(700.0 + 2 * REFILL_SECONDS)
     assert not refills.refilled(701.0), "taken again, but not at once"
+    # Two places free in one pass; one is taken at once, the other stays free.
+    refills.free(799.9, 800.0, places=2)
+    refills.arrive(800.05)
+    assert refills.refilled(800.1)
+    assert not refills.refilled(800.0 + 2 * REFILL_SECONDS), "the other place stayed free"
+    # A request that waited in the queue (it came before the pass that freed its place).
+    refills.free(899.9, 900.0)
+    refills.arrive(850.0)
+    assert not refills.refilled(900.1), "a queued request is no client's next"
 
     load = Slots(_Pair(2)).load  # type: ignore[arg-type]
     balance(load, "waves", waiting=False, refilled=False)
