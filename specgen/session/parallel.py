@@ -138,16 +138,11 @@ class Slots:
         return True
 
     def run(
-        self,
-        works: Iterable[Callable[[SpeculativeEngine], None]],
-        at_once: int | None = None,
-        ends: Ends = "together",
+        self, works: Iterable[Callable[[SpeculativeEngine], None]], at_once: int | None = None
     ) -> None:
         """Start each of ``works`` (in order, taken as slots free up) with at most ``at_once``
-        running (None: every slot), and step until all have ended. ``ends`` says which of
-        its sequences end together (``balance``): all once the last work has started
-        (``together``: a file, ``generate_many``), those started together while none waits
-        (``waves``), or none (``open``)."""
+        running (None: every slot), and step until all have ended: all end together once the
+        last has started (``balance``, ``together``)."""
         limit = self.size if at_once is None else at_once
         pending = iter(works)
         waiting = next(pending, None)  # one ahead: the batch knows when none is left to join
@@ -155,7 +150,7 @@ class Slots:
             while waiting is not None and self.busy < limit:
                 self.start(waiting)
                 waiting = next(pending, None)
-            balance(self.load, ends, waiting is not None)
+            balance(self.load, "together", waiting is not None)
             if not self.step() and waiting is None:
                 return
 

@@ -52,21 +52,16 @@ def test_works_that_all_fit_start_closed() -> None:
     assert seen == [True, True, True]
 
 
-def test_a_batch_run_as_a_server_balances_its_waves_while_none_waits() -> None:
-    """``ends="waves"`` (the server's rule, here with no refills): never closed; waves only
-    once nothing waits, and every start is stamped with when it started."""
+def test_every_start_is_stamped_with_when_its_request_came() -> None:
+    """``Slots.start`` tells the batch when each generation arrived (a server's stamp, else
+    the pair's clock now): the waves of ``BatchLoad.waves`` are made of these."""
     pair = _Pair(2)
+    pair.clock = lambda: 42.0
     slots = Slots(pair)  # type: ignore[arg-type]
-    seen: list[tuple[int, bool, bool]] = []
-
-    def work(at: int) -> Callable[[Any], None]:
-        return lambda engine: seen.append((at, slots.load.closed, slots.load.waves))
-
-    slots.run((work(at) for at in range(5)), ends="waves")
-    assert sorted(seen) == [(at, False, at == 4) for at in range(5)]
-    assert set(slots.load._arrived) == {0, 1}
-    slots.run((work(at) for at in range(5)), ends="open")
-    assert not any(closed or waves for _, closed, waves in seen[5:])
+    assert slots.start(lambda engine: None, arrived=3.0)
+    assert slots.start(lambda engine: None)
+    assert slots.load._arrived == {0: 3.0, 1: 42.0}
+    slots.close()
 
 
 def test_places_taken_again_at_once_keep_a_servers_batch_open() -> None:
