@@ -10,7 +10,7 @@ rows run side by side (alternating which goes first) on the same loaded files, s
 gets busier weighs on both alike.
 
     python benchmarks/loop_cost.py TARGET DRAFT [TARGET DRAFT ...] [-k 4,8] [-n 96]
-        [--temperatures 0,0.8] [--repeats 3] [--threads 2] [--json FILE]
+        [--temperatures 0,0.8] [--repeats 3] [--threads 2] [--coupling residual] [--json FILE]
 
 Columns: host ms per cycle; host share of generation time; ms per cycle inside decodes
 (target and draft); tokens per second. The same seed is used on both ways, and the texts are
@@ -93,6 +93,13 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", type=Path, help="write the rows here too")
     parser.add_argument("--before", action="store_true", help="add the host path as it was")
+    parser.add_argument(
+        "--coupling",
+        default="auto",
+        choices=("auto", "gumbel", "residual"),
+        help="how sampled tokens are drawn (auto with the fixed seed: gumbel; residual is what "
+        "a run without --seed draws with)",
+    )
     args = parser.parse_args()
     ways_here = {**WAYS, **({BEFORE: (False, False)} if args.before else {})}
     if len(args.files) % 2:
@@ -119,7 +126,11 @@ def main() -> None:
                     else SamplingParams(temperature, *_rest(DEFAULT_SAMPLING))
                 )
                 config = GenerationConfig(
-                    lookahead=k, sampling=sampling, max_tokens=args.max_tokens, seed=7
+                    lookahead=k,
+                    sampling=sampling,
+                    max_tokens=args.max_tokens,
+                    seed=7,
+                    coupling=args.coupling,
                 )
                 ways = list(ways_here)
                 runs: dict[str, list[dict]] = {way: [] for way in ways}

@@ -10,9 +10,8 @@ import ctypes
 from collections.abc import Callable
 
 import llama_cpp
-import numpy as np
 
-from specgen.core.sampling import SamplingParams, TopK, TopKBlock
+from specgen.core.sampling import SamplingParams, TopK
 from specgen.errors import BackendError
 
 # llama.cpp's backend sampling ([EXPERIMENTAL] there): llama-cpp-python 0.3.36 binds it.
@@ -54,6 +53,11 @@ class TopKRows:
         self.seq = seq
         self.k = 0
         self.warped: SamplingParams | None = None
+        # A row's k candidates and logits as ctypes arrays (read from llama.cpp's buffer).
+        self._row_types: tuple[type[ctypes.Array], type[ctypes.Array]] = (
+            ctypes.c_int32 * 0,
+            ctypes.c_float * 0,
+        )
         self._chain: llama_cpp.llama_sampler_p | None = None
 
     def set(self, k: int, warped: SamplingParams | None = None) -> int:
@@ -86,6 +90,7 @@ class TopKRows:
             # A chain is initialised for one context once: a new one each time it is set.
             if llama_cpp.llama_set_sampler(self._ctx, self.seq, chain):
                 self._chain, self.k, self.warped = chain, k, warped
+                self._row_types = (ctypes.c_int32 * k, ctypes.c_float * k)
             else:
                 llama_cpp.llama_sampler_free(chain)
         if old is not None:
@@ -103,30 +108,22 @@ class TopKRows:
         # No sampled logits (null) where the chain did not run on these rows.
         if not at_ids or not at_logits:
             raise BackendError(f"llama.cpp's backend sampling gave no rows for {self.name}")
+        # Each row read as Python numbers: the host warps a top-k's few candidates in Python
+        # (``core.sampling.TopK``), and a verify reads its rows only as far as it keeps guesses.
         warped = self.warped
-        if warped is not None:  # a draft's rows, one a step: read as Python numbers
-            id_row, logit_row = ctypes.c_int32 * k, ctypes.c_float * k
-            out = []
-            for i in range(n_logits):
-                candidates = id_row.from_address(at_ids + 4 * n * i)[:]
-                finals = logit_row.from_address(at_logits + 4 * n * i)[:]
-                out.append(TopK.final(candidates, finals, n, warped))
-            return out
-        if k == 1 and n_logits == 1:  # a greedy draft's step: the argmax alone
-            token = ctypes.c_int32.from_address(at_ids).value
-            logit = ctypes.c_float.from_address(at_logits).value
-            return [TopK(np.array([token], np.int32), np.array([logit], np.float32), n)]
-        # A top-k alone: its k candidates, every row.
-        if llama_cpp.llama_get_sampled_candidates_count_ith(ctx, first) != k:
-            raise BackendError(f"llama.cpp's backend sampling gave no rows for {self.name}")
-        size = n_logits * n  # llama.cpp keeps a whole row's room for each output
-        flat_ids = np.frombuffer(memoryview((ctypes.c_int32 * size).from_address(at_ids)), np.int32)
-        flat = np.frombuffer(
-            memoryview((ctypes.c_float * size).from_address(at_logits)), np.float32
-        )
-        ids = flat_ids.reshape(n_logits, n)[:, :k].copy()
-        values = flat.reshape(n_logits, n)[:, :k].copy()
-        return TopKBlock(ids, values, n)
+        if warped is None and (k, n_logits) != (1, 1):  # a greedy draft step's argmax: no check
+            if llama_cpp.llama_get_sampled_candidates_count_ith(ctx, first) != k:
+                raise BackendError(f"llama.cpp's backend sampling gave no rows for {self.name}")
+        id_row, logit_row = self._row_types
+        out = []
+        for i in range(n_logits):  # llama.cpp keeps a whole row's room for each output
+            candidates = id_row.from_address(at_ids + 4 * n * i)[:]
+            logits = logit_row.from_address(at_logits + 4 * n * i)[:]
+            if warped is not None:  # a draft's rows: q is the chain's
+                out.append(TopK.final(candidates, logits, n, warped))
+            else:
+                out.append(TopK(candidates, logits, n))
+        return out
 
     def close(self) -> None:
         """Free the chain; the context that held it is freed first (or detaches it here)."""

@@ -31,6 +31,7 @@ class Vocabulary:
     ) -> None:
         init_backend(verbose)
         self.path = Path(path)
+        self._eog: dict[int, bool] = {}
         if not self.path.is_file():
             raise BackendError(f"model file not found: {self.path}")
         params = llama_cpp.llama_model_default_params()
@@ -81,7 +82,12 @@ class Vocabulary:
         return llama_cpp.llama_vocab_get_text(self._vocab, token) or b""
 
     def is_eog(self, token: int) -> bool:
-        return bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
+        """Whether ``token`` ends generation (asked of llama.cpp once a token: a draft asks
+        after every guess, where a call into C costs more than a lookup)."""
+        known = self._eog.get(token)
+        if known is None:
+            known = self._eog[token] = bool(llama_cpp.llama_vocab_is_eog(self._vocab, token))
+        return known
 
     def chat_template(self) -> str | None:
         raw = llama_cpp.llama_model_chat_template(self._model, None)

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from specgen.core.sampling import Dist, sample
+from specgen.core.sampling import FEW, Coins, Dist, sample
 from specgen.core.speculative import Verdict, verify_greedy
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -72,27 +72,29 @@ def gumbel(seed: int, position: int, ids: np.ndarray) -> np.ndarray:
 
 
 def gumbel_pick(dist: Dist, seed: int, position: int) -> int:
-    """argmax_x(log dist(x) + G_t(x)) over the support: an exact draw from ``dist``."""
-    if len(dist.ids) == 1:
-        return int(dist.ids[0])
-    if len(dist.ids) > _FEW:
-        scores = np.log(dist.probs) + gumbel(seed, position, dist.ids)
+    """argmax_x(log dist(x) + G_t(x)) over the support: an exact draw from ``dist``.
+
+    Computed as the race it is, argmax_x dist(x) / E_t(x) with E_t(x) = -log U_t(x) (exp of
+    the score above, one logarithm a token instead of three)."""
+    if len(dist) == 1:
+        return int(dist.lists()[0][0])
+    if len(dist) > FEW:
+        scores = dist.probs / -np.log(uniforms(seed, position, dist.ids))
         return int(dist.ids[int(np.argmax(scores))])
     # A few candidates (a warped row's support): the same noise, in Python numbers.
     key = _key(seed, position)
-    best, best_score = -1, -math.inf
-    for token, p in zip(dist.ids.tolist(), dist.probs.tolist(), strict=True):
-        if p <= 0.0:  # underflowed to nothing: never the pick
-            continue
-        z = _mix_int((key + (token + 1) * _GOLDEN_INT) & _MASK)
-        score = math.log(p) - math.log(-math.log(((z >> 11) + 0.5) * 2.0**-53))
-        if score > best_score:
+    best, best_score = -1, 0.0
+    for token, p in zip(*dist.lists(), strict=True):
+        z = (key + (token + 1) * _GOLDEN_INT) & _MASK  # _mix_int, inline
+        z ^= z >> 30
+        z = (z * _MIX1_INT) & _MASK
+        z ^= z >> 27
+        z = (z * _MIX2_INT) & _MASK
+        z ^= z >> 31
+        score = p / -math.log(((z >> 11) + 0.5) * 2.0**-53)
+        if score > best_score:  # a probability that underflowed to 0 is never the pick
             best, best_score = token, score
     return best
-
-
-# Up to this many candidates the Gumbel-max pick runs in Python numbers, past it in arrays.
-_FEW = 64
 
 
 class Keyed:
@@ -110,7 +112,7 @@ class Keyed:
 
 
 # What a generation draws its tokens with: a random generator, or the keyed noise.
-Draws = np.random.Generator | Keyed
+Draws = Coins | Keyed
 
 
 def draw(dist: Dist, draws: Draws) -> int:

@@ -17,8 +17,11 @@ q are built here and nowhere else.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import accumulate
+from typing import Protocol
 
 import numpy as np
 
@@ -27,8 +30,10 @@ import numpy as np
 # nucleus almost always fits. Grow the partition by this factor until it does.
 _NUCLEUS_FIRST_GUESS = 256
 _NUCLEUS_GROWTH = 8
-# Up to this many candidates a row is warped by sorting them all (``_warp_block``).
+# Up to this many candidates a row is warped by sorting them all (``_warp_one``).
 _BLOCK_MOST = 1024
+# Up to this many candidates a row is warped, and a token drawn, in Python numbers.
+FEW = 64
 
 
 @dataclass(frozen=True)
@@ -57,16 +62,61 @@ class SamplingParams:
 DEFAULT_SAMPLING = SamplingParams()
 
 
-@dataclass(frozen=True)
 class Dist:
     """A probability distribution over token ids, stored sparsely.
 
     ``ids`` is sorted ascending and unique; ``probs`` are positive and sum to 1.
     Tokens not in ``ids`` have probability 0.
+
+    A few-token distribution a draft step builds (``of_lists``) keeps Python lists and makes
+    the arrays only when something asks for them: after each of llama.cpp's decodes the host's
+    caches are cold, and a numpy call there costs ten times what it costs warm, where the same
+    arithmetic in Python numbers over a handful of candidates stays cheap
+    (``benchmarks/loop_cost.py``). ``prob``, ``sample`` and the keyed pick read the lists.
     """
 
-    ids: np.ndarray
-    probs: np.ndarray
+    __slots__ = ("_ids", "_probs", "_lists")
+
+    def __init__(self, ids: np.ndarray, probs: np.ndarray) -> None:
+        self._ids: np.ndarray | None = ids
+        self._probs: np.ndarray | None = probs
+        self._lists: tuple[list[int], list[float]] | None = None
+
+    @classmethod
+    def of_lists(cls, ids: list[int], probs: list[float]) -> Dist:
+        """The distribution of ``ids`` (sorted ascending, unique) and their ``probs``."""
+        dist = cls.__new__(cls)
+        dist._ids = dist._probs = None
+        dist._lists = (ids, probs)
+        return dist
+
+    @property
+    def ids(self) -> np.ndarray:
+        if self._ids is None:
+            assert self._lists is not None, "a Dist holds arrays or lists"
+            self._ids = np.array(self._lists[0], dtype=np.int64)
+        return self._ids
+
+    @property
+    def probs(self) -> np.ndarray:
+        if self._probs is None:
+            assert self._lists is not None, "a Dist holds arrays or lists"
+            self._probs = np.array(self._lists[1], dtype=np.float64)
+        return self._probs
+
+    def lists(self) -> tuple[list[int], list[float]]:
+        """``ids`` and ``probs`` as Python lists (made once)."""
+        if self._lists is None:
+            self._lists = (self.ids.tolist(), self.probs.tolist())
+        return self._lists
+
+    def __len__(self) -> int:
+        """The size of the support."""
+        return len(self._lists[0]) if self._lists is not None else len(self.ids)
+
+    def __repr__(self) -> str:
+        ids, probs = self.lists()
+        return f"Dist(ids={ids}, probs={probs})"
 
     @classmethod
     def from_dense(cls, probs: np.ndarray) -> Dist:
@@ -77,10 +127,14 @@ class Dist:
 
     @classmethod
     def one_hot(cls, token: int) -> Dist:
-        return cls(np.array([token], dtype=np.int64), np.array([1.0]))
+        return cls.of_lists([token], [1.0])
 
     def prob(self, token: int) -> float:
         """p(token); 0 where the token is outside the support."""
+        if self._lists is not None:
+            ids, probs = self._lists
+            i = bisect_left(ids, token)
+            return probs[i] if i < len(ids) and ids[i] == token else 0.0
         i = int(np.searchsorted(self.ids, token))
         if i < len(self.ids) and self.ids[i] == token:
             return float(self.probs[i])
@@ -119,7 +173,6 @@ def top_ids(values: np.ndarray, k: int) -> np.ndarray:
     return ids[np.argpartition(values[ids], -k)[-k:]]
 
 
-@dataclass(frozen=True)
 class TopK:
     """A row's likeliest tokens and their logits, in any order (as the backend gives them): the
     row's top-k, with every token outside ``ids`` below every one inside.
@@ -128,13 +181,47 @@ class TopK:
     and temperature in llama.cpp's sampler chain, ``final``): ``ids`` are then the support,
     ``logits`` its final logits and ``dist`` the distribution. A draft's rows may come so (its
     q is whatever its guesses are drawn from); a target's never do, so p is the host's warp on
-    every build."""
+    every build.
 
-    ids: np.ndarray
-    logits: np.ndarray
-    n_vocab: int  # of the whole row: a top-k with k >= n_vocab holds all of it
-    warped: SamplingParams | None = None
-    dist: Dist | None = None
+    A row read from the backend holds Python lists (``of_lists``, ``final``) and makes the
+    arrays only when they are read: the host warps a few candidates in Python numbers
+    (``_warp_few``), and after each of llama.cpp's decodes even one array operation costs more
+    than that arithmetic (``Dist``)."""
+
+    __slots__ = ("_ids", "_logits", "n_vocab", "warped", "dist")
+
+    def __init__(
+        self,
+        ids: np.ndarray | list[int],
+        logits: np.ndarray | list[float],
+        n_vocab: int,  # of the whole row: a top-k with k >= n_vocab holds all of it
+        warped: SamplingParams | None = None,
+        dist: Dist | None = None,
+    ) -> None:
+        self._ids, self._logits = ids, logits
+        self.n_vocab, self.warped, self.dist = n_vocab, warped, dist
+
+    @property
+    def ids(self) -> np.ndarray:
+        if isinstance(self._ids, list):
+            self._ids = np.array(self._ids, dtype=np.int64)
+        return self._ids
+
+    @property
+    def logits(self) -> np.ndarray:
+        if isinstance(self._logits, list):
+            self._logits = np.array(self._logits, dtype=np.float32)
+        return self._logits
+
+    def lists(self) -> tuple[list[int], list[float]]:
+        """``ids`` and ``logits`` as Python lists (copies where they are arrays)."""
+        ids = self._ids if isinstance(self._ids, list) else self._ids.tolist()
+        logits = self._logits if isinstance(self._logits, list) else self._logits.tolist()
+        return ids, logits
+
+    def __repr__(self) -> str:
+        ids, logits = self.lists()
+        return f"TopK(ids={ids}, logits={logits}, n_vocab={self.n_vocab})"
 
     @classmethod
     def of(cls, logits: np.ndarray, k: int) -> TopK:
@@ -148,30 +235,18 @@ class TopK:
         cls, ids: Sequence[int], logits: Sequence[float], n_vocab: int, params: SamplingParams
     ) -> TopK:
         """A row the backend warped with ``params``: its candidates and their final logits
-        (-inf where out of the support). In plain Python over the few candidates: a draft step
-        reads one such row, and a handful of array operations would cost more."""
+        (-inf where out of the support)."""
         kept = sorted(pair for pair in zip(ids, logits, strict=True) if pair[1] > _NEG)
         assert kept, "a warp keeps the likeliest token"
         top = max(logits)
-        values = [v for _, v in kept]
+        support, values = [t for t, _ in kept], [v for _, v in kept]
         weights = [math.exp(v - top) for v in values]
         total = sum(weights)
-        support = np.array([t for t, _ in kept], dtype=np.int64)
-        dist = Dist(support, np.array([w / total for w in weights]))
-        return cls(support, np.array(values, dtype=np.float32), n_vocab, params, dist)
+        dist = Dist.of_lists(support, [w / total for w in weights])
+        return cls(support, values, n_vocab, params, dist)
 
 
 _NEG = -math.inf
-
-
-class TopKBlock(list[TopK]):
-    """A decode's rows as ``TopK`` rows, each a view of one row of the arrays they were read
-    into (``ids``, ``logits``, a row each): ``warp_rows`` warps a prefix of them from those
-    arrays at once, without stacking the rows again."""
-
-    def __init__(self, ids: np.ndarray, logits: np.ndarray, n_vocab: int) -> None:
-        super().__init__(TopK(ids[i], logits[i], n_vocab) for i in range(len(ids)))
-        self.ids, self.logits = ids, logits
 
 
 # A row of logits: the whole vocabulary's, or its top-k from the backend; a decode's rows.
@@ -201,7 +276,8 @@ def row_top_k(params: SamplingParams, whole_rows: bool = False, on_device: bool 
 def best(row: Row) -> int:
     """The row's argmax (greedy's token)."""
     if isinstance(row, TopK):
-        return int(row.ids[int(np.argmax(row.logits))])
+        ids, logits = row.lists()
+        return ids[logits.index(max(logits))] if len(ids) > 1 else ids[0]
     return int(np.argmax(row))
 
 
@@ -234,51 +310,57 @@ def warp(logits: Row, params: SamplingParams, masked: bool = False) -> Dist:
         ids = np.flatnonzero(finite) if ids is None else ids[finite]
         values = values[finite]
     # A top-k's few candidates are sorted whole; so are a mask's, where they are few enough.
+    if ids is not None and len(ids) <= FEW:
+        return _warp_few(ids.tolist(), values.tolist(), params)
     if ids is not None and (not masked or len(ids) <= _BLOCK_MOST):
         return _warp_one(ids, values, params)
     return _warp_rest(ids, values, params)
 
 
-def warp_rows(
-    rows: Sequence[Row] | np.ndarray, params: SamplingParams, count: int | None = None
-) -> list[Dist]:
-    """``warp`` of each of the first ``count`` rows (default: all), in one array pass over
-    them where each has a top-k (a verify's rows; a batch's): the same distributions, row by
-    row, as ``warp`` of each alone. Rows without a top-k to take (``top_k`` 0, or as large as
-    the vocabulary) and greedy parameters go row by row."""
-    count = len(rows) if count is None else min(count, len(rows))
-    if isinstance(rows, TopKBlock) and not params.greedy and 0 < params.top_k:
-        assert 0 < min(params.top_k, rows[0].n_vocab) <= rows.ids.shape[1], "top_k candidates"
-        return _warp_block(rows.ids[:count], rows.logits[:count].astype(np.float64), params)
-    rows = rows[:count]
-    if params.greedy or len(rows) == 0:
-        return [warp(row, params) for row in rows]
-    first = rows[0]
-    n_vocab = first.n_vocab if isinstance(first, TopK) else first.shape[-1]
-    if not 0 < params.top_k < n_vocab or any(
-        isinstance(row, TopK) and row.dist is not None for row in rows
-    ):
-        return [warp(row, params) for row in rows]
-    k = params.top_k
-    tops = [row if isinstance(row, TopK) else TopK.of(np.asarray(row), k) for row in rows]
-    width = {len(top.ids) for top in tops}
-    if len(width) > 1:  # candidates of other counts: a block each
-        return [_warp_candidates(top, params) for top in tops]
-    for top in tops:
-        assert 0 < min(params.top_k, top.n_vocab) <= len(top.ids), "at least top_k candidates"
-    ids = np.array([top.ids for top in tops])
-    values = np.array([top.logits for top in tops], dtype=np.float64)
-    return _warp_block(ids, values, params)
-
-
 def _warp_candidates(row: TopK, params: SamplingParams) -> Dist:
-    assert 0 < min(params.top_k, row.n_vocab) <= len(row.ids), "at least top_k candidates"
+    assert 0 < min(params.top_k, row.n_vocab) <= len(row.lists()[0]), "at least top_k candidates"
+    if len(row.lists()[0]) <= FEW:
+        return _warp_few(*row.lists(), params)
     return _warp_one(row.ids, row.logits.astype(np.float64), params)
 
 
+def _warp_few(ids: list[int], values: list[float], params: SamplingParams) -> Dist:
+    """Steps 1-4 of the warp on a few candidates (a top-k's), in Python numbers: after each of
+    llama.cpp's decodes the host's caches are cold, and there a handful of array operations
+    cost more than this arithmetic over 40 numbers (``Dist``). Every way a row is read (whole,
+    or its top-k from the backend) comes here with the same numbers: the same p to the bit."""
+    # Sorted by logit, ties in the candidates' order (a stable sort, as ``_warp_one``'s).
+    order = sorted(range(len(values)), key=values.__getitem__, reverse=True)
+    count = len(order)
+    kept = min(count, params.top_k) if params.top_k > 0 else count
+    top = values[order[0]]
+    # 2. top-p on the untempered distribution (llama.cpp's order): the smallest prefix of the
+    # top-k whose mass reaches top_p.
+    if params.top_p < 1.0:
+        cumulative = list(accumulate(math.exp(values[i] - top) for i in order[:kept]))
+        total = cumulative[-1]
+        reach = 0
+        while reach < kept and cumulative[reach] / total < params.top_p:
+            reach += 1
+        kept = min(kept, reach + 1)
+    # 3. min-p: tokens with p >= min_p * p_max, i.e. logit >= max + ln(min_p), a prefix too.
+    if params.min_p > 0.0:
+        floor = top + math.log(params.min_p)
+        above = 0
+        while above < count and values[order[above]] >= floor:
+            above += 1
+        kept = min(kept, above)
+    # 4. Temperature, softmax, and ids sorted so that Dist.prob can binary-search.
+    chosen = order[:kept]
+    weights = [math.exp((values[i] - top) / params.temperature) for i in chosen]
+    total = sum(weights)
+    pairs = sorted(zip([ids[i] for i in chosen], [w / total for w in weights], strict=True))
+    return Dist.of_lists([t for t, _ in pairs], [q for _, q in pairs])
+
+
 def _warp_one(ids: np.ndarray, values: np.ndarray, params: SamplingParams) -> Dist:
-    """``_warp_block`` of one row, in fewer array operations (a draft step's: one row at a
-    time), the same arithmetic in the same order: the same distribution to the last bit."""
+    """Steps 1-4 of the warp on more candidates than ``FEW`` (a large top-k, a grammar's
+    allowed tokens), in array operations: ``_warp_few``'s steps."""
     order = np.argsort(-values, kind="stable")
     values, ids = values[order], ids[order]
     count = len(values)
@@ -298,43 +380,6 @@ def _warp_one(ids: np.ndarray, values: np.ndarray, params: SamplingParams) -> Di
     ids, probs = ids[:kept], probs[:kept]
     by_id = np.argsort(ids)
     return Dist(ids[by_id].astype(np.int64), probs[by_id])
-
-
-def _warp_block(ids: np.ndarray, values: np.ndarray, params: SamplingParams) -> list[Dist]:
-    """Steps 1-4 of the warp on rows of candidates (``ids``, ``values``: one row each, the
-    same count a row), all rows in each array operation: sorted once by logit, the top-k, the
-    nucleus and min-p are each a prefix of that order."""
-    rows, count = values.shape
-    by_row, columns = np.arange(rows)[:, None], np.arange(count)
-    order = np.argsort(-values, axis=1, kind="stable")
-    values, ids = values[by_row, order], ids[by_row, order].astype(np.int64)
-    # 1. top-k (the backend may give more candidates than this generation's top_k).
-    first = min(count, params.top_k) if params.top_k > 0 else count
-    kept: np.ndarray | int = first
-    top = values[:, :1]
-    centered = values - top
-    # 2. top-p on the untempered distribution over the candidates (llama.cpp's order): the
-    # smallest prefix whose mass reaches top_p.
-    if params.top_p < 1.0:
-        shifted = np.exp(centered)
-        if first < count:
-            shifted[:, first:] = 0.0
-        cumulative = np.cumsum(shifted, axis=1)
-        cumulative /= cumulative[:, -1:]
-        kept = np.minimum(first, (cumulative < params.top_p).sum(axis=1) + 1)
-    # 3. min-p: tokens with p >= min_p * p_max, i.e. logit >= max + ln(min_p), also a prefix.
-    if params.min_p > 0.0:
-        kept = np.minimum(kept, (values >= top + math.log(params.min_p)).sum(axis=1))
-    kept = np.broadcast_to(kept, (rows,))
-    # 4. Temperature, softmax, and ids sorted so that Dist.prob can binary-search.
-    outside = columns >= kept[:, None]
-    probs = np.exp(centered / params.temperature)
-    probs[outside] = 0.0
-    probs /= probs.sum(axis=1, keepdims=True)
-    ids[outside] = np.iinfo(np.int64).max
-    by_id = np.argsort(ids, axis=1)
-    ids, probs = ids[by_row, by_id], probs[by_row, by_id]
-    return [Dist(ids[i, :n], probs[i, :n]) for i, n in enumerate(kept.tolist())]
 
 
 def _warp_rest(ids: np.ndarray | None, values: np.ndarray, params: SamplingParams) -> Dist:
@@ -380,10 +425,40 @@ def _nucleus(
     return (chosen if ids is None else ids[chosen]), values[chosen]
 
 
-def sample(dist: Dist, rng: np.random.Generator) -> int:
+class Coins(Protocol):
+    """Where uniform draws in [0, 1) come from: a ``numpy.random.Generator``, or ``Uniforms``."""
+
+    def random(self) -> float: ...
+
+
+class Uniforms:
+    """A random generator's uniforms, drawn ahead a block at a time: the very numbers, in the
+    same order, that ``rng.random()`` gives called once each, taken from a list where a numpy
+    call after each of llama.cpp's decodes costs tens of microseconds (``Dist``)."""
+
+    BLOCK = 64
+
+    def __init__(self, rng: np.random.Generator) -> None:
+        self._rng = rng
+        self._ahead: list[float] = []
+
+    def random(self) -> float:
+        if not self._ahead:
+            self._ahead = self._rng.random(self.BLOCK).tolist()[::-1]
+        return self._ahead.pop()
+
+
+def sample(dist: Dist, rng: Coins) -> int:
     """Draw one token id from ``dist``."""
+    if dist._lists is not None:  # a draft step's few candidates: the same sums in Python
+        ids, probs = dist._lists
+        if len(ids) == 1:
+            return ids[0]
+        cumulative = list(accumulate(probs))
+        i = bisect_right(cumulative, rng.random() * cumulative[-1])
+        return ids[min(i, len(ids) - 1)]
     if len(dist.ids) == 1:
         return int(dist.ids[0])
-    cumulative = np.cumsum(dist.probs)
-    i = int(np.searchsorted(cumulative, rng.random() * cumulative[-1], side="right"))
+    sums = np.cumsum(dist.probs)
+    i = int(np.searchsorted(sums, rng.random() * sums[-1], side="right"))
     return int(dist.ids[min(i, len(dist.ids) - 1)])

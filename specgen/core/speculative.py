@@ -20,7 +20,7 @@ from operator import mul
 
 import numpy as np
 
-from specgen.core.sampling import Dist, sample
+from specgen.core.sampling import FEW, Coins, Dist, sample
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,15 @@ def residual(p: Dist, q: Dist) -> Dist:
     Where p == q the residual is empty, but then no guess is ever rejected; p is returned so the
     function stays total.
     """
+    if len(p) <= FEW and len(q) <= FEW:  # a top-k's few candidates: in Python numbers
+        p_at = dict(zip(*p.lists(), strict=True))
+        q_at = dict(zip(*q.lists(), strict=True))
+        diffs = [(t, p_at.get(t, 0.0) - q_at.get(t, 0.0)) for t in sorted(p_at.keys() | q_at)]
+        left = [(t, d) for t, d in diffs if d > 0]
+        if not left:
+            return p
+        total = sum(d for _, d in left)
+        return Dist.of_lists([t for t, _ in left], [d / total for _, d in left])
     ids = np.union1d(p.ids, q.ids)
     diff = _on(ids, p) - _on(ids, q)
     keep = diff > 0
@@ -64,7 +73,7 @@ def verify(
     guesses: Sequence[int],
     q: Sequence[Dist],
     p: Callable[[int], Dist],
-    rng: np.random.Generator,
+    rng: Coins,
 ) -> Verdict:
     """Run the accept coin over the guesses; ``p(i)`` gives the target distribution at position i.
 

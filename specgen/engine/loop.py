@@ -28,6 +28,7 @@ from specgen.core.sampling import (
     Dist,
     Row,
     SamplingParams,
+    Uniforms,
     best,
     row_top_k,
     warp,
@@ -198,7 +199,7 @@ class _Generation:
             engine.load,
             engine.slot,
         )
-        self.rng = np.random.default_rng(stats.seed)
+        self.rng = Uniforms(np.random.default_rng(stats.seed))
         self.keyed = stats.coupling == "gumbel"  # tokens keyed on (seed, position)
         self.emit = Emitter(self.target, config)
         self.tokens = list(prompt)

@@ -12,7 +12,7 @@ import numpy as np
 from specgen.core.constraint import Constraint, shaped
 from specgen.core.coupling import Draws, Keyed, verify_gumbel
 from specgen.core.penalties import Penalties
-from specgen.core.sampling import Dist, Row, Rows, SamplingParams, best, warp, warp_rows
+from specgen.core.sampling import Dist, Row, Rows, SamplingParams, best, warp
 from specgen.core.speculative import Verdict, verify, verify_greedy
 from specgen.drafters import NgramTail, Proposal
 from specgen.structured.grammar import LogitBias
@@ -39,13 +39,8 @@ def verdict_on(
             read.extend(rows[: len(proposal.tokens) + 1])
         if sampling.greedy:
             return verify_greedy(proposal.tokens, lambda i: best(rows[i]))
-        # Rows' top-k from the backend: every row the rule may read warped in one array pass
-        # (``warp_rows``), the same p row by row as warping each when reached. Whole rows are
-        # warped as reached: each needs its own top-k search first, wasted past a rejection.
-        if isinstance(rows, np.ndarray):
-            p: Callable[[int], Dist] = lambda i: warp(rows[i], sampling)  # noqa: E731
-        else:
-            p = warp_rows(rows, sampling, len(proposal.tokens) + 1).__getitem__
+        # Each row warped as reached: none past a rejection.
+        p: Callable[[int], Dist] = lambda i: warp(rows[i], sampling)  # noqa: E731
         if isinstance(draws, Keyed):
             return verify_gumbel(proposal.tokens, p, draws.seed, draws.position)
         return verify(proposal.tokens, proposal.q, p, draws)

@@ -10,13 +10,14 @@ from specgen.core.sampling import (
     Dist,
     SamplingParams,
     TopK,
-    TopKBlock,
+    Uniforms,
+    _warp_few,
+    _warp_one,
     best,
     row_top_k,
     sample,
     top_ids,
     warp,
-    warp_rows,
 )
 from specgen.core.speculative import (
     accept_probability,
@@ -111,6 +112,51 @@ def test_residual_is_positive_part_of_difference() -> None:
     p, q = CASES["generic"]
     expected = np.maximum(p.dense(V) - q.dense(V), 0)
     np.testing.assert_allclose(residual(p, q).dense(V), expected / expected.sum())
+
+
+def test_a_few_tokens_residual_in_python_numbers_is_the_arrays_one() -> None:
+    """Up to ``FEW`` tokens the residual is taken in Python numbers: the same support and
+    probabilities as over arrays (past ``FEW``), on random pairs that overlap in part."""
+    rng = np.random.default_rng(3)
+    for _ in range(300):
+        n, m = (int(x) for x in rng.integers(1, 20, 2))
+        p_ids = np.sort(rng.choice(60, n, replace=False))
+        q_ids = np.sort(rng.choice(60, m, replace=False))
+        p = Dist(p_ids, rng.dirichlet(np.ones(n)))
+        q = Dist(q_ids, rng.dirichlet(np.ones(m)))
+        few = residual(Dist.of_lists(*p.lists()), Dist.of_lists(*q.lists()))
+        dense = np.maximum(p.dense(60) - q.dense(60), 0)
+        want = p.dense(60) if dense.sum() == 0 else dense / dense.sum()
+        np.testing.assert_allclose(few.dense(60), want, atol=1e-15)
+        assert few.lists()[0] == sorted(few.lists()[0]) and min(few.lists()[1]) > 0
+
+
+def test_a_distribution_of_lists_is_the_distribution_of_arrays() -> None:
+    """A draft step's ``Dist`` of Python lists answers as one of arrays: its arrays, ``prob``
+    in and out of the support, and every draw from the same generator (the same sums, so the
+    same token for the same uniform)."""
+    rng = np.random.default_rng(4)
+    for _ in range(200):
+        n = int(rng.integers(1, 30))
+        ids = np.sort(rng.choice(1000, n, replace=False)).astype(np.int64)
+        probs = rng.dirichlet(np.full(n, 0.5))
+        arrays, few = Dist(ids, probs), Dist.of_lists(ids.tolist(), probs.tolist())
+        np.testing.assert_array_equal(few.ids, ids)
+        np.testing.assert_array_equal(few.probs, probs)
+        assert len(few) == len(arrays) == n
+        for token in (*ids[:3].tolist(), 1000, -1):
+            assert few.prob(token) == arrays.prob(token)
+        seed = int(rng.integers(2**32))
+        a, b = np.random.default_rng(seed), np.random.default_rng(seed)
+        assert [sample(few, a) for _ in range(20)] == [sample(arrays, b) for _ in range(20)]
+
+
+def test_uniforms_drawn_ahead_are_the_generators_own_in_order() -> None:
+    """``Uniforms`` takes a generator's uniforms a block at a time: the very numbers that
+    calling ``random()`` once each gives, across the blocks' edges."""
+    ahead, one_by_one = Uniforms(np.random.default_rng(9)), np.random.default_rng(9)
+    count = 3 * Uniforms.BLOCK + 5
+    assert [ahead.random() for _ in range(count)] == [one_by_one.random() for _ in range(count)]
 
 
 def test_verify_calls_p_lazily() -> None:
@@ -308,26 +354,29 @@ def test_expected_tokens_by_position_is_the_closed_form_at_one_alpha() -> None:
         SamplingParams(1.0, 20, 0.5, 0.0),  # fewer than the backend's 40 candidates
     ],
 )
-def test_a_verifys_rows_warped_together_are_each_warped_alone(params: SamplingParams) -> None:
-    """``warp_rows`` (one array pass over a verify's rows) gives each row, to the last bit, the
-    distribution ``warp`` gives it alone, ties included (rounded logits)."""
+def test_a_few_candidates_warp_in_python_numbers_as_in_arrays(params: SamplingParams) -> None:
+    """A top-k's candidates are warped in Python numbers (``_warp_few``): the support the
+    array warp (``_warp_one``, for many candidates) keeps, ties included (rounded logits), and
+    its probabilities up to rounding; and the very same bits whichever way the row is read
+    (whole, its top-k as arrays, its candidates as the backend's Python numbers). (Where
+    logits tie at the top-k's edge, a whole row's own top-k may hold another of the tied.)"""
     rng = np.random.default_rng(13)
     for trial in range(60):
-        logits = (rng.standard_normal((9, 3000)) * rng.uniform(0.5, 6)).astype(np.float32)
+        logits = (rng.standard_normal(3000) * rng.uniform(0.5, 6)).astype(np.float32)
         if trial % 3 == 0:
             logits = np.round(logits)
-        tops = [TopK.of(row, 40) for row in logits]
-        block = TopKBlock(np.array([t.ids for t in tops]), np.array([t.logits for t in tops]), 3000)
-        for rows in (tops, list(logits), block):
-            count = 1 + trial % 9  # a verify reads a prefix of its rows
-            together = warp_rows(rows, params, count)
-            assert len(together) == count
-            for dist, row in zip(together, rows[:count], strict=True):
-                alone = warp(row, params)
-                np.testing.assert_array_equal(dist.ids, alone.ids)
-                np.testing.assert_array_equal(dist.probs, alone.probs)
-    greedy = SamplingParams(temperature=0)
-    assert [d.ids.tolist() for d in warp_rows(tops, greedy)] == [[best(t)] for t in tops]
+        top = TopK.of(logits, 40)
+        ids, values = top.lists()
+        few = _warp_few(ids, values, params)
+        arrays = _warp_one(top.ids.astype(np.int64), top.logits.astype(np.float64), params)
+        np.testing.assert_array_equal(few.ids, arrays.ids)
+        np.testing.assert_allclose(few.probs, arrays.probs, rtol=1e-12)
+        ties = trial % 3 == 0 and params.top_k < 40
+        for row in (
+            (top, TopK(ids, values, 3000)) if ties else (logits, top, TopK(ids, values, 3000))
+        ):
+            got = warp(row, params)
+            assert got.lists() == few.lists()
 
 
 def test_a_row_warped_on_the_backend_is_its_final_distribution() -> None:
