@@ -35,6 +35,8 @@ from specgen.stats import Clock
 
 # Tokens of a prompt per pass, beside the other sequences' verify.
 PROMPT_CHUNK = 256
+# What a request for no tokens gives (made once: a numpy call after a decode costs).
+_NO_ROWS: Rows = np.empty((0, 0), dtype=np.float32)
 
 
 # Given a sequence (a model), its tokens and the rows it wants, those rows once decoded.
@@ -173,7 +175,7 @@ class Streams:
                 # Not in a task (loading, a test's own decode): decode it alone, at once.
                 return context.decode_together([(sequence, tokens, n_logits)])[0]
             chunk = self.prompt_chunk
-            rows: Rows = np.empty((0, 0), dtype=np.float32)
+            rows = _NO_ROWS
             for start in range(0, len(tokens), chunk):
                 piece = tokens[start : start + chunk]
                 wanted = min(len(piece), max(0, n_logits - (len(tokens) - start - len(piece))))
