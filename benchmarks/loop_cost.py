@@ -10,12 +10,15 @@ rows run side by side (alternating which goes first) on the same loaded files, s
 gets busier weighs on both alike.
 
     python benchmarks/loop_cost.py TARGET DRAFT [TARGET DRAFT ...] [-k 4,8] [-n 96]
-        [--temperatures 0,0.8] [--repeats 3] [--threads 2] [--coupling residual] [--json FILE]
+        [--temperatures 0,0.8] [--repeats 3] [--threads 2] [--coupling residual] [--gaps]
+        [--json FILE]
 
 Columns: host ms per cycle; host share of generation time; ms per cycle inside decodes
-(target and draft); tokens per second. The same seed is used on both ways, and the texts are
-checked to be the same (the same p and q). On a CPU build specgen reads whole rows (the first
-way); on a GPU, the second.
+(target and draft); tokens per second. ``--gaps`` adds where the host time falls: the median
+time between two decodes by what they were (a draft's step to its next, the last step to the
+verify pass, the verify to the next cycle's first step) and their sum per cycle. The same
+seed is used on both ways, and the texts are checked to be the same (the same p and q). On a
+CPU build specgen reads whole rows (the first way); on a GPU, the second.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ import contextlib
 import json
 import statistics
 import sys
+import time
+from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -32,7 +37,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from specgen.backend import LlamaModel, ModelOptions, decode_seconds  # noqa: E402
+from specgen.backend import LlamaModel, ModelOptions, decode_seconds, runtime  # noqa: E402
 from specgen.core import sampling  # noqa: E402
 from specgen.core.sampling import DEFAULT_SAMPLING, SamplingParams  # noqa: E402
 from specgen.drafters import ModelDrafter  # noqa: E402
@@ -60,6 +65,54 @@ def host_top_k_as_before(on: bool) -> Iterator[None]:
         yield
     finally:
         sampling.top_ids = kept
+
+
+# Each decode as (began, ended, context, tokens), while --gaps logs them.
+Decodes = list[tuple[float, float, object, int]]
+
+
+@contextlib.contextmanager
+def decodes_logged(on: bool) -> Iterator[Decodes]:
+    """Every llama.cpp decode's start and end, while ``on``."""
+    log: Decodes = []
+    if not on:
+        yield log
+        return
+    kept = runtime._waited
+
+    def waited(call, ctx, batch):  # type: ignore[no-untyped-def]
+        began = time.perf_counter()
+        status = kept(call, ctx, batch)
+        log.append((began, time.perf_counter(), _address(ctx), batch.n_tokens))
+        return status
+
+    runtime._waited = waited
+    try:
+        yield log
+    finally:
+        runtime._waited = kept
+
+
+def _address(ctx: object) -> object:
+    return getattr(ctx, "value", None) or id(ctx)
+
+
+def gaps(logs: list[Decodes], target: object, cycles: int) -> dict[str, tuple[float, float]]:
+    """Host time between consecutive decodes of each generation (``logs``: one each), by kind:
+    median us, and ms per cycle. The target's first decode is the prompt's."""
+    by_kind: dict[str, list[float]] = defaultdict(list)
+    for log in logs:
+        for i, ((_, ended, ctx_a, n_a), (began, _, ctx_b, _)) in enumerate(zip(log, log[1:])):
+            if ctx_a == target:
+                a = "verify" if i else "prompt"
+            else:
+                a = "step" if n_a == 1 else "draft read"
+            b = "verify" if ctx_b == target else "draft"
+            by_kind[f"{a}->{b}"].append(began - ended)
+    return {
+        kind: (1e6 * statistics.median(seen), 1e3 * sum(seen) / max(cycles, 1))
+        for kind, seen in sorted(by_kind.items())
+    }
 
 
 def generate(engine: SpeculativeEngine, prompt: list[int], config: GenerationConfig) -> dict:
@@ -100,6 +153,7 @@ def main() -> None:
         help="how sampled tokens are drawn (auto with the fixed seed: gumbel; residual is what "
         "a run without --seed draws with)",
     )
+    parser.add_argument("--gaps", action="store_true", help="where the host time falls")
     args = parser.parse_args()
     ways_here = {**WAYS, **({BEFORE: (False, False)} if args.before else {})}
     if len(args.files) % 2:
@@ -134,13 +188,15 @@ def main() -> None:
                 )
                 ways = list(ways_here)
                 runs: dict[str, list[dict]] = {way: [] for way in ways}
+                logs: dict[str, list[Decodes]] = {way: [] for way in ways}
                 for way in ways:  # warm-up: graphs built, caches touched
                     with host_top_k_as_before(way == BEFORE):
                         generate(engines[way], prompt, config)
                 for repeat in range(args.repeats):
                     for way in ways if repeat % 2 == 0 else ways[::-1]:
-                        with host_top_k_as_before(way == BEFORE):
+                        with host_top_k_as_before(way == BEFORE), decodes_logged(args.gaps) as log:
                             runs[way].append(generate(engines[way], prompt, config))
+                        logs[way].append(log)
                 texts = {way: runs[way][0]["tokens"] for way in ways}
                 for way in ways:
                     got = runs[way]
@@ -171,6 +227,19 @@ def main() -> None:
                         f"{row['tokens_per_second']:6.1f} tok/s  same text: {row['same_text']}",
                         flush=True,
                     )
+                    if args.gaps:
+                        target = _address(engines[way].target.ctx_ptr)
+                        cycles = sum(r["cycles"] for r in got)
+                        print(
+                            "    between decodes: "
+                            + "; ".join(
+                                f"{kind} {median:.0f} us ({per_cycle:.3f} ms/cycle)"
+                                for kind, (median, per_cycle) in gaps(
+                                    logs[way], target, cycles
+                                ).items()
+                            ),
+                            flush=True,
+                        )
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
 
