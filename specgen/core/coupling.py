@@ -71,27 +71,31 @@ def gumbel(seed: int, position: int, ids: np.ndarray) -> np.ndarray:
     return -np.log(-np.log(uniforms(seed, position, ids)))
 
 
+# E's least value: U rounds to 1.0 at its largest (1 in 2^53), where -log U would be 0.
+_LEAST = 2.0**-54
+
+
 def gumbel_pick(dist: Dist, seed: int, position: int) -> int:
     """argmax_x(log dist(x) + G_t(x)) over the support: an exact draw from ``dist``.
 
     Computed as the race it is, argmax_x dist(x) / E_t(x) with E_t(x) = -log U_t(x) (exp of
     the score above, one logarithm a token instead of three)."""
     if len(dist) == 1:
-        return int(dist.lists()[0][0])
+        return int(dist.weighted()[0][0])
     if len(dist) > FEW:
-        scores = dist.probs / -np.log(uniforms(seed, position, dist.ids))
+        scores = dist.probs / np.maximum(-np.log(uniforms(seed, position, dist.ids)), _LEAST)
         return int(dist.ids[int(np.argmax(scores))])
     # A few candidates (a warped row's support): the same noise, in Python numbers.
     key = _key(seed, position)
     best, best_score = -1, 0.0
-    for token, p in zip(*dist.lists(), strict=True):
+    for token, p in zip(*dist.weighted(), strict=True):  # p/E: unnormalized is the same race
         z = (key + (token + 1) * _GOLDEN_INT) & _MASK  # _mix_int, inline
         z ^= z >> 30
         z = (z * _MIX1_INT) & _MASK
         z ^= z >> 27
         z = (z * _MIX2_INT) & _MASK
         z ^= z >> 31
-        score = p / -math.log(((z >> 11) + 0.5) * 2.0**-53)
+        score = p / max(-math.log(((z >> 11) + 0.5) * 2.0**-53), _LEAST)
         if score > best_score:  # a probability that underflowed to 0 is never the pick
             best, best_score = token, score
     return best

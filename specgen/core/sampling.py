@@ -72,46 +72,70 @@ class Dist:
     the arrays only when something asks for them: after each of llama.cpp's decodes the host's
     caches are cold, and a numpy call there costs ten times what it costs warm, where the same
     arithmetic in Python numbers over a handful of candidates stays cheap
-    (``benchmarks/loop_cost.py``). ``prob``, ``sample`` and the keyed pick read the lists.
+    (``benchmarks/loop_cost.py``). ``prob``, ``sample`` and the keyed pick read the lists. A
+    warp's result (``of_weights``) keeps its weights as they came, and is sorted and normalized
+    only when read so: the keyed pick reads the weights themselves (``weighted``).
     """
 
-    __slots__ = ("_ids", "_probs", "_lists")
+    __slots__ = ("_ids", "_probs", "_lists", "_weights", "listed")
 
     def __init__(self, ids: np.ndarray, probs: np.ndarray) -> None:
         self._ids: np.ndarray | None = ids
         self._probs: np.ndarray | None = probs
         self._lists: tuple[list[int], list[float]] | None = None
+        self._weights: tuple[list[int], list[float]] | None = None
+        # Built of Python lists (a few tokens): read them, not arrays.
+        self.listed = False
 
     @classmethod
     def of_lists(cls, ids: list[int], probs: list[float]) -> Dist:
         """The distribution of ``ids`` (sorted ascending, unique) and their ``probs``."""
         dist = cls.__new__(cls)
-        dist._ids = dist._probs = None
-        dist._lists = (ids, probs)
+        dist._ids = dist._probs = dist._weights = None
+        dist._lists, dist.listed = (ids, probs), True
         return dist
+
+    @classmethod
+    def of_weights(cls, ids: list[int], weights: list[float]) -> Dist:
+        """The distribution proportional to ``weights`` (positive) over ``ids`` (unique, in
+        any order)."""
+        dist = cls.__new__(cls)
+        dist._ids = dist._probs = dist._lists = None
+        dist._weights, dist.listed = (ids, weights), True
+        return dist
+
+    def weighted(self) -> tuple[list[int], list[float]]:
+        """Ids and weights proportional to their probabilities, in any order (as built)."""
+        return self._weights if self._weights is not None else self.lists()
 
     @property
     def ids(self) -> np.ndarray:
         if self._ids is None:
-            assert self._lists is not None, "a Dist holds arrays or lists"
-            self._ids = np.array(self._lists[0], dtype=np.int64)
+            self._ids = np.array(self.lists()[0], dtype=np.int64)
         return self._ids
 
     @property
     def probs(self) -> np.ndarray:
         if self._probs is None:
-            assert self._lists is not None, "a Dist holds arrays or lists"
-            self._probs = np.array(self._lists[1], dtype=np.float64)
+            self._probs = np.array(self.lists()[1], dtype=np.float64)
         return self._probs
 
     def lists(self) -> tuple[list[int], list[float]]:
         """``ids`` and ``probs`` as Python lists (made once)."""
         if self._lists is None:
-            self._lists = (self.ids.tolist(), self.probs.tolist())
+            if self._weights is not None:
+                ids, weights = self._weights
+                total = sum(weights)
+                pairs = sorted(zip(ids, [w / total for w in weights], strict=True))
+                self._lists = ([t for t, _ in pairs], [q for _, q in pairs])
+            else:
+                self._lists = (self.ids.tolist(), self.probs.tolist())
         return self._lists
 
     def __len__(self) -> int:
         """The size of the support."""
+        if self._weights is not None:
+            return len(self._weights[0])
         return len(self._lists[0]) if self._lists is not None else len(self.ids)
 
     def __repr__(self) -> str:
@@ -131,14 +155,18 @@ class Dist:
 
     def prob(self, token: int) -> float:
         """p(token); 0 where the token is outside the support."""
-        if self._lists is not None:
-            ids, probs = self._lists
+        if self.listed:
+            ids, probs = self.lists()
             i = bisect_left(ids, token)
             return probs[i] if i < len(ids) and ids[i] == token else 0.0
         i = int(np.searchsorted(self.ids, token))
         if i < len(self.ids) and self.ids[i] == token:
             return float(self.probs[i])
         return 0.0
+
+    def most(self) -> float:
+        """The largest probability."""
+        return max(self.lists()[1]) if self.listed else float(self.probs.max())
 
     def dense(self, n_vocab: int) -> np.ndarray:
         out = np.zeros(n_vocab)
@@ -219,6 +247,10 @@ class TopK:
         logits = self._logits if isinstance(self._logits, list) else self._logits.tolist()
         return ids, logits
 
+    def __len__(self) -> int:
+        """How many candidates."""
+        return len(self._ids)
+
     def __repr__(self) -> str:
         ids, logits = self.lists()
         return f"TopK(ids={ids}, logits={logits}, n_vocab={self.n_vocab})"
@@ -236,13 +268,11 @@ class TopK:
     ) -> TopK:
         """A row the backend warped with ``params``: its candidates and their final logits
         (-inf where out of the support)."""
-        kept = sorted(pair for pair in zip(ids, logits, strict=True) if pair[1] > _NEG)
-        assert kept, "a warp keeps the likeliest token"
         top = max(logits)
-        support, values = [t for t, _ in kept], [v for _, v in kept]
-        weights = [math.exp(v - top) for v in values]
-        total = sum(weights)
-        dist = Dist.of_lists(support, [w / total for w in weights])
+        support = [t for t, v in zip(ids, logits, strict=True) if v > _NEG]
+        values = [v for v in logits if v > _NEG]
+        assert support, "a warp keeps the likeliest token"
+        dist = Dist.of_weights(support, [math.exp(v - top) for v in values])
         return cls(support, values, n_vocab, params, dist)
 
 
@@ -318,8 +348,9 @@ def warp(logits: Row, params: SamplingParams, masked: bool = False) -> Dist:
 
 
 def _warp_candidates(row: TopK, params: SamplingParams) -> Dist:
-    assert 0 < min(params.top_k, row.n_vocab) <= len(row.lists()[0]), "at least top_k candidates"
-    if len(row.lists()[0]) <= FEW:
+    count = len(row)
+    assert 0 < min(params.top_k, row.n_vocab) <= count, "at least top_k candidates"
+    if count <= FEW:
         return _warp_few(*row.lists(), params)
     return _warp_one(row.ids, row.logits.astype(np.float64), params)
 
@@ -350,12 +381,10 @@ def _warp_few(ids: list[int], values: list[float], params: SamplingParams) -> Di
         while above < count and values[order[above]] >= floor:
             above += 1
         kept = min(kept, above)
-    # 4. Temperature, softmax, and ids sorted so that Dist.prob can binary-search.
+    # 4. Temperature and softmax (normalized, and ids sorted, when first read so).
     chosen = order[:kept]
     weights = [math.exp((values[i] - top) / params.temperature) for i in chosen]
-    total = sum(weights)
-    pairs = sorted(zip([ids[i] for i in chosen], [w / total for w in weights], strict=True))
-    return Dist.of_lists([t for t, _ in pairs], [q for _, q in pairs])
+    return Dist.of_weights([ids[i] for i in chosen], weights)
 
 
 def _warp_one(ids: np.ndarray, values: np.ndarray, params: SamplingParams) -> Dist:
@@ -450,8 +479,8 @@ class Uniforms:
 
 def sample(dist: Dist, rng: Coins) -> int:
     """Draw one token id from ``dist``."""
-    if dist._lists is not None:  # a draft step's few candidates: the same sums in Python
-        ids, probs = dist._lists
+    if dist.listed:  # a few candidates: the same sums in Python
+        ids, probs = dist.lists()
         if len(ids) == 1:
             return ids[0]
         cumulative = list(accumulate(probs))

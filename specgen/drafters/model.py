@@ -238,7 +238,7 @@ def _draw(
         guess = best(logits)
     else:
         dist = warp(logits, sampling, masked_row)
-        if p_min and max(dist.lists()[1]) < p_min:
+        if p_min and dist.most() < p_min:
             return None
         guess = draw(dist, rng)
         out.q.append(dist)

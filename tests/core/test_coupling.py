@@ -205,6 +205,12 @@ def test_a_pick_among_few_candidates_is_the_arrays_pick() -> None:
         seed, position = int(rng.integers(2**32)), int(rng.integers(4096))
         scores = np.log(dist.probs) + gumbel(seed, position, dist.ids)
         assert gumbel_pick(dist, seed, position) == int(dist.ids[int(np.argmax(scores))])
+        # A warp's weights, unnormalized and in any order: the same race, the same pick.
+        order = rng.permutation(n)
+        weighted = Dist.of_weights(ids[order].tolist(), (dist.probs[order] * 3.7).tolist())
+        assert gumbel_pick(weighted, seed, position) == gumbel_pick(dist, seed, position)
+        np.testing.assert_allclose(weighted.probs, dist.probs, rtol=1e-12)
+        np.testing.assert_array_equal(weighted.ids, dist.ids)
     # A probability that underflowed to 0 is never the pick.
     tiny = Dist(np.array([3, 9]), np.array([1.0, 0.0]))
     assert all(gumbel_pick(tiny, s, 0) == 3 for s in range(50))
