@@ -14,6 +14,8 @@ import llama_cpp
 from specgen.core.sampling import SamplingParams, TopK
 from specgen.errors import BackendError
 
+_NEG = float("-inf")
+
 # llama.cpp's backend sampling ([EXPERIMENTAL] there): llama-cpp-python 0.3.36 binds it.
 BACKEND_SAMPLING = hasattr(llama_cpp, "llama_set_sampler") and hasattr(
     llama_cpp, "llama_get_sampled_candidates_ith"
@@ -117,12 +119,19 @@ class TopKRows:
         id_row, logit_row = self._row_types
         out = []
         for i in range(n_logits):  # llama.cpp keeps a whole row's room for each output
-            candidates = id_row.from_address(at_ids + 4 * n * i)[:]
             logits = logit_row.from_address(at_logits + 4 * n * i)[:]
             if warped is not None:  # a draft's rows: q is the chain's
-                out.append(TopK.final(candidates, logits, n, warped))
+                # The chain leaves -inf past the support; where they all come last (llama.cpp
+                # sorts its top-k), only the support's ids are read.
+                support = k - logits.count(_NEG)
+                if 0 < support < k and _NEG not in logits[:support]:
+                    ids = (ctypes.c_int32 * support).from_address(at_ids + 4 * n * i)[:]
+                    out.append(TopK.final(ids, logits[:support], n, warped))
+                else:
+                    ids = id_row.from_address(at_ids + 4 * n * i)[:]
+                    out.append(TopK.final(ids, logits, n, warped))
             else:
-                out.append(TopK(candidates, logits, n))
+                out.append(TopK(id_row.from_address(at_ids + 4 * n * i)[:], logits, n))
         return out
 
     def close(self) -> None:

@@ -146,6 +146,13 @@ def test_a_distribution_of_lists_is_the_distribution_of_arrays() -> None:
         assert len(few) == len(arrays) == n
         for token in (*ids[:3].tolist(), 1000, -1):
             assert few.prob(token) == arrays.prob(token)
+        # A warp's weights, in any order: read before and after they are normalized, the same.
+        order = rng.permutation(n)
+        weighted = Dist.of_weights(ids[order].tolist(), (probs[order] * 2.5).tolist())
+        early = [weighted.prob(t) for t in (*ids[:3].tolist(), 1000)]
+        assert early == pytest.approx([arrays.prob(t) for t in (*ids[:3].tolist(), 1000)])
+        weighted.lists()
+        assert early == [weighted.prob(t) for t in (*ids[:3].tolist(), 1000)]
         seed = int(rng.integers(2**32))
         a, b = np.random.default_rng(seed), np.random.default_rng(seed)
         assert [sample(few, a) for _ in range(20)] == [sample(arrays, b) for _ in range(20)]
