@@ -89,12 +89,7 @@ def gumbel_pick(dist: Dist, seed: int, position: int) -> int:
     key = _key(seed, position)
     best, best_score = -1, 0.0
     for token, p in zip(*dist.weighted(), strict=True):  # p/E: unnormalized is the same race
-        z = (key + (token + 1) * _GOLDEN_INT) & _MASK  # _mix_int, inline
-        z ^= z >> 30
-        z = (z * _MIX1_INT) & _MASK
-        z ^= z >> 27
-        z = (z * _MIX2_INT) & _MASK
-        z ^= z >> 31
+        z = _mix_int((key + (token + 1) * _GOLDEN_INT) & _MASK)
         score = p / max(-math.log(((z >> 11) + 0.5) * 2.0**-53), _LEAST)
         if score > best_score:  # a probability that underflowed to 0 is never the pick
             best, best_score = token, score

@@ -157,9 +157,10 @@ class Dist:
         """p(token); 0 where the token is outside the support."""
         if self._weights is not None and self._lists is None:  # as lists() would normalize it
             ids, weights = self._weights
-            if token not in ids:
+            try:
+                return weights[ids.index(token)] / sum(weights)
+            except ValueError:  # outside the support
                 return 0.0
-            return weights[ids.index(token)] / sum(weights)
         if self.listed:
             ids, probs = self.lists()
             i = bisect_left(ids, token)
