@@ -124,9 +124,10 @@ class TopKRows:
                 # The chain leaves -inf past the support; where they all come last (llama.cpp
                 # sorts its top-k), only the support's ids are read.
                 support = k - logits.count(_NEG)
-                if 0 < support < k and _NEG not in logits[:support]:
-                    ids = (ctypes.c_int32 * support).from_address(at_ids + 4 * n * i)[:]
-                    out.append(TopK.final(ids, logits[:support], n, warped))
+                if 0 < support < k and logits.index(_NEG) == support:
+                    del logits[support:]
+                    ids = id_row.from_address(at_ids + 4 * n * i)[:support]
+                    out.append(TopK.final(ids, logits, n, warped, finite=True))
                 else:
                     ids = id_row.from_address(at_ids + 4 * n * i)[:]
                     out.append(TopK.final(ids, logits, n, warped))

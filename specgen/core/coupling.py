@@ -87,6 +87,15 @@ def gumbel_pick(dist: Dist, seed: int, position: int) -> int:
         return int(dist.ids[int(np.argmax(scores))])
     # A few candidates (a warped row's support): the same noise, in Python numbers.
     key = _key(seed, position)
+    held = dist.logits()
+    if held is not None:  # softmax(v): the race in logarithms, v - log E (no exp a token)
+        best, best_log = -1, -math.inf
+        for token, v in zip(*held, strict=True):
+            z = _mix_int((key + (token + 1) * _GOLDEN_INT) & _MASK)
+            score = v - math.log(max(-math.log(((z >> 11) + 0.5) * 2.0**-53), _LEAST))
+            if score > best_log:
+                best, best_log = token, score
+        return best
     best, best_score = -1, 0.0
     for token, p in zip(*dist.weighted(), strict=True):  # p/E: unnormalized is the same race
         z = _mix_int((key + (token + 1) * _GOLDEN_INT) & _MASK)

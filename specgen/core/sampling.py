@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left, bisect_right
-from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 from typing import Protocol
@@ -74,16 +73,20 @@ class Dist:
     arithmetic in Python numbers over a handful of candidates stays cheap
     (``benchmarks/loop_cost.py``). ``prob``, ``sample`` and the keyed pick read the lists. A
     warp's result (``of_weights``) keeps its weights as they came, and is sorted and normalized
-    only when read so: the keyed pick reads the weights themselves (``weighted``).
+    only when read so: the keyed pick reads the weights themselves (``weighted``). A row the
+    backend warped (``of_logits``) keeps its final logits, exponentiated only when read: the
+    keyed pick races them as they are (``logits``), and a draft's q is read only by the rule
+    that needs it.
     """
 
-    __slots__ = ("_ids", "_probs", "_lists", "_weights", "listed")
+    __slots__ = ("_ids", "_probs", "_lists", "_weights", "_logits", "listed")
 
     def __init__(self, ids: np.ndarray, probs: np.ndarray) -> None:
         self._ids: np.ndarray | None = ids
         self._probs: np.ndarray | None = probs
         self._lists: tuple[list[int], list[float]] | None = None
         self._weights: tuple[list[int], list[float]] | None = None
+        self._logits: tuple[list[int], list[float]] | None = None
         # Built of Python lists (a few tokens): read them, not arrays.
         self.listed = False
 
@@ -91,7 +94,7 @@ class Dist:
     def of_lists(cls, ids: list[int], probs: list[float]) -> Dist:
         """The distribution of ``ids`` (sorted ascending, unique) and their ``probs``."""
         dist = cls.__new__(cls)
-        dist._ids = dist._probs = dist._weights = None
+        dist._ids = dist._probs = dist._weights = dist._logits = None
         dist._lists, dist.listed = (ids, probs), True
         return dist
 
@@ -100,12 +103,29 @@ class Dist:
         """The distribution proportional to ``weights`` (positive) over ``ids`` (unique, in
         any order)."""
         dist = cls.__new__(cls)
-        dist._ids = dist._probs = dist._lists = None
+        dist._ids = dist._probs = dist._lists = dist._logits = None
         dist._weights, dist.listed = (ids, weights), True
         return dist
 
+    @classmethod
+    def of_logits(cls, ids: list[int], logits: list[float]) -> Dist:
+        """softmax(``logits``) over ``ids`` (unique, in any order; every logit finite)."""
+        dist = cls.__new__(cls)
+        dist._ids = dist._probs = dist._lists = dist._weights = None
+        dist._logits, dist.listed = (ids, logits), True
+        return dist
+
+    def logits(self) -> tuple[list[int], list[float]] | None:
+        """Ids and the logits the distribution is the softmax of, in any order, where it was
+        built of them (``of_logits``); else None."""
+        return self._logits
+
     def weighted(self) -> tuple[list[int], list[float]]:
         """Ids and weights proportional to their probabilities, in any order (as built)."""
+        if self._weights is None and self._logits is not None:
+            ids, logits = self._logits
+            top = max(logits)
+            self._weights = (ids, [math.exp(v - top) for v in logits])
         return self._weights if self._weights is not None else self.lists()
 
     @property
@@ -123,8 +143,8 @@ class Dist:
     def lists(self) -> tuple[list[int], list[float]]:
         """``ids`` and ``probs`` as Python lists (made once)."""
         if self._lists is None:
-            if self._weights is not None:
-                ids, weights = self._weights
+            if self._weights is not None or self._logits is not None:
+                ids, weights = self.weighted()
                 total = sum(weights)
                 pairs = sorted(zip(ids, [w / total for w in weights], strict=True))
                 self._lists = ([t for t, _ in pairs], [q for _, q in pairs])
@@ -136,6 +156,8 @@ class Dist:
         """The size of the support."""
         if self._weights is not None:
             return len(self._weights[0])
+        if self._logits is not None:
+            return len(self._logits[0])
         return len(self._lists[0]) if self._lists is not None else len(self.ids)
 
     def __repr__(self) -> str:
@@ -155,8 +177,8 @@ class Dist:
 
     def prob(self, token: int) -> float:
         """p(token); 0 where the token is outside the support."""
-        if self._weights is not None and self._lists is None:  # as lists() would normalize it
-            ids, weights = self._weights
+        if self._lists is None and (self._weights is not None or self._logits is not None):
+            ids, weights = self.weighted()  # as lists() would normalize it
             try:
                 return weights[ids.index(token)] / sum(weights)
             except ValueError:  # outside the support
@@ -270,16 +292,20 @@ class TopK:
 
     @classmethod
     def final(
-        cls, ids: Sequence[int], logits: Sequence[float], n_vocab: int, params: SamplingParams
+        cls,
+        ids: list[int],
+        logits: list[float],
+        n_vocab: int,
+        params: SamplingParams,
+        finite: bool = False,
     ) -> TopK:
         """A row the backend warped with ``params``: its candidates and their final logits
-        (-inf where out of the support)."""
-        top = max(logits)
-        support = [t for t, v in zip(ids, logits, strict=True) if v > _NEG]
-        values = [v for v in logits if v > _NEG]
-        assert support, "a warp keeps the likeliest token"
-        dist = Dist.of_weights(support, [math.exp(v - top) for v in values])
-        return cls(support, values, n_vocab, params, dist)
+        (-inf where out of the support; ``finite``: none is, the support alone was read)."""
+        if not finite:
+            ids = [t for t, v in zip(ids, logits, strict=True) if v > _NEG]
+            logits = [v for v in logits if v > _NEG]
+        assert ids, "a warp keeps the likeliest token"
+        return cls(ids, logits, n_vocab, params, Dist.of_logits(ids, logits))
 
 
 _NEG = -math.inf

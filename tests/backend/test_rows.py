@@ -181,18 +181,20 @@ def test_a_one_token_step_is_decode_together_s_own(tiny: dict[str, Path], way: s
 
 def test_a_warped_row_reads_the_same_support_sorted_or_not(monkeypatch: pytest.MonkeyPatch) -> None:
     """llama.cpp's buffer holds a row's candidates a vocabulary apart; where the chain's -inf
-    all come last only the support's ids are read, else every candidate is: the same q."""
+    all come last only the support's ids are read, else every candidate is (the -inf spread
+    out, or as many as the support's room with one inside it): the same q."""
     import ctypes
 
     from specgen.backend import rows as reader
 
     n, k = 50, 6
     params = SamplingParams(0.8, k, 0.9, 0.05)
-    ids = (ctypes.c_int32 * (2 * n))()
-    logits = (ctypes.c_float * (2 * n))()
+    ids = (ctypes.c_int32 * (3 * n))()
+    logits = (ctypes.c_float * (3 * n))()
     inf = float("-inf")
     rows = [([7, 3, 40, 1, 2, 9], [2.5, 1.0, 0.5, inf, inf, inf]),  # sorted: a prefix
-            ([7, 1, 3, 2, 40, 9], [2.5, inf, 1.0, inf, 0.5, inf])]  # fmt: skip
+            ([7, 1, 3, 2, 40, 9], [2.5, inf, 1.0, inf, 0.5, inf]),
+            ([7, 3, 1, 40, 2, 9], [2.5, 1.0, inf, 0.5, inf, inf])]  # one inside  # fmt: skip
     for r, (row_ids, row_logits) in enumerate(rows):
         for j in range(k):
             ids[r * n + j], logits[r * n + j] = row_ids[j], row_logits[j]
@@ -201,7 +203,8 @@ def test_a_warped_row_reads_the_same_support_sorted_or_not(monkeypatch: pytest.M
     top = reader.TopKRows(None, n, False, "fake")
     top.k, top.warped = k, params
     top._row_types = (ctypes.c_int32 * k, ctypes.c_float * k)
-    got = top.rows(2, 0)
+    got = top.rows(3, 0)
+    assert len(got) == 3
     want = TopK.final(rows[0][0], rows[0][1], n, params)
     for row in got:
         assert row.dist is not None and want.dist is not None

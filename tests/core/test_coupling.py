@@ -211,6 +211,10 @@ def test_a_pick_among_few_candidates_is_the_arrays_pick() -> None:
         assert gumbel_pick(weighted, seed, position) == gumbel_pick(dist, seed, position)
         np.testing.assert_allclose(weighted.probs, dist.probs, rtol=1e-12)
         np.testing.assert_array_equal(weighted.ids, dist.ids)
+        # A backend-warped row's logits, in any order: the race in logarithms, the same pick.
+        logits = np.log(dist.probs[order]) + 1.25
+        held = Dist.of_logits(ids[order].tolist(), logits.tolist())
+        assert gumbel_pick(held, seed, position) == gumbel_pick(dist, seed, position)
     # A probability that underflowed to 0 is never the pick.
     tiny = Dist(np.array([3, 9]), np.array([1.0, 0.0]))
     assert all(gumbel_pick(tiny, s, 0) == 3 for s in range(50))

@@ -153,6 +153,15 @@ def test_a_distribution_of_lists_is_the_distribution_of_arrays() -> None:
         assert early == pytest.approx([arrays.prob(t) for t in (*ids[:3].tolist(), 1000)])
         weighted.lists()
         assert early == [weighted.prob(t) for t in (*ids[:3].tolist(), 1000)]
+        # Logits (a row the backend warped), exponentiated when first read: the softmax.
+        held = Dist.of_logits(ids[order].tolist(), (np.log(probs[order]) - 3.0).tolist())
+        assert len(held) == n
+        assert [held.prob(t) for t in (*ids[:3].tolist(), 1000)] == pytest.approx(
+            [arrays.prob(t) for t in (*ids[:3].tolist(), 1000)]
+        )
+        np.testing.assert_array_equal(held.ids, ids)
+        np.testing.assert_allclose(held.probs, probs, rtol=1e-12)
+        assert held.most() == pytest.approx(float(probs.max()))
         seed = int(rng.integers(2**32))
         a, b = np.random.default_rng(seed), np.random.default_rng(seed)
         assert [sample(few, a) for _ in range(20)] == [sample(arrays, b) for _ in range(20)]
