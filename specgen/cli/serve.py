@@ -122,10 +122,11 @@ def serve(
         typer.Option(
             "--balance/--no-balance",
             help="Requests sent together (a burst: parallel tool calls, a batch) end "
-            "together: while none waits for a slot, one ahead of another of its burst (fewer "
-            "tokens left to its max_tokens) guesses nothing until the other catches up, so "
-            "the burst ends sooner; not while clients send their next request as soon as they "
-            "have an answer. --no-balance: each request guesses for its own latency.",
+            "together once one of them has ended and its place stayed free (its sender waits "
+            "for the rest): while none waits for a slot, one ahead of another of its burst "
+            "(fewer tokens left to its max_tokens) guesses nothing until the other catches up, "
+            "so the burst ends sooner; not while clients send their next request as soon as "
+            "they have an answer. --no-balance: each request guesses for its own latency.",
             rich_help_panel=PERFORMANCE,
         ),
     ] = True,

@@ -35,13 +35,13 @@ def balance(load: BatchLoad, ends: Ends, waiting: bool, refilled: bool = False) 
 
     - ``together``: all of them once nothing waits (``BatchLoad.closed``: the last of a file's
       prompts has started);
-    - ``waves``: while nothing waits and the places that free up are not taken again at once
-      (``refilled``, ``Refills``), those that arrived together (``BatchLoad.waves``). A
-      server's burst (parallel tool calls, a batch of requests) takes as long as its slowest
-      request, so one ahead guessing ends nothing sooner for its sender and lengthens every
-      pass the others share. A request that arrived alone guesses for its own latency; with
-      requests waiting, or clients that send their next as soon as they have an answer, each
-      one that ends sooner lets the next in sooner;
+    - ``waves``: while nothing waits and a place that freed stayed free (``refilled`` false,
+      ``Refills``), those that arrived together (``BatchLoad.waves``). A server's burst
+      (parallel tool calls, a batch of requests) takes as long as its slowest request, so one
+      ahead guessing ends nothing sooner for its sender and lengthens every pass the others
+      share. A request that arrived alone guesses for its own latency; with requests waiting,
+      or clients that send their next as soon as they have an answer, each one that ends
+      sooner lets the next in sooner;
     - ``open``: never; every sequence guesses for itself.
     """
     load.closed = ends == "together" and not waiting
@@ -55,13 +55,16 @@ class Refills:
     ends sooner lets the next start sooner. A place counts as taken again when a request that
     came after the pass that freed it began arrives within ``REFILL_SECONDS`` of its end (one
     that waited in the queue before says nothing of its client); they are not once any place
-    stays free that long, nor until a place has freed (a first burst, whose sender may well
-    wait for all of it)."""
+    stays free that long. Until a place has freed, nothing says that a burst's sender waits
+    for all of it: clients that started together and each send their next as soon as they
+    have an answer look the same, and holding the first burst's leaders back costs them a
+    whole request's lead. So a first burst counts as refilled until one of its places stays
+    free."""
 
     # Each place freed and not taken yet, oldest first: when the pass that freed it began and
     # ended (seconds).
     free_places: deque[tuple[float, float]] = field(default_factory=deque)
-    taken: bool = False
+    taken: bool = True
 
     def free(self, began: float, ended: float, places: int = 1) -> None:
         """``places`` freed in the pass from ``began`` to ``ended``."""

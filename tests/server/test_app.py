@@ -418,43 +418,47 @@ def test_parallel_slots_answer_side_by_side_as_one_at_a_time_does(fake_pair: Fak
         http.close()
 
 
-@pytest.mark.parametrize("balance", [True, False])
-def test_a_burst_ends_together_until_a_client_sends_its_next_at_once(
-    fake_pair: FakePair, balance: bool
-) -> None:
-    """``serve --parallel 2`` (``--balance``, the default): two requests sent at once, with none
-    waiting, are one wave (each stamped with when it came) told to end together
-    (``BatchLoad.waves``: one ahead of another of its wave guesses nothing until it catches
-    up), before and after the short one ends. A third, sent as soon as the short one has its
-    answer, takes the freed place at once: then every request guesses for itself (a client's
-    next starts sooner). ``--no-balance``: never."""
+def _watched_burst(
+    fake_pair: FakePair, balance: bool, sizes: list[int], parallel: int, next_at_once: bool
+) -> tuple[list[float], list[tuple[int, int, bool, bool, int]]]:
+    """``serve --parallel`` with ``sizes``' requests (their ``max_tokens``) sent at once, with
+    none waiting; once the first has its answer, a next one sent at once (``next_at_once``:
+    it takes the freed place), or none for longer than ``REFILL_SECONDS`` (the place stays
+    free). Returns when each started, and at each pass: requests started, busy slots,
+    ``waves``, ``closed``, and how many running sequences are off the critical path (they plan
+    no guesses)."""
     from specgen.api import Specgen
-    from specgen.lookahead.batch import WAVE_SECONDS
     from specgen.server import create_app
+    from specgen.session.parallel import REFILL_SECONDS
 
-    many = Specgen(target=fake_pair.target, draft=fake_pair.draft, threads=2, parallel=2)
-    app = create_app(many, api_key=KEY, parallel=2, balance=balance)
+    many = Specgen(target=fake_pair.target, draft=fake_pair.draft, threads=2, parallel=parallel)
+    app = create_app(many, api_key=KEY, parallel=parallel, balance=balance)
     http = AppClient(app)
     queue, slots = app.state.queue, app.state.queue.slots
-    # At each pass: requests started, busy slots, waves, closed, and how many of the running
-    # sequences are off the critical path (they plan no guesses).
     seen: list[tuple[int, int, bool, bool, int]] = []
     step, start = slots.step, slots.start
     started: list[float] = []
+    burst = len(sizes)
 
     def watched_step() -> bool:
-        # The pass waits for what the client sends at once (the second request with the first;
-        # the third when the first has ended), so that no pass runs before it comes.
-        need = 2 if len(started) == slots.busy else 3
+        # The pass waits for what the client sends at once (the burst; its next when the first
+        # has ended), so that no pass runs before it comes.
+        ended = len(started) - slots.busy
+        need = burst + (1 if next_at_once and ended else 0)
         deadline = time.monotonic() + 10
         while len(started) + queue.waiting < need:
             if time.monotonic() > deadline:
                 raise AssertionError("the client's request never came")
             time.sleep(0.001)
+        if ended and not next_at_once and not paused:
+            fake_pair.clock.advance(2 * REFILL_SECONDS)  # the place stays free
+            paused.append(True)
         load = slots.load
         behind = sum(not load.on_critical_path(slot) for slot in load._left)
         seen.append((len(started), slots.busy, load.waves, load.closed, behind))
         return step()
+
+    paused: list[bool] = []
 
     def watched_start(work, key=(), arrived=None) -> bool:  # noqa: ANN001
         started.append(arrived)
@@ -467,28 +471,58 @@ def test_a_burst_ends_together_until_a_client_sends_its_next_at_once(
         body = {"prompt": f"Count to {n}.", "temperature": 0, "max_tokens": n}
         return asyncio.ensure_future(http.http.post("/v1/completions", json=body, headers=auth))
 
-    async def burst_then_next() -> list[httpx.Response]:
-        first, second = send(4), send(200)
-        return [await first, await send(12), await second]
+    async def run() -> list[httpx.Response]:
+        sent = [send(n) for n in sizes]
+        first = await sent[0]
+        after = [await send(12)] if next_at_once else []
+        return [first, *after, *[await s for s in sent[1:]]]
 
     try:
-        answers = http.loop.run_until_complete(burst_then_next())
-        assert [a.status_code for a in answers] == [200, 200, 200]
+        answers = http.loop.run_until_complete(run())
+        assert [a.status_code for a in answers] == [200] * len(answers)
     finally:
         http.close()
-    assert len(started) == 3 and abs(started[1] - started[0]) <= WAVE_SECONDS
+    return started, seen
+
+
+@pytest.mark.parametrize("balance", [True, False])
+def test_a_burst_ends_together_once_a_place_it_freed_stays_free(
+    fake_pair: FakePair, balance: bool
+) -> None:
+    """``serve --parallel 3`` (``--balance``, the default): three requests sent at once are one
+    wave (each stamped with when it came), but nothing says yet that their sender waits for
+    all of them, so each guesses for itself. Once the short one has its answer and its place
+    stays free, the other two end together (``BatchLoad.waves``: the one with fewer tokens
+    left guesses nothing until the other catches up). ``--no-balance``: never."""
+    from specgen.lookahead.batch import WAVE_SECONDS
+
+    started, seen = _watched_burst(fake_pair, balance, [4, 200, 150], 3, next_at_once=False)
+    assert len(started) == 3 and max(started) - min(started) <= WAVE_SECONDS
     assert not any(closed for *_, closed, _ in seen)
-    both = [(waves, behind) for count, busy, waves, _, behind in seen if count == 2 and busy == 2]
-    after = [waves for count, busy, waves, _, _ in seen if count == 2 and busy == 1]
-    # (Once the third has ended too and its place stays free, the last is a wave's again.)
-    next_one = [(w, b) for count, busy, w, _, b in seen if count == 3 and busy == 2]
-    assert both and next_one  # (the third may come before a pass runs the long one alone)
-    waves = [w for w, _ in both] + after
-    assert all(waves) == balance and any(waves) == balance
-    # Balanced, the short one (ahead by its tokens left once both run) plans no guesses.
-    assert any(behind == 1 for _, behind in both) == balance
-    assert all(behind <= (1 if balance else 0) for _, behind in both)
-    assert not any(w or b for w, b in next_one)
+    first = [(w, b) for _, busy, w, _, b in seen if busy == 3]
+    # (The pass that frees the place tells only the next one that it stayed free.)
+    rest = [(w, b) for _, busy, w, _, b in seen if busy == 2][1:]
+    assert first and rest
+    assert not any(w or b for w, b in first), "a first burst guesses for itself"
+    assert all(w == balance for w, _ in rest)
+    # Balanced, the one with 150 tokens to go (ahead of the one with 200) plans no guesses.
+    assert all(b == (1 if balance else 0) for _, b in rest)
+
+
+@pytest.mark.parametrize("balance", [True, False])
+def test_a_burst_whose_client_sends_its_next_at_once_is_never_balanced(
+    fake_pair: FakePair, balance: bool
+) -> None:
+    """Two requests sent at once, and a third sent as soon as the short one has its answer: it
+    takes the freed place at once (a client's next starts sooner), so every request guesses
+    for itself throughout, balanced or not."""
+    started, seen = _watched_burst(fake_pair, balance, [4, 200], 2, next_at_once=True)
+    assert len(started) == 3
+    # (Once the third has ended too and its place stays free, the last is a wave's again,
+    # alone in it.)
+    both = [(w, closed) for _, busy, w, closed, _ in seen if busy == 2]
+    assert both and not any(w or closed for w, closed in both)
+    assert not any(b for *_, b in seen), "none held back"
 
 
 def test_penalties_from_a_real_client_are_run_s(http, fake_pair: FakePair) -> None:

@@ -65,12 +65,16 @@ def test_every_start_is_stamped_with_when_its_request_came() -> None:
 
 
 def test_places_taken_again_at_once_keep_a_servers_batch_open() -> None:
-    """``Refills``: a first burst is not refilled (nothing freed yet); a place taken again by a
-    request that came as soon as it freed (a client's next) is, until a place stays free for
-    longer than ``REFILL_SECONDS``. A request that waited in the queue says nothing, and every
-    place freed counts. ``balance`` leaves a server's batch open while they are refilled."""
+    """``Refills``: a first burst counts as refilled until one of its places stays free (its
+    clients may each send their next at once); a place taken again by a request that came as
+    soon as it freed (a client's next) keeps it so, until a place stays free for longer than
+    ``REFILL_SECONDS``. A request that waited in the queue says nothing, and every place freed
+    counts. ``balance`` leaves a server's batch open while they are refilled."""
     refills = Refills()
-    assert not refills.refilled(0.0), "nothing freed yet"
+    assert refills.refilled(0.0), "nothing freed yet: nothing says its sender waits for all"
+    refills.free(4.9, 5.0)
+    assert refills.refilled(5.0 + REFILL_SECONDS / 2), "not yet: its client may be sending"
+    assert not refills.refilled(5.0 + 2 * REFILL_SECONDS), "the first place freed stayed free"
     refills.free(9.9, 10.0)
     refills.arrive(10.05)
     assert refills.refilled(10.1) and refills.refilled(400.0), "taken again at once"
