@@ -220,6 +220,7 @@ def workload(url: str, clients: int, args: argparse.Namespace) -> dict[str, obje
     wall = max(answered) - min(sent)
     row = dict(requests=len(bodies), max_tokens=args.max_tokens, temperature=args.temperature)
     row.update(completion_tokens=sum(tokens), wall_s=wall, mean_latency_s=statistics.mean(latency))
+    row.update(request_tokens=tokens)  # each request's, in order (``workload_bound.py``)
     if errors:
         return {**row, "error": "; ".join(errors)}
     return {**row, "agg_tps": sum(tokens) / wall}
