@@ -120,19 +120,18 @@ class TopKRows:
         out = []
         for i in range(n_logits):  # llama.cpp keeps a whole row's room for each output
             logits = logit_row.from_address(at_logits + 4 * n * i)[:]
+            ids = id_row.from_address(at_ids + 4 * n * i)  # read below, as far as needed
             if warped is not None:  # a draft's rows: q is the chain's
                 # The chain leaves -inf past the support; where they all come last (llama.cpp
                 # sorts its top-k), only the support's ids are read.
                 support = k - logits.count(_NEG)
                 if 0 < support < k and logits.index(_NEG) == support:
                     del logits[support:]
-                    ids = id_row.from_address(at_ids + 4 * n * i)[:support]
-                    out.append(TopK.final(ids, logits, n, warped, finite=True))
+                    out.append(TopK.final(ids[:support], logits, n, warped, finite=True))
                 else:
-                    ids = id_row.from_address(at_ids + 4 * n * i)[:]
-                    out.append(TopK.final(ids, logits, n, warped))
+                    out.append(TopK.final(ids[:], logits, n, warped))
             else:
-                out.append(TopK(id_row.from_address(at_ids + 4 * n * i)[:], logits, n))
+                out.append(TopK(ids[:], logits, n))
         return out
 
     def close(self) -> None:

@@ -91,18 +91,23 @@ def gumbel_pick(dist: Dist, seed: int, position: int) -> int:
     if held is not None:  # softmax(v): the race in logarithms, v - log E (no exp a token)
         best, best_log = -1, -math.inf
         for token, v in zip(*held, strict=True):
-            z = _mix_int((key + (token + 1) * _GOLDEN_INT) & _MASK)
-            score = v - math.log(max(-math.log(((z >> 11) + 0.5) * 2.0**-53), _LEAST))
+            score = v - math.log(_race_noise(key, token))
             if score > best_log:
                 best, best_log = token, score
         return best
     best, best_score = -1, 0.0
     for token, p in zip(*dist.weighted(), strict=True):  # p/E: unnormalized is the same race
-        z = _mix_int((key + (token + 1) * _GOLDEN_INT) & _MASK)
-        score = p / max(-math.log(((z >> 11) + 0.5) * 2.0**-53), _LEAST)
+        score = p / _race_noise(key, token)
         if score > best_score:  # a probability that underflowed to 0 is never the pick
             best, best_score = token, score
     return best
+
+
+def _race_noise(key: int, token: int) -> float:
+    """E_t(token) = -log U_t(token) for the noise's ``key`` at a position (``_key``), in
+    Python numbers: ``uniforms``' U, held above 0."""
+    z = _mix_int((key + (token + 1) * _GOLDEN_INT) & _MASK)
+    return max(-math.log(((z >> 11) + 0.5) * 2.0**-53), _LEAST)
 
 
 class Keyed:

@@ -91,29 +91,33 @@ class Dist:
         self.listed = False
 
     @classmethod
+    def _listed(
+        cls,
+        lists: tuple[list[int], list[float]] | None = None,
+        weights: tuple[list[int], list[float]] | None = None,
+        logits: tuple[list[int], list[float]] | None = None,
+    ) -> Dist:
+        """A distribution held as Python lists, in one of the three forms."""
+        dist = cls.__new__(cls)
+        dist._ids = dist._probs = None
+        dist._lists, dist._weights, dist._logits, dist.listed = lists, weights, logits, True
+        return dist
+
+    @classmethod
     def of_lists(cls, ids: list[int], probs: list[float]) -> Dist:
         """The distribution of ``ids`` (sorted ascending, unique) and their ``probs``."""
-        dist = cls.__new__(cls)
-        dist._ids = dist._probs = dist._weights = dist._logits = None
-        dist._lists, dist.listed = (ids, probs), True
-        return dist
+        return cls._listed(lists=(ids, probs))
 
     @classmethod
     def of_weights(cls, ids: list[int], weights: list[float]) -> Dist:
         """The distribution proportional to ``weights`` (positive) over ``ids`` (unique, in
         any order)."""
-        dist = cls.__new__(cls)
-        dist._ids = dist._probs = dist._lists = dist._logits = None
-        dist._weights, dist.listed = (ids, weights), True
-        return dist
+        return cls._listed(weights=(ids, weights))
 
     @classmethod
     def of_logits(cls, ids: list[int], logits: list[float]) -> Dist:
         """softmax(``logits``) over ``ids`` (unique, in any order; every logit finite)."""
-        dist = cls.__new__(cls)
-        dist._ids = dist._probs = dist._lists = dist._weights = None
-        dist._logits, dist.listed = (ids, logits), True
-        return dist
+        return cls._listed(logits=(ids, logits))
 
     def logits(self) -> tuple[list[int], list[float]] | None:
         """Ids and the logits the distribution is the softmax of, in any order, where it was
