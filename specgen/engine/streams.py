@@ -240,7 +240,7 @@ class Streams:
                 n = sum(len(p.tokens) for p in batch)
                 # A step: one guess each (the first also reads a sequence's last kept guess).
                 step = all(len(p.tokens) <= FIRST_STEP_TOKENS for p in batch)
-                load.observe_draft(seconds, n, step, self.source)
+                load.observe_draft(seconds, n, step, self.source, len(batch))
 
 
 @dataclass(frozen=True)

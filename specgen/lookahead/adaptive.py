@@ -103,7 +103,7 @@ class AdaptiveLookahead:
         # 2. The best plan among candidates whose costs are known. Free guesses (an n-gram's
         #    continuation) cost a lookup; a draft model is timed twice (its first step runs
         #    cold) before its costs are trusted.
-        timed = [c for c in candidates if c.preview or self.profile.guess_timed(c.source)]
+        timed = [c for c in candidates if c.preview or self._timed(c.source)]
         best, best_rate = TARGET_ALONE, alone_rate
         for candidate in timed:
             if candidate.acceptance_key in exploration.ruled_out:
@@ -143,6 +143,13 @@ class AdaptiveLookahead:
                 return self._explore(candidate, budget)
         exploration.settled(best.candidate)
         return best
+
+    def _timed(self, source: str) -> bool:
+        """Whether a guess of ``source`` has a cost to trust: its own, or in a batch that timed
+        the draft model's batched steps, theirs (``BatchLoad.draft_seconds`` prices it)."""
+        if self.profile.guess_timed(source):
+            return True
+        return source == "model" and self.load is not None and self.load.draft_timed()
 
     def _read_waits(self, candidate: Candidate | None, budget: int) -> bool:
         """In a batch, whether ``candidate``'s read before its first guess (a pass every

@@ -176,6 +176,7 @@ class BatchLoad:
     # By batch size too: cycles where a source that costs drafted, against the others (plain,
     # or free guesses alone).
     drafting: dict[int, _Measured] = field(default_factory=dict)
+    draft_steps: int = 0  # the draft model's steps timed here
     _draft_fit: Fit | None = field(default=None, init=False, repr=False)
     _drafting: float = field(default=0.0, init=False, repr=False)  # draft steps this cycle
     _reading: float = field(default=0.0, init=False, repr=False)  # draft reads this cycle
@@ -398,18 +399,29 @@ class BatchLoad:
             return False
         return budget * len(self.slots) * (1 / without - 1 / drafted) > read
 
-    def observe_draft(self, seconds: float, n_tokens: int, step: bool, source: str) -> None:
-        """A batched draft pass over ``n_tokens`` took ``seconds``; a ``step`` (a guess for
-        every sequence still drafting, not a prompt's or a catch-up's read) also times a guess
-        of ``source``."""
+    def observe_draft(
+        self, seconds: float, n_tokens: int, step: bool, source: str, sequences: int
+    ) -> None:
+        """A batched draft pass over ``n_tokens`` of ``sequences`` took ``seconds``; a ``step``
+        (a guess for every sequence still drafting, not a prompt's or a catch-up's read) of
+        one sequence also times a guess of ``source`` (the profile's cost of one guess, which
+        a single stream and the next process price with: a step for several costs more)."""
         self._draft_fit = None
         self.draft_by_n.setdefault(n_tokens, Timing(COST_MEMORY)).add(seconds)
         if not step:  # a pass with a read in it: what the others' steps in it cost is let go too
             self._reading += seconds
             return
         self._drafting += seconds
-        for profile in self._profiles():
-            profile.observe_step(source, seconds)
+        self.draft_steps += 1
+        if sequences == 1:
+            for profile in self._profiles():
+                profile.observe_step(source, seconds)
+
+    def draft_timed(self) -> bool:
+        """Whether this batch timed the draft model's steps (twice: the first runs cold), so
+        that its guesses are priced by the batched steps (``draft_seconds``) without a single
+        sequence's guess ever timed."""
+        return self.draft_steps >= 2
 
 
 def _loses(measured: _Measured | None, before: Callable[[], float] | None) -> bool:

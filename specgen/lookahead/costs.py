@@ -191,7 +191,7 @@ class PairProfile:
         self.verify_by_n.setdefault(n_tokens, Timing(COST_MEMORY)).add(seconds)
 
     def observe_step(self, source: str, seconds: float) -> None:
-        """A guess of ``source`` (a draft step, for one sequence or a batch; a block source's
+        """A guess of ``source`` for one sequence (a draft step; a block source's
         whole pass) took ``seconds``."""
         self.per_guess.setdefault(source, Timing(COST_MEMORY)).add(seconds)
         self.left_off_untimed.pop(source, None)

@@ -54,7 +54,7 @@ def simulate_batch(
         for step in range(1, max(ks, default=0) + 1):
             widths = [(2 if full[i] and step == 1 else 1) for i, k in enumerate(ks) if k >= step]
             cost = draft(sum(widths))
-            load.observe_draft(cost, sum(widths), True, "model")
+            load.observe_draft(cost, sum(widths), True, "model", len(widths))
             seconds += cost
         if unseen and any(ks):
             seconds += unseen
@@ -138,11 +138,39 @@ def test_the_draft_steps_of_a_batch_are_priced_by_the_sequences_still_drafting()
     assert load.draft_seconds(3, ()) is None  # nothing timed yet
     for n in (1, 2, 3, 4, 6, 8):
         for _ in range(3):
-            load.observe_draft(0.01 * n, n, False, "model")
+            load.observe_draft(0.01 * n, n, False, "model", 1)
     # This sequence 3 guesses, the others 1 and 4: steps over (2+2+2), (2), (2), (1) sequences.
     seconds = load.draft_seconds(3, (1, 4))
     assert seconds == pytest.approx(0.06 + 0.02 + 0.02 + 0.01)
     assert load.draft_seconds(0, ()) == 0.0
+
+
+def test_a_step_for_several_sequences_is_not_one_guess_s_cost() -> None:
+    """The profile's cost of a guess is one sequence's step: a single stream, and the next
+    process, price the draft model by it. A batched step over eight costs several of one, and
+    counted as one guess it would make the draft look dear to the next ``specgen run``. The
+    batch's own steps still let the draft model be planned (priced by ``draft_seconds``)."""
+    draft = lambda m: 0.004 + 0.002 * (m - 1)  # noqa: E731
+    verify = lambda m: 0.05 + 0.0005 * (m - 1)  # noqa: E731 (flat: a GPU-like target)
+    load = BatchLoad(CostBook())
+    for slot in range(8):
+        load.join(slot, True)
+    profile = load.costs.of(True)
+    for m in (8, 16, 24, 40):
+        load.observe_target(verify(m), m, verifies=False)
+    for width in (2, 4, 8, 16, 2, 4, 8):
+        load.observe_draft(draft(width), width, True, "model", width)
+    assert not profile.guess_timed("model")
+    assert load.draft_timed()
+    policy = AdaptiveLookahead(profile, load=load, slot=0)
+    for _ in range(30):
+        policy.observe(Plan(MODEL, 8), 8, 8, 0.0, 0.0)
+    plan = policy.plan([MODEL], 10_000)
+    assert plan.candidate == MODEL and plan.lookahead > 0 and not plan.explore
+    for _ in range(2):  # one sequence's steps: these are its guess's cost
+        load.observe_draft(draft(1), 1, True, "model", 1)
+    assert profile.guess_timed("model")
+    assert profile.guess("model") == pytest.approx(draft(1))
 
 
 def test_a_sequence_does_not_draft_only_because_the_others_do() -> None:
@@ -158,7 +186,7 @@ def test_a_sequence_does_not_draft_only_because_the_others_do() -> None:
     for m in range(1, 40):
         for _ in range(3):
             load.observe_target(verify(m), m)
-            load.observe_draft(draft(m), m, True, "model")
+            load.observe_draft(draft(m), m, True, "model", m)
     policy = AdaptiveLookahead(load.costs.of(True), load=load, slot=0)
     rng = np.random.default_rng(1)
     for _ in range(40):  # it learns that 8 in 10 guesses survive
@@ -238,7 +266,7 @@ def test_a_batch_measures_its_cycles_by_the_wall_clock_less_the_draft_s_reads() 
     def cycle(pass_seconds: float, host: float, kept: int, read: float = 0.0) -> None:
         nonlocal clock
         if read:
-            load.observe_draft(read, 64, False, "model")
+            load.observe_draft(read, 64, False, "model", 1)
         clock += read + host + pass_seconds
         width = 3 if kept > 1 else 1
         load.observe_target(pass_seconds, 2 * width, ended=clock)
@@ -266,7 +294,7 @@ def test_a_draft_s_read_pays_where_what_guessing_measured_saves_more_than_it() -
     for slot in (0, 1):
         load.join(slot, True)
     for m in (1, 8, 64, 128):
-        load.observe_draft(0.002 * m, m, False, "model")  # a read of 100 tokens: 0.2 s
+        load.observe_draft(0.002 * m, m, False, "model", 1)  # a read of 100 tokens: 0.2 s
     assert load.read_pays(100, 10)  # nothing measured yet
     _cycles(load, 2 + TRUST_AFTER, 0.2, guessed=False)  # 10 tokens a second
     guessed = 2 / 0.18  # each cycle with guesses 0.18 s: about 11 tokens a second
@@ -291,7 +319,7 @@ def _two_sequences_learned(lengths: tuple[int, ...]) -> tuple[BatchLoad, Adaptiv
     for m in lengths:
         for _ in range(3):
             load.observe_target(verify(m), m, verifies=False)
-            load.observe_draft(draft(m), m, m <= 4, "model")
+            load.observe_draft(draft(m), m, m <= 4, "model", m)
     policy = AdaptiveLookahead(load.costs.of(True), load=load, slot=0)
     rng = np.random.default_rng(2)
     for _ in range(40):
@@ -361,7 +389,7 @@ def test_a_retry_counts_the_draft_s_reads_in_what_it_lost() -> None:
     for slot in (0, 1):
         load.join(slot, True)
     _kind_cycles(load, 2, 0.1, kept=1, source=None)
-    load.observe_draft(0.5, 40, False, "model")  # a read before the next cycle
+    load.observe_draft(0.5, 40, False, "model", 1)  # a read before the next cycle
     _kind_cycles(load, 2, 0.1, kept=2, source="model")
     load.observe_target(0.1, 2)
     measured = load.drafting[2]
@@ -416,7 +444,7 @@ def simulate_round(accepts: list[float], budget: int, closed: bool, seed: int = 
         ks = {i: plan.lookahead for i, plan in plans.items()}
         for step in range(1, max(ks.values()) + 1):
             width = sum(1 for k in ks.values() if k >= step)
-            load.observe_draft(draft(width), width, True, "model")
+            load.observe_draft(draft(width), width, True, "model", width)
             seconds += draft(width)
         n_tokens = sum(k + 1 for k in ks.values())
         seconds += verify(n_tokens)
