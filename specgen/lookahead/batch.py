@@ -39,8 +39,10 @@ others (plain, or prompt lookup's free guesses alone): where they measured slowe
 guesses are made at that size (retried alike), and a draft's read must pay by that measure.
 
 A batch that nothing will join (``closed``: the last prompts of a file) takes as long as its
-longest sequence: there a sequence with fewer tokens left than another plans no guesses until
-the others catch up (``on_critical_path``), since its guesses would end nothing sooner. While
+longest sequence: there a sequence ahead of another plans no guesses while, going plainly, it
+would still end no later than the one furthest behind at that one's pace (``on_critical_path``),
+since its guesses would end nothing sooner; where the slowest's guesses survive, the ones ahead
+keep guessing too, or they would become the slowest (they take turns otherwise). While
 nothing waits to join a server's batch (``waves``), requests that arrived together (a burst:
 parallel tool calls, a batch of requests, whose sender waits for all) end together alike.
 """
@@ -175,22 +177,36 @@ class BatchLoad:
         """Whether ``slot`` may be the one that ends its batch, or its wave: always in an open
         batch, where a sequence that ends sooner frees its place for the next. In a closed
         one, the one that has most tokens left (by ``note_left``; any not bounded by its
-        ``max_tokens``: every one), and with ``waves``, the one that has most of those that
+        ``max_tokens``: every one), and one ahead of it that, at a token a cycle, would end
+        after it at its pace (its tokens a cycle lately); with ``waves``, among those that
         arrived with it. A closed batch (a wave, whose sender waits for all of it) takes as
         long as its longest sequence, so guesses elsewhere end nothing sooner and only
         lengthen the passes (and the draft's steps) every sequence shares: there the one ahead
-        runs plainly until the others catch up, and they end together."""
+        runs plainly until the others catch up, and they end together. Ahead by less than the
+        slowest's pace makes up, it guesses on: holding every one but the slowest back would
+        have them take turns, each guessing a cycle in N, slower than all guessing."""
         mine = self._left.get(slot)
         if mine is None or not (self.closed or self.waves):
             return True
         others = [
-            n
+            (s, n)
             for s, n in self._left.items()
             if s != slot and (self.closed or self._together(s, slot))
         ]
-        if any(n is None for n in others):
+        if any(n is None for _, n in others):
             return True
-        return mine >= max((n for n in others if n is not None), default=0)
+        most = max((n for _, n in others if n is not None), default=0)
+        if mine >= most:
+            return True
+        # Ahead, it waits only where it ends no later going plain (a token a cycle) than the
+        # slowest at that one's pace lately: guesses that survive keep all of them guessing.
+        pace = max(self._pace(s) for s, n in others if n == most)
+        return mine * pace > most
+
+    def _pace(self, slot: int) -> float:
+        """Tokens ``slot`` kept a cycle lately (1 until it reported)."""
+        found = self.slots.get(slot)
+        return max(1.0, found.tokens.mean) if found is not None and found.tokens.weight else 1.0
 
     def _together(self, one: int, other: int) -> bool:
         """Whether two slots' generations arrived together (one wave)."""

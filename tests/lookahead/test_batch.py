@@ -504,6 +504,35 @@ def test_a_closed_batch_ends_sooner_where_the_ones_ahead_stop_guessing() -> None
         assert closed_round < 0.95 * open_round, (closed_round, open_round)
 
 
+def test_a_closed_batch_whose_guesses_all_survive_keeps_them_all_guessing() -> None:
+    """Where every sequence keeps nearly all its guesses, holding the ones ahead back would
+    have them take turns (each guessing one cycle in four, the slowest's pace falling to a
+    quarter of what guessing gives): the ones ahead by less than the slowest's pace makes up
+    guess on, and the closed round ends about when the open one does (it took 1.2x as long
+    when only the one furthest behind guessed)."""
+    accepts = [0.95] * 4
+    seeds = range(10, 13)
+    open_round = sum(simulate_round(accepts, 200, closed=False, seed=s) for s in seeds)
+    closed_round = sum(simulate_round(accepts, 200, closed=True, seed=s) for s in seeds)
+    assert closed_round < 1.08 * open_round, (closed_round, open_round)
+
+
+def test_a_sequence_ahead_of_a_closed_batch_s_slowest_waits_only_if_it_ends_in_time() -> None:
+    """Ahead of the slowest, a sequence guesses only where, going plainly (a token a cycle),
+    it would end after the slowest at that one's pace lately."""
+    load = BatchLoad(CostBook(), closed=True)
+    for slot in (0, 1):
+        load.join(slot, True)
+    load.note_left(0, 80)
+    load.note_left(1, 100)
+    assert not load.on_critical_path(0), "the slowest has kept a token a cycle (none reported)"
+    for _ in range(5):
+        load.report(1, 5, 9, 8, "model")  # the slowest keeps 5 tokens a cycle
+    assert load.on_critical_path(0), "plainly it would take 80 cycles, the slowest about 20"
+    load.note_left(0, 15)
+    assert not load.on_critical_path(0), "15 cycles plainly: it ends before the slowest"
+
+
 def test_in_a_closed_batch_only_the_sequences_furthest_behind_are_on_its_critical_path() -> None:
     load = BatchLoad(CostBook())
     load.note_left(0, 50)
