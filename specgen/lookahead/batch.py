@@ -62,7 +62,6 @@ from specgen.lookahead.costs import (
     fit_passes,
     on_fit,
 )
-from specgen.lookahead.rates import Measured
 
 # Tokens a sequence puts in a cycle's first draft step: the drawn token, and the last kept guess
 # where every guess survived (then the draft never decoded it). Counted as two, the most.
@@ -71,9 +70,62 @@ FIRST_STEP_TOKENS = 2
 # measured slower is tried again for RETRY_FOR cycles once the plain cycles since its last run
 # took 1 / RETRY_SHARE times what that run lost.
 TRUST_AFTER, RETRY_FOR, RETRY_SHARE = 4, 4, 0.03
+RATE_MEMORY = 0.95  # each cycle's weight in a measured rate falls by this much a cycle
 # Generations that arrive within this many seconds of each other are one wave (``waves``): a
 # burst sent at once reaches a server over some milliseconds, and may be admitted over a pass.
 WAVE_SECONDS = 0.5
+
+
+@dataclass
+class _Rate:
+    """A forgetting ratio of tokens to seconds over cycles."""
+
+    tokens: float = 0.0
+    seconds: float = 0.0
+    cycles: int = 0
+
+    def add(self, tokens: float, seconds: float) -> None:
+        self.tokens = RATE_MEMORY * self.tokens + tokens
+        self.seconds = RATE_MEMORY * self.seconds + seconds
+        self.cycles += 1
+
+    @property
+    def rate(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass
+class _Measured:
+    """One batch size's cycles with a kind of guess (``guessed``: any guess, or a draft that
+    costs) and without (``plain``), the last run of cycles with it, and the seconds of the
+    cycles without it since."""
+
+    guessed: _Rate = field(default_factory=_Rate)
+    plain: _Rate = field(default_factory=_Rate)
+    run_tokens: float = 0.0  # of the last run of cycles with guesses
+    run_seconds: float = 0.0
+    waited: float = 0.0  # seconds of plain cycles since that run
+    retry_left: int = 0
+
+    def add(self, guessed: bool, tokens: float, seconds: float, read: float = 0.0) -> None:
+        """A cycle with the kind of guess or without; ``read``: seconds of the draft's reads
+        before it, left out of the rates (the price of starting, not of guessing) but counted
+        in what a run of such cycles lost, so that retries pay for their reads too."""
+        if guessed:
+            if self.waited:  # a new run
+                self.run_tokens = self.run_seconds = self.waited = 0.0
+            self.guessed.add(tokens, seconds)
+            self.run_tokens += tokens
+            self.run_seconds += seconds + read
+            self.retry_left = max(0, self.retry_left - 1)
+        else:
+            self.plain.add(tokens, seconds)
+            self.waited += seconds
+
+    def lost(self, plain: float) -> float:
+        """Seconds the last run of cycles with guesses took past what plain cycles at
+        ``plain`` tokens per second would have taken for its tokens."""
+        return self.run_seconds - self.run_tokens / plain if plain > 0 else 0.0
 
 
 @dataclass
@@ -122,11 +174,10 @@ class BatchLoad:
     target_passes: int = 0
     # The draft context's passes, seconds by tokens in them (every sequence's, batched).
     draft_by_n: dict[int, Timing] = field(default_factory=dict)
-    # By batch size, kept in ``costs`` (a later process starts from them): cycles with any
-    # guess against none (``measured``), cycles where a source that costs drafted against the
-    # others (plain, or free guesses alone).
-    measured: dict[int, Measured] = field(init=False)
-    drafting: dict[int, Measured] = field(init=False)
+    measured: dict[int, _Measured] = field(default_factory=dict)  # by batch size
+    # By batch size too: cycles where a source that costs drafted, against the others (plain,
+    # or free guesses alone).
+    drafting: dict[int, _Measured] = field(default_factory=dict)
     draft_steps: int = 0  # the draft model's steps timed here
     _draft_fit: Fit | None = field(default=None, init=False, repr=False)
     _drafting: float = field(default=0.0, init=False, repr=False)  # draft steps this cycle
@@ -144,9 +195,6 @@ class BatchLoad:
     waves: bool = False
     _left: dict[int, int | None] = field(default_factory=dict, init=False, repr=False)
     _arrived: dict[int, float] = field(default_factory=dict, init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        self.measured, self.drafting = self.costs.guessing, self.costs.drafting
 
     def join(self, slot: int, greedy: bool) -> None:
         if self._leaving and slot not in self._leaving:  # it takes a leaver's place
@@ -325,10 +373,10 @@ class BatchLoad:
         cycle, self._cycle = self._cycle, None
         if cycle is None or not cycle.tokens:
             return
-        self.measured.setdefault(cycle.size, Measured()).add(
+        self.measured.setdefault(cycle.size, _Measured()).add(
             cycle.guessed, cycle.tokens, cycle.seconds, cycle.read
         )
-        self.drafting.setdefault(cycle.size, Measured()).add(
+        self.drafting.setdefault(cycle.size, _Measured()).add(
             cycle.drafted, cycle.tokens, cycle.seconds, cycle.read
         )
 
@@ -392,7 +440,7 @@ class BatchLoad:
         return self.draft_steps >= 2
 
 
-def _loses(measured: Measured | None, before: Callable[[], float] | None) -> bool:
+def _loses(measured: _Measured | None, before: Callable[[], float] | None) -> bool:
     """Whether the cycles ``measured`` with a kind of guess ran fewer tokens per second than
     the cycles without it (``before``: their rate until those are trusted; None: not known
     then), and no retry is due: a retry runs RETRY_FOR cycles once the cycles without it since

@@ -15,7 +15,6 @@ from typing import Any, Literal
 
 from specgen.drafters.base import BLOCK_SOURCES
 from specgen.lookahead.acceptance import TYPICAL_MEMORY, Acceptance
-from specgen.lookahead.rates import Measured
 
 COST_MEMORY = 0.8
 # A verify length's cost leans on the line through all lengths as much as on one sample of it.
@@ -333,12 +332,6 @@ class CostBook:
 
     greedy: PairProfile = field(default_factory=PairProfile)
     sampled: PairProfile = field(default_factory=PairProfile)
-    # What batches of several sequences measured of their cycles, by batch size
-    # (``lookahead.batch``): with any guess against none (``guessing``), with a draft that
-    # costs against without (``drafting``). Kept so that a new server does not first pay again
-    # to learn where guessing loses.
-    guessing: dict[int, Measured] = field(default_factory=dict)
-    drafting: dict[int, Measured] = field(default_factory=dict)
 
     def of(self, greedy: bool) -> PairProfile:
         return self.greedy if greedy else self.sampled
@@ -348,27 +341,14 @@ class CostBook:
         return self.greedy.observations + self.sampled.observations
 
     def snapshot(self) -> dict[str, dict[str, dict[str, Any]]]:
-        book = {"greedy": self.greedy.snapshot(), "sampled": self.sampled.snapshot()}
-        batches = {
-            kind: {str(size): measured.snapshot() for size, measured in table.items()}
-            for kind, table in (("guessing", self.guessing), ("drafting", self.drafting))
-            if table
-        }
-        return {**book, "batches": batches} if batches else book
+        return {"greedy": self.greedy.snapshot(), "sampled": self.sampled.snapshot()}
 
     @classmethod
     def restore(cls, snapshot: dict[str, dict[str, dict[str, Any]]]) -> CostBook:
         """A book as ``snapshot`` left it; a mode it lacks starts afresh."""
-        batches = snapshot.get("batches", {})
-        guessing, drafting = (
-            {int(size): Measured.restore(m) for size, m in batches.get(kind, {}).items()}
-            for kind in ("guessing", "drafting")
-        )
         return cls(
             PairProfile.restore(snapshot.get("greedy", {})),
             PairProfile.restore(snapshot.get("sampled", {})),
-            guessing,
-            drafting,
         )
 
     def copy(self) -> CostBook:

@@ -3,7 +3,6 @@ context, against worlds of known batched costs and acceptance."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 
 import numpy as np
@@ -18,7 +17,7 @@ from specgen.lookahead.batch import (
     RETRY_SHARE,
     TRUST_AFTER,
     WAVE_SECONDS,
-    Measured,
+    _Measured,
 )
 
 MODEL = Candidate("model", "model", 10_000)
@@ -244,37 +243,6 @@ def test_guessing_that_lost_is_retried_once_plain_cycles_took_many_times_its_los
     assert load.guessing_loses(), "it lost again: the wait starts afresh"
 
 
-def test_a_new_process_starts_from_what_the_last_one_measured_of_its_batches() -> None:
-    """The costs file keeps each batch size's measured rates (a server restarted on the same
-    models does not first pay again to learn that guessing loses at that size), and the wait
-    towards the next retry runs on from where the last process left it."""
-    load = BatchLoad(CostBook())
-    for slot in (0, 1):
-        load.join(slot, True)
-    _cycles(load, 2, 0.2, guessed=False)
-    _cycles(load, TRUST_AFTER, 1.0, guessed=True)  # 2 tokens a second
-    _cycles(load, TRUST_AFTER + 1, 0.2, guessed=False)  # 10 tokens a second
-    assert load.guessing_loses()
-    kept = json.loads(json.dumps(load.costs.snapshot()))  # as the costs file holds it
-    again = BatchLoad(CostBook.restore(kept))
-    for slot in (0, 1):
-        again.join(slot, True)
-    assert again.guessing_loses(), "remembered: no cycle of this process measured yet"
-    assert again.measured[2].plain.rate == pytest.approx(load.measured[2].plain.rate)
-    assert again.measured[2].lost(10.0) == pytest.approx(load.measured[2].lost(10.0))
-    lost = TRUST_AFTER * 1.0 - 2 * TRUST_AFTER / 10.0
-    waited = again.measured[2].waited  # the plain seconds since the run, of the last process
-    assert waited >= TRUST_AFTER * 0.2
-    _cycles(again, int((lost / RETRY_SHARE - waited) / 0.2) - 2, 0.2, guessed=False)
-    assert again.guessing_loses(), "the wait is not yet 1 / RETRY_SHARE times the loss"
-    _cycles(again, 6, 0.2, guessed=False)
-    assert not again.guessing_loses(), "a retry, counting the last process's wait"
-    fresh = BatchLoad(CostBook.restore({}))
-    fresh.join(0, True)
-    fresh.join(1, True)
-    assert not fresh.guessing_loses() and not fresh.measured
-
-
 def test_the_retry_costs_a_bounded_share_however_dear_a_cycle_with_guesses_is() -> None:
     """A cycle with guesses that also costs the host twenty times a plain cycle: over a long
     run the batch stays within a few percent of plain batching, and still retries."""
@@ -370,7 +338,7 @@ def test_a_read_the_formula_would_pay_waits_where_drafting_measured_little_gain(
     load, policy = _two_sequences_learned((1, 2, 3, 4, 8, 16, 64))
     read = Candidate("model", "model", 10_000, setup=20)
     assert policy.plan([read], 64).lookahead > 0  # nothing measured: the formula's choice
-    measured = load.drafting.setdefault(2, Measured())
+    measured = load.drafting.setdefault(2, _Measured())
     for _ in range(TRUST_AFTER):
         measured.add(False, 2.0, 1.0)  # 2 tokens a second without a draft's guesses
         measured.add(True, 2.02, 1.0)  # 1% more with them
