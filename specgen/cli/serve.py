@@ -124,9 +124,10 @@ def serve(
             help="Requests sent together (a burst: parallel tool calls, a batch) end "
             "together once one of them has ended and its place stayed free (its sender waits "
             "for the rest): while none waits for a slot, one ahead of another of its burst "
-            "(fewer tokens left to its max_tokens) guesses nothing until the other catches up, "
-            "so the burst ends sooner; not while clients send their next request as soon as "
-            "they have an answer. --no-balance: each request guesses for its own latency.",
+            "(fewer tokens left to its max_tokens) guesses nothing while it would still end "
+            "no later than the slowest at its pace, so the burst ends sooner; not while "
+            "clients send their next request as soon as they have an answer. --no-balance: "
+            "each request guesses for its own latency.",
             rich_help_panel=PERFORMANCE,
         ),
     ] = True,
