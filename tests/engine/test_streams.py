@@ -194,3 +194,22 @@ def test_a_seed_gives_the_same_sampled_tokens_alone_and_in_a_batch() -> None:
         assert together[i].tokens == alone.tokens, f"sequence {i}"
         assert together[i].finished.stats.coupling == "gumbel"
     assert max(len(b) for b in target.batches) > 1
+
+
+def test_every_batch_goes_in_its_sequences_order() -> None:
+    """A pass lists its sequences by id, whichever parked first (a drafting sequence parks
+    later, a sequence with guesses is longer): llama.cpp lays a batch's tokens in the cache in
+    its order, and an interleave that changes every pass slows attention on a CPU."""
+    target, draft, engines, streams = _six()
+    configs = [
+        GenerationConfig(lookahead=k, sampling=GREEDY, max_tokens=24)  # type: ignore[arg-type]
+        for k in (8, 0, "auto", 1, 0, 4)
+    ]
+    _run_together(engines, configs, PROMPTS, streams)
+    for batches in (target.batches, draft.batches):
+        assert any(len(b) > 2 for b in batches)
+        for batch in batches:
+            seqs = [seq for seq, _, _ in batch]
+            assert seqs == sorted(seqs), batch
+    # Lengths differed within passes, so a by-length order would have differed from this one.
+    assert any(len({n for _, n, _ in b}) > 1 for b in target.batches)
