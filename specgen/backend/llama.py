@@ -83,6 +83,7 @@ class ModelOptions:
     backend_sampling: bool = field(default_factory=_backend_sampling_default)
     # Sequences that share the context (``sequence``), each with a cache of n_ctx tokens.
     n_seq: int = 1
+    flash_attn: int = -1  # llama.cpp's flash_attn_type: -1 auto, 0 off, 1 on
 
 
 def backend_sampling() -> Literal["on", "off", "absent"]:
@@ -146,6 +147,10 @@ class _BatchFill:
             batch.n_seq_id[i] = 1
 
 
+# The most a compaction copies (its buffer is kept): past it, the cache is left as it is.
+COMPACT_BYTES = 256 << 20
+
+
 @dataclass
 class _Shared:
     """What every sequence of one context shares: who gathers decodes (None: none), and the
@@ -155,6 +160,8 @@ class _Shared:
     views: dict[int, LlamaModel] = field(default_factory=dict)
     # Weights loaded beside this context for its sequences' heads (``backend.heads``), by file.
     weights: dict[str, Any] = field(default_factory=dict)
+    freed: int = 0  # cells its sequences' rollbacks and resets freed since the last ``compact``
+    copy: bytearray = field(default_factory=bytearray)  # ``compact``'s, kept for the next one
 
 
 class LlamaModel(Vocabulary):
@@ -196,6 +203,7 @@ class LlamaModel(Vocabulary):
         params.n_threads = n_threads
         params.n_threads_batch = n_threads
         params.n_rs_seq = options.rollback_window if self.recurrent else 0
+        params.flash_attn_type = options.flash_attn
         # Backend sampling serves this many rows a decode (llama.cpp's default is one): a
         # verify pass reads K + 1.
         params.n_outputs_max_per_seq = params.n_batch
@@ -228,6 +236,14 @@ class LlamaModel(Vocabulary):
         # with any layer offloaded, or on a worker unless the head is kept here.
         self.rows_on_device = (supports_gpu_offload() and options.n_gpu_layers != 0) or (
             bool(options.workers) and not options.local_head
+        )
+        # Whether ``compact`` pays here: several sequences' cells in one pool, attended to on
+        # this CPU (measured there; a GPU's attention and a worker's are not).
+        self.compacts = (
+            options.n_seq > 1
+            and not self.recurrent
+            and not options.workers
+            and not (supports_gpu_offload() and options.n_gpu_layers != 0)
         )
 
     def _sequence_state(self, seq: int) -> None:
@@ -428,6 +444,7 @@ class LlamaModel(Vocabulary):
                 self._checkpoint = None  # the rollback went back past it
             elif point is not None:
                 del point.since[n_past - point.n_past :]  # it replays only what is kept
+            self._shared.freed += self.n_past - n_past
             self.n_past = n_past
             if self.head is not None:
                 self.head.cut(n_past)
@@ -473,11 +490,68 @@ class LlamaModel(Vocabulary):
             llama_cpp.llama_memory_clear(self._mem, True)
         elif not llama_cpp.llama_memory_seq_rm(self._mem, self.seq, -1, -1):
             raise BackendError(f"llama.cpp could not empty a sequence of {self.path.name}")
+        self._shared.freed += self.n_past
         self.n_past = 0
         self._checkpoint = None
         self._last_decode = 0
         if self.head is not None:
             self.head.reset()
+
+    def compact(self) -> float | None:
+        """Rewrite the shared cache so that each sequence's cells lie together, in the
+        sequences' order; return the seconds it took (None: not done, the sequences' cells
+        would take more than COMPACT_BYTES to copy).
+
+        A batch's tokens take the cache's free cells in the batch's order, and a rollback frees
+        cells that the next pass gives to whichever sequence comes first: after some cycles of
+        guesses each sequence's cells are scattered among the others'. On a CPU, attention then
+        reads each token's cells by skipping the others' at irregular places, and every pass
+        runs slower, the plain ones too (``benchmarks/kv_layout.py``). Each sequence's cells are
+        copied out (``llama_state_seq_get_data``, into one buffer kept for the next time), the
+        cache emptied, and each copied back into cells side by side: the same keys and values
+        at the same positions. Not for a recurrent model (its state is not cells)."""
+        assert not self.recurrent, "a recurrent state is not laid out in cells"
+        began = time.perf_counter()
+        ctx, mem = self._ctx, self._mem
+        sizes = [
+            (seq, int(llama_cpp.llama_state_seq_get_size(ctx, seq)))
+            for seq in range(self.n_seq)
+            if llama_cpp.llama_memory_seq_pos_max(mem, seq) >= 0
+        ]
+        total = sum(size for _, size in sizes)
+        if total > COMPACT_BYTES:
+            return None
+        shared = self._shared
+        if len(shared.copy) < total:
+            shared.copy = bytearray(total)
+        parts, at = [], 0
+        for seq, size in sizes:
+            part = (ctypes.c_uint8 * size).from_buffer(shared.copy, at)
+            if llama_cpp.llama_state_seq_get_data(ctx, part, size, seq) != size:
+                raise BackendError(f"llama.cpp could not copy a sequence of {self.path.name}")
+            parts.append((seq, part, size))
+            at += size
+        llama_cpp.llama_memory_clear(mem, False)
+        for seq, part, size in parts:
+            if llama_cpp.llama_state_seq_set_data(ctx, part, size, seq) != size:
+                raise BackendError(f"llama.cpp could not restore a sequence of {self.path.name}")
+        del parts  # views of the buffer: released, so that it may grow next time
+        shared.freed = 0
+        return time.perf_counter() - began
+
+    @property
+    def freed(self) -> int:
+        """Cells the sequences' rollbacks and resets freed since the last ``compact``: holes
+        that the next passes fill with whichever sequence's tokens come first."""
+        return self._shared.freed
+
+    @property
+    def cells(self) -> int:
+        """Cells the sequences hold (their positions)."""
+        mem = self._mem
+        return sum(
+            int(llama_cpp.llama_memory_seq_pos_max(mem, seq)) + 1 for seq in range(self.n_seq)
+        )
 
     def constrain(self, grammar: Grammar) -> Matcher:
         """A fresh grammar state for one generation on this model

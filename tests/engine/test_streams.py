@@ -213,3 +213,79 @@ def test_every_batch_goes_in_its_sequences_order() -> None:
             assert seqs == sorted(seqs), batch
     # Lengths differed within passes, so a by-length order would have differed from this one.
     assert any(len({n for _, n, _ in b}) > 1 for b in target.batches)
+
+
+class _Sequence:
+    def __init__(self, seq: int) -> None:
+        self.seq = seq
+
+
+class _Scattering:
+    """A context whose every pass frees cells (as rollbacks do), and whose ``compact`` takes
+    ``cost`` seconds on the clock (None: too large to)."""
+
+    n_batch = 64
+
+    def __init__(self, clock: FakeClock, cost: float | None, cells: int, compacts: bool = True):
+        self.clock, self.cost, self.cells, self.compacts = clock, cost, cells, compacts
+        self.freed, self.compactions, self.asked = 0, 0, 0
+
+    def gather(self, gather: object) -> None:
+        self.gatherer = gather
+
+    def decode_together(self, items: list[tuple[object, list[int], int]]) -> list[np.ndarray]:
+        self.clock.advance(1.0)
+        self.freed += 2
+        return [np.zeros((n, 4), dtype=np.float32) for _, _, n in items]
+
+    def compact(self) -> float | None:
+        self.asked += 1
+        if self.cost is None:
+            return None
+        self.clock.advance(self.cost)
+        self.freed = 0
+        self.compactions += 1
+        return self.cost
+
+
+def _passes(context: _Scattering, clock: FakeClock, n: int, sequences: int = 3) -> Streams:
+    streams = Streams(context, clock=clock)
+
+    def task(seq: int) -> None:
+        for _ in range(n):
+            context.gatherer(_Sequence(seq), [1], 1)  # type: ignore[operator]
+
+    for seq in range(sequences):
+        streams.add(lambda seq=seq: task(seq))
+    streams.run()
+    return streams
+
+
+def test_a_scattered_cache_is_compacted_within_its_share_of_the_passes() -> None:
+    """Compactions where rollbacks freed cells, no more often than COMPACT_SHARE of the passes'
+    time pays for: 1 s each against 1 s passes, one at most every 20 passes."""
+    clock = FakeClock()
+    context = _Scattering(clock, cost=1.0, cells=20)
+    streams = _passes(context, clock, 100)
+    assert 4 <= context.compactions <= 6
+    assert streams.stats.compactions == context.compactions
+    assert streams.stats.compact_seconds == pytest.approx(context.compactions * 1.0)
+    cheap = _Scattering(clock, cost=0.01, cells=20)
+    _passes(cheap, clock, 100)
+    assert cheap.compactions > 30  # a cheap one is done whenever cells were freed enough
+
+
+def test_a_cache_is_left_as_it_is_where_compacting_would_not_pay() -> None:
+    """No compaction while the freed cells are under COMPACT_FREED of those held, on a context
+    that does not compact (a GPU's, a recurrent model's), or where it is too large to copy (then
+    it is asked again only after TOO_LARGE_WAIT seconds of passes)."""
+    clock = FakeClock()
+    few = _Scattering(clock, cost=0.01, cells=10_000)
+    _passes(few, clock, 100)
+    assert few.asked == 0
+    off = _Scattering(clock, cost=0.01, cells=20, compacts=False)
+    _passes(off, clock, 100)
+    assert off.asked == 0
+    large = _Scattering(clock, cost=None, cells=20)
+    _passes(large, clock, 100)
+    assert large.compactions == 0 and 4 <= large.asked <= 6

@@ -20,6 +20,7 @@ from specgen.backend import LlamaModel, ModelOptions
 from specgen.core.sampling import SamplingParams
 from specgen.drafters import HybridDrafter, ModelDrafter, NgramDrafter
 from specgen.engine import GenerationConfig, SpeculativeEngine
+from specgen.engine import streams as streams_module
 from specgen.engine.streams import Streams
 from specgen.lookahead import BatchLoad, CostBook
 from tests.fakes import drive, run_to_end
@@ -54,10 +55,13 @@ def four(smollm2_target: Path, smollm2_draft: Path):
     draft.close()
 
 
-@pytest.mark.parametrize("lookahead", [0, 3, "auto"])
-def test_each_of_four_sequences_is_the_target_alone(smol, four, lookahead) -> None:
+def _four_alone(smol, four, lookahead) -> Streams:
+    """Four sequences at once, each checked against the target alone; their scheduler."""
     alone_target, _ = smol
     target, draft = four
+    for i in range(4):
+        target.sequence(i).reset()
+        draft.sequence(i).reset()
     costs = CostBook()
     load = BatchLoad(costs)
     engines = [
@@ -88,6 +92,60 @@ def test_each_of_four_sequences_is_the_target_alone(smol, four, lookahead) -> No
             prompt,
         )
         _same_or_near_tie(alone_target, prompt, done[i], want)
+    return streams
+
+
+@pytest.mark.parametrize("lookahead", [0, 3, "auto"])
+def test_each_of_four_sequences_is_the_target_alone(smol, four, lookahead) -> None:
+    _four_alone(smol, four, lookahead)
+
+
+@pytest.mark.parametrize("lookahead", [3, 8])
+def test_each_sequence_is_the_target_alone_with_its_cache_compacted(
+    smol, four, lookahead, monkeypatch
+) -> None:
+    """Compacting the caches whenever any cell was freed (``Streams._compact``, made eager
+    here) changes no sequence's tokens: the same keys and values at the same positions."""
+    monkeypatch.setattr(streams_module, "COMPACT_FREED", 0.0)
+    monkeypatch.setattr(streams_module, "COMPACT_SHARE", 1e6)
+    streams = _four_alone(smol, four, lookahead)
+    assert streams.stats.compactions > 10
+
+
+def test_compacting_keeps_every_sequence_s_cache(four) -> None:
+    """``LlamaModel.compact`` after passes of guesses and rollbacks that scattered four
+    sequences' cells: each sequence's next rows are the same (to a float's reordering), its
+    positions too, and the freed cells are counted afresh."""
+    target, _ = four
+    assert target.compacts and not LlamaModel(target.path, ModelOptions(n_ctx=64)).compacts
+    sequences = [target.sequence(i) for i in range(4)]
+    for sequence, prompt in zip(sequences, PROMPTS, strict=True):
+        sequence.reset()
+        target.decode_together([(sequence, target.tokenize(prompt), 1)])
+    rng = np.random.default_rng(0)
+    for step in range(30):
+        extra = [int(e) for e in rng.integers(0, 3, size=4)]
+        target.decode_together(
+            [(s, [100 + step] * (1 + e), 1 + e) for s, e in zip(sequences, extra, strict=True)]
+        )
+        for s, e in zip(sequences, extra, strict=True):
+            s.rollback(s.n_past - int(rng.integers(0, e + 1)))
+    assert target.freed > 0
+
+    def probe() -> list[np.ndarray]:
+        rows = target.decode_together([(s, [42], 1) for s in sequences])
+        out = [np.array(r[-1], dtype=np.float64) for r in rows]
+        for s in sequences:
+            s.rollback(s.n_past - 1)
+        return out
+
+    before, positions = probe(), [s.cache_last_position() for s in sequences]
+    assert target.compact() is not None
+    assert target.freed == 0
+    assert [s.cache_last_position() for s in sequences] == positions
+    for old, new in zip(before, probe(), strict=True):
+        assert int(np.argmax(old)) == int(np.argmax(new))
+        np.testing.assert_allclose(new, old, rtol=0, atol=1e-3)
 
 
 def test_a_batch_file_with_parallel_writes_every_line_in_order(
