@@ -178,10 +178,10 @@ class Streams:
             self.stats.host_seconds += self.clock() - started
             return bool(self._live)
         context, batch = self._next_batch()
-        self._compact(context)
-        decoding = self.clock()
-        self.stats.host_seconds += decoding - started
         try:
+            compacting = self._compact(context)  # its own time, not the host's
+            decoding = self.clock()
+            self.stats.host_seconds += decoding - started - compacting
             rows = context.decode_together([(p.sequence, p.tokens, p.n_logits) for p in batch])
         except Exception as err:  # the batch's tasks each see it where they decoded
             self._ready.extend((p.task, _Raise(err)) for p in batch)
@@ -236,7 +236,7 @@ class Streams:
             if task.dead:
                 self._live.discard(task)
 
-    def _compact(self, context: Context) -> None:
+    def _compact(self, context: Context) -> float:
         """Lay ``context``'s cache out again, each sequence's cells together, where rollbacks
         have scattered them and the compactions so far cost at most COMPACT_SHARE of its passes'
         time since the last one.
@@ -247,22 +247,24 @@ class Streams:
         1.25x as long, and compacted every 32 passes 1.0x (``benchmarks/kv_layout.py``). A
         compaction copies every sequence's cells out and back, so it costs as the cache grows;
         its cost sets when the next one is due, so that they never take more than COMPACT_SHARE
-        of the passes."""
+        of the passes. Returns the seconds it took (0: none was due). An error in it reaches
+        the batch's tasks as a decode's does."""
         if not isinstance(context, Compacting) or not context.compacts or not context.freed:
-            return
+            return 0.0
         if context.freed < COMPACT_FREED * context.cells:
-            return
+            return 0.0
         layout = self._layouts.setdefault(id(context), _Layout())
         if layout.cost > COMPACT_SHARE * layout.seconds:
-            return
+            return 0.0
         done = context.compact()
         layout.seconds = 0.0
         if done is None:  # too large to copy now: asked again after a while
             layout.cost = COMPACT_SHARE * TOO_LARGE_WAIT
-            return
+            return 0.0
         layout.cost = done
         self.stats.compactions += 1
         self.stats.compact_seconds += done
+        return done
 
     def _next_batch(self) -> tuple[Context, list[_Parked]]:
         """The requests of one context, the drafts' first, the shortest first within

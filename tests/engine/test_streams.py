@@ -242,6 +242,8 @@ class _Scattering:
         self.asked += 1
         if self.cost is None:
             return None
+        if self.cost < 0:
+            raise RuntimeError("the copy failed")
         self.clock.advance(self.cost)
         self.freed = 0
         self.compactions += 1
@@ -289,3 +291,24 @@ def test_a_cache_is_left_as_it_is_where_compacting_would_not_pay() -> None:
     large = _Scattering(clock, cost=None, cells=20)
     _passes(large, clock, 100)
     assert large.compactions == 0 and 4 <= large.asked <= 6
+
+
+def test_an_error_in_a_compaction_reaches_the_batch_s_tasks() -> None:
+    """A compaction that fails is reported where each task of the pass it came before
+    decoded, as a failed decode is, and the scheduler goes on."""
+    clock = FakeClock()
+    context = _Scattering(clock, cost=-1.0, cells=20)
+    streams = Streams(context, clock=clock)
+    seen: list[str] = []
+
+    def task(seq: int) -> None:
+        try:
+            for _ in range(10):
+                context.gatherer(_Sequence(seq), [1], 1)  # type: ignore[operator]
+        except RuntimeError as err:
+            seen.append(f"{seq}: {err}")
+
+    for seq in range(2):
+        streams.add(lambda seq=seq: task(seq))
+    streams.run()
+    assert sorted(seen) == ["0: the copy failed", "1: the copy failed"]
