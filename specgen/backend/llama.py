@@ -234,16 +234,12 @@ class LlamaModel(Vocabulary):
         self._sequence_state(0)
         # Where its rows are computed: llama.cpp offloads the output layer first, so on a GPU
         # with any layer offloaded, or on a worker unless the head is kept here.
-        self.rows_on_device = (supports_gpu_offload() and options.n_gpu_layers != 0) or (
-            bool(options.workers) and not options.local_head
-        )
+        on_gpu = supports_gpu_offload() and options.n_gpu_layers != 0
+        self.rows_on_device = on_gpu or (bool(options.workers) and not options.local_head)
         # Whether ``compact`` pays here: several sequences' cells in one pool, attended to on
         # this CPU (measured there; a GPU's attention and a worker's are not).
         self.compacts = (
-            options.n_seq > 1
-            and not self.recurrent
-            and not options.workers
-            and not (supports_gpu_offload() and options.n_gpu_layers != 0)
+            options.n_seq > 1 and not self.recurrent and not options.workers and not on_gpu
         )
 
     def _sequence_state(self, seq: int) -> None:
@@ -535,7 +531,6 @@ class LlamaModel(Vocabulary):
         for seq, part, size in parts:
             if llama_cpp.llama_state_seq_set_data(ctx, part, size, seq) != size:
                 raise BackendError(f"llama.cpp could not restore a sequence of {self.path.name}")
-        del parts  # views of the buffer: released, so that it may grow next time
         shared.freed = 0
         return time.perf_counter() - began
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, cast
 
 import numpy as np
 from greenlet import GreenletExit, getcurrent, greenlet
@@ -61,7 +61,6 @@ class Context(Protocol):
         """One batch: each item's (sequence, tokens, rows wanted), at most ``n_batch`` tokens."""
 
 
-@runtime_checkable
 class Compacting(Protocol):
     """A context whose cache can be laid out again, each sequence's cells together
     (``backend.LlamaModel.compact``)."""
@@ -249,14 +248,18 @@ class Streams:
         its cost sets when the next one is due, so that they never take more than COMPACT_SHARE
         of the passes. Returns the seconds it took (0: none was due). An error in it reaches
         the batch's tasks as a decode's does."""
-        if not isinstance(context, Compacting) or not context.compacts or not context.freed:
+        # Not ``isinstance``: a runtime protocol reads every member, ``cells`` (llama.cpp calls)
+        # too, on every pass of every context.
+        if not getattr(context, "compacts", False):
             return 0.0
-        if context.freed < COMPACT_FREED * context.cells:
-            return 0.0
+        compacting = cast(Compacting, context)
         layout = self._layouts.setdefault(id(context), _Layout())
         if layout.cost > COMPACT_SHARE * layout.seconds:
             return 0.0
-        done = context.compact()
+        freed = compacting.freed
+        if not freed or freed < COMPACT_FREED * compacting.cells:
+            return 0.0
+        done = compacting.compact()
         layout.seconds = 0.0
         if done is None:  # too large to copy now: asked again after a while
             layout.cost = COMPACT_SHARE * TOO_LARGE_WAIT
