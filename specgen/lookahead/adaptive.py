@@ -221,10 +221,18 @@ class AdaptiveLookahead:
 
     def _setup_seconds(self, candidate: Candidate) -> float:
         """In a batch, the seconds of the read a source needs before its first guess (every
-        sequence waits for it); 0 alone, where the read is the cost of the first cycle only."""
+        sequence waits for it), by the draft passes this batch timed, or at most a step a token
+        before it timed any; 0 alone, where the read is the cost of the first cycle only."""
         if self.load is None or not candidate.setup:
             return 0.0
-        return self.load.draft_pass(candidate.setup) or 0.0
+        read = self.load.draft_pass(candidate.setup)
+        if read is not None:
+            return read
+        # No draft pass timed in this batch yet: at most a step of one token per token read (a
+        # pass over m tokens costs no more than m over one). Priced as free, a fresh server's
+        # full batch stalled for a read of dozens of tokens to look at three guesses.
+        step = self.profile.guess(candidate.source)
+        return candidate.setup * step if step is not None else 0.0
 
     def _rate(
         self,

@@ -549,6 +549,34 @@ def test_a_draft_that_must_first_read_a_long_prompt_is_priced_by_that_read() -> 
     assert policy.plan([read], 4000).lookahead > 0  # a long answer is worth the read
 
 
+def test_a_read_before_any_draft_pass_was_timed_is_priced_at_a_step_a_token() -> None:
+    """A fresh batch that timed no draft pass yet (the draft's step only remembered) prices a
+    read at its bound, a one-token step for each token read, not as free: a long read for a
+    short answer waits, where the same draft with nothing to read pays."""
+    load = BatchLoad(CostBook())
+    for slot in range(2):
+        load.join(slot, True)
+    for m in (1, 2, 3, 4, 8, 16, 64):
+        for _ in range(3):
+            load.observe_target(1.0 + 0.05 * (m - 1), m, verifies=False)
+    profile = load.costs.of(True)
+    profile.observe_step("model", 0.01)  # twice: trusted (the first runs cold)
+    profile.observe_step("model", 0.01)
+    policy = AdaptiveLookahead(profile, load=load, slot=0)
+    rng = np.random.default_rng(2)
+    for _ in range(40):
+        kept = 0
+        while kept < 8 and rng.random() < 0.9:
+            kept += 1
+        policy.observe(Plan(MODEL, 8), 8, kept, 0.0, 0.0)
+    load.report(1, 1, 1, 0, None)
+    assert load.draft_pass(1) is None
+    assert policy.plan([MODEL], 64).lookahead > 0
+    assert policy.plan([Candidate("model", "model", 10_000, setup=40)], 64).lookahead > 0
+    assert policy.plan([Candidate("model", "model", 10_000, setup=10_000)], 64).lookahead == 0
+    assert policy.plan([Candidate("model", "model", 10_000, setup=10_000)], 1_000_000).lookahead > 0
+
+
 @pytest.mark.parametrize(("source", "each"), [("eagle3", 0.1), ("dflash", 0.3)])
 def test_heads_in_a_batch_are_priced_one_after_another(source: str, each: float) -> None:
     """Each sequence's head drafts in turn (a context of its own), so the others' drafts add up,
