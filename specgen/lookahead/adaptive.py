@@ -311,5 +311,12 @@ class AdaptiveLookahead:
         self._longest[key] = max(self._longest.get(key, 0), accepted)
         self.exploration.tried(key)
         self._source_of[key] = candidate.source
-        self.acceptance.setdefault(key, Acceptance()).observe(drafted, accepted)
-        self.profile.typical.setdefault(key, Acceptance(TYPICAL_MEMORY)).observe(drafted, accepted)
+        # Made only where missing (``setdefault`` would build one every cycle).
+        own = self.acceptance.get(key)
+        if own is None:
+            own = self.acceptance[key] = Acceptance()
+        own.observe(drafted, accepted)
+        typical = self.profile.typical.get(key)
+        if typical is None:
+            typical = self.profile.typical[key] = Acceptance(TYPICAL_MEMORY)
+        typical.observe(drafted, accepted)

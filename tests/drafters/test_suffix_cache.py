@@ -10,13 +10,22 @@ import pytest
 
 from specgen.core.sampling import SamplingParams, warp
 from specgen.drafters import NgramDrafter, SuffixCache
-from specgen.drafters.suffix import KEY
+from specgen.drafters.suffix import KEY, _key, _keys
 from specgen.engine import GenerationConfig, SpeculativeEngine
 from tests.fakes import FakeModel, run_to_end
 from tests.stats_helpers import pooled_chisquare_pvalue
 
 GREEDY = SamplingParams(temperature=0)
 SAMPLING = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
+
+
+def test_a_lookup_s_key_is_the_index_s_key_of_the_same_window() -> None:
+    """The key a cycle looks up (Python numbers) is the one the index was built with (numpy),
+    for token ids up to a 262k vocabulary's."""
+    rng = np.random.default_rng(5)
+    doc = rng.integers(0, 262_144, 200).astype(np.int32)
+    keys = _keys(doc)
+    assert [_key(doc[i : i + KEY].tolist()) for i in range(len(keys))] == keys
 
 
 def test_it_proposes_what_most_documents_went_on_with_after_the_longest_match() -> None:
