@@ -60,7 +60,7 @@ from specgen.lookahead.costs import (
     PairProfile,
     Timing,
     fit_passes,
-    on_fit,
+    refit_due,
 )
 
 # Tokens a sequence puts in a cycle's first draft step: the drawn token, and the last kept guess
@@ -180,6 +180,7 @@ class BatchLoad:
     drafting: dict[int, _Measured] = field(default_factory=dict)
     draft_steps: int = 0  # the draft model's steps timed here
     _draft_fit: Fit | None = field(default=None, init=False, repr=False)
+    _draft_passes_since_fit: int = field(default=0, init=False, repr=False)
     _drafting: float = field(default=0.0, init=False, repr=False)  # draft steps this cycle
     _reading: float = field(default=0.0, init=False, repr=False)  # draft reads this cycle
     _last_end: float | None = field(default=None, init=False, repr=False)  # of a target pass
@@ -303,13 +304,14 @@ class BatchLoad:
     def draft_pass(self, n_tokens: int) -> float | None:
         """Seconds of a draft pass over ``n_tokens`` (None until one was timed here)."""
         fit = self._fitted_draft()
-        return None if fit is None else on_fit(fit, n_tokens)
+        return None if fit is None else fit.at(n_tokens)
 
     def _fitted_draft(self) -> Fit | None:
-        if self._draft_fit is None:
+        if self._draft_fit is None or refit_due(self._draft_passes_since_fit, len(self.draft_by_n)):
             points = {n: t.mean for n, t in self.draft_by_n.items() if t.weight}
             if points:
                 self._draft_fit = fit_passes(points, self.draft_by_n)
+                self._draft_passes_since_fit = 0
         return self._draft_fit
 
     def draft_seconds(self, k: int, others: tuple[int, ...]) -> float | None:
@@ -323,7 +325,7 @@ class BatchLoad:
         for step in range(1, max(k, *others, 0) + 1):
             drafting = sum(1 for n in others if n >= step) + (1 if k >= step else 0)
             tokens = drafting * (FIRST_STEP_TOKENS if step == 1 else 1)
-            seconds += on_fit(fit, tokens)
+            seconds += fit.at(tokens)
         return seconds
 
     @property
@@ -422,7 +424,7 @@ class BatchLoad:
         (a guess for every sequence still drafting, not a prompt's or a catch-up's read) of
         one sequence also times a guess of ``source`` (the profile's cost of one guess, which
         a single stream and the next process price with: a step for several costs more)."""
-        self._draft_fit = None
+        self._draft_passes_since_fit += 1  # made again when next asked (``refit_due``)
         self.draft_by_n.setdefault(n_tokens, Timing(COST_MEMORY)).add(seconds)
         if not step:  # a pass with a read in it: what the others' steps in it cost is let go too
             self._reading += seconds

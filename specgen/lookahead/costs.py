@@ -10,6 +10,7 @@ knows where its figure came from (measured in this process, or remembered from a
 from __future__ import annotations
 
 import statistics
+from bisect import bisect_left
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -23,15 +24,18 @@ LINE_WEIGHT = 1.0
 # the remembered mean.
 SAME_SPEED = 0.25
 
+# A batch's passes come in many lengths (a prompt's chunk beside the others' guesses), and a
+# fit takes a slope for every two lengths: past this many lengths, a fit serves
+# lengths / REFIT_LENGTHS passes before it is made again, so that what it costs a pass grows
+# with the lengths seen, not with their square (a server that has seen 300 would spend
+# milliseconds a pass on it).
+REFIT_LENGTHS = 16
+
 SpeedCheck = Literal["yes", "no", "unknown"]
 # The costs file's format (``store.write_versioned`` of a ``CostBook.snapshot``): a change to
 # the keys ``snapshot`` writes, or to what they mean, takes the next number, and a file of
 # another number is set aside (its costs are measured afresh).
 COSTS_VERSION = 1
-
-# A pass's seconds by tokens as fitted (each n seen, never falling as n grows), and the line
-# through them (intercept, slope).
-Fit = tuple[dict[int, float], tuple[float, float]]
 
 
 @dataclass
@@ -125,6 +129,7 @@ class PairProfile:
     # many times a cycle.
     _fit: Fit | None = field(default=None, init=False, repr=False)
     _speed: float | None = field(default=None, init=False, repr=False)
+    _passes_since_fit: int = field(default=0, init=False, repr=False)
 
     def snapshot(self) -> dict[str, Any]:
         """What to remember (``restore``) in a later process on these models."""
@@ -186,7 +191,7 @@ class PairProfile:
 
     def observe_pass(self, n_tokens: int, seconds: float) -> None:
         """A target pass over ``n_tokens`` (one sequence's or a batch's) took ``seconds``."""
-        self._fit = self._speed = None
+        self._passes_since_fit += 1  # made again when next asked (``refit_due``)
         self.observations += 1
         self.verify_by_n.setdefault(n_tokens, Timing(COST_MEMORY)).add(seconds)
 
@@ -266,13 +271,21 @@ class PairProfile:
         """
         if not self.verify_by_n:
             return None
-        if self._fit is None:
+        if self._fit is None or refit_due(self._passes_since_fit, len(self.verify_by_n)):
+            self._speed = None
             self._fit = self._fit_verify()
-        return on_fit(self._fit, n)
+            self._passes_since_fit = 0
+        return self._fit.at(n)
 
     def _fit_verify(self) -> Fit:
         points = {m: self._verify_mean(timing) for m, timing in self.verify_by_n.items()}
         return fit_passes(points, self.verify_by_n)
+
+
+def refit_due(passes_since: int, lengths: int) -> bool:
+    """Whether a curve over ``lengths`` lengths, fitted ``passes_since`` passes ago, is made
+    again: after every pass while the lengths are few (REFIT_LENGTHS)."""
+    return passes_since >= max(1, lengths // REFIT_LENGTHS)
 
 
 def fit_passes(points: dict[int, float], timings: dict[int, Timing]) -> Fit:
@@ -301,18 +314,40 @@ def fit_passes(points: dict[int, float], timings: dict[int, Timing]) -> Fit:
             weight + LINE_WEIGHT
         )
         fitted[m] = cheapest = min(shrunk, cheapest)
-    return fitted, (intercept, slope)
+    return Fit(fitted, (intercept, slope))
 
 
-def on_fit(fit: Fit, n: int) -> float:
-    """Seconds of a pass over ``n`` tokens on a fitted curve: a length seen as fitted, another
-    on the line, held between the shorter and the longer lengths seen."""
-    fitted, (intercept, slope) = fit
-    if n in fitted:
-        return fitted[n]
-    below = max((t for m, t in fitted.items() if m < n), default=min(fitted.values()))
-    above = min((t for m, t in fitted.items() if m > n), default=float("inf"))
-    return min(max(intercept + slope * n, below), above)
+class Fit:
+    """A pass's seconds by tokens as fitted (each n seen, never falling as n grows), and the
+    line through them (intercept, slope), until it is made again (``refit_due``)."""
+
+    __slots__ = ("fitted", "line", "_lengths", "_at")
+
+    def __init__(self, fitted: dict[int, float], line: tuple[float, float]) -> None:
+        self.fitted, self.line = fitted, line
+        self._lengths = sorted(fitted)
+        # Each length worked out once: ``auto`` asks for the same few lengths for every K of
+        # every sequence of a batch between two passes.
+        self._at: dict[int, float] = {}
+
+    def at(self, n: int) -> float:
+        """Seconds of a pass over ``n`` tokens: a length seen as fitted, another on the line,
+        held between the shorter and the longer lengths seen."""
+        seconds = self._at.get(n)
+        if seconds is None:
+            seconds = self._at[n] = self._work_out(n)
+        return seconds
+
+    def _work_out(self, n: int) -> float:
+        fitted, (intercept, slope), lengths = self.fitted, self.line, self._lengths
+        if n in fitted:
+            return fitted[n]
+        # The fitted figures never fall as the length grows (``fit_passes``): the nearest
+        # lengths seen below and above bound it (below the shortest, that one's).
+        i = bisect_left(lengths, n)
+        below = fitted[lengths[max(0, i - 1)]]
+        above = fitted[lengths[i]] if i < len(lengths) else float("inf")
+        return min(max(intercept + slope * n, below), above)
 
 
 def _forget_remembered(table: dict[Any, Timing]) -> None:

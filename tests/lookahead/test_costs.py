@@ -5,13 +5,72 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from specgen.drafters import TARGET_ALONE, Candidate
 from specgen.lookahead import AdaptiveLookahead, PairProfile
+from specgen.lookahead import costs as costs_module
+from specgen.lookahead.costs import COST_MEMORY, REFIT_LENGTHS, Timing, fit_passes
 from tests.fakes import cpu_verify
 
 MODEL = Candidate("model", "model", 10_000)
+
+
+def test_a_fitted_curve_reads_every_length_between_its_neighbours_seen() -> None:
+    """A length not seen reads the line held between the nearest lengths seen below and above
+    (the shortest's figure below it, no bound above the longest), each of them the most and
+    the least of all the figures on its side: the curve never falls as the length grows, even
+    from noisy figures that do."""
+    rng = np.random.default_rng(11)
+    for _ in range(50):
+        lengths = sorted({int(n) for n in rng.integers(1, 200, rng.integers(1, 12))})
+        points = {n: 0.01 * n * float(rng.uniform(0.3, 1.5)) + 0.02 for n in lengths}
+        timings = {n: Timing(COST_MEMORY) for n in lengths}
+        for n in lengths:
+            for _ in range(int(rng.integers(0, 3))):
+                timings[n].add(points[n])
+        fit = fit_passes(points, timings)
+        fitted, (intercept, slope) = fit.fitted, fit.line
+        assert all(fitted[a] <= fitted[b] for a, b in zip(lengths, lengths[1:]))
+        for n in range(1, 260):
+            if n in fitted:
+                assert fit.at(n) == fitted[n]
+                continue
+            below = max((t for m, t in fitted.items() if m < n), default=min(fitted.values()))
+            above = min((t for m, t in fitted.items() if m > n), default=float("inf"))
+            assert fit.at(n) == pytest.approx(min(max(intercept + slope * n, below), above))
+
+
+def test_a_curve_over_many_lengths_is_made_again_every_few_passes_not_every_pass(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A fit takes a slope for every two lengths: past REFIT_LENGTHS lengths, a curve serves
+    lengths // REFIT_LENGTHS passes before it is made again (a server that has seen hundreds
+    of lengths would spend milliseconds a pass on it); with few lengths, after every pass. A
+    length seen since is on the curve once it is made again."""
+    fits = []
+
+    def counted(points: dict[int, float], timings: dict[int, Timing]) -> object:
+        fits.append(len(points))
+        return fit_passes(points, timings)
+
+    monkeypatch.setattr(costs_module, "fit_passes", counted)
+    few, many = PairProfile(), PairProfile()
+    for n in range(1, 4):
+        few.observe_pass(n, 0.01 * n)
+    for n in range(1, 321):
+        many.observe_pass(n, 0.001 * n)
+    for profile, lengths, every in ((few, 3, 1), (many, 320, 320 // REFIT_LENGTHS)):
+        fits.clear()
+        for _ in range(3 * every):
+            profile.observe_pass(2, 0.02)
+            assert profile.verify(2) is not None
+        assert fits == [lengths] * 3
+    assert many.verify(500) == pytest.approx(0.5, rel=0.05)  # not seen: the line reads it
+    for _ in range(2 * 320 // REFIT_LENGTHS):
+        many.observe_pass(500, 0.3)
+    assert many.verify(500) < 0.35
 
 
 def test_remembered_verify_costs_follow_the_speed_measured_here() -> None:
