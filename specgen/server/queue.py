@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -160,6 +161,35 @@ class GenerationQueue:
             job.cancelled.set()  # a client gone, or an error: stop at the next cycle
 
 
+class _Mailbox:
+    """What the slots' thread hands to the requests waiting on one event loop: one wake-up of
+    the loop for everything handed since it last looked, not one for each piece. A pass of
+    eight sequences hands eight pieces at once, and each wake-up is a write to the loop's pipe
+    and the GIL handed to the loop's thread while the passes wait for it."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._items: deque[tuple[asyncio.Queue[object], object]] = deque()
+        self._lock = threading.Lock()
+        self._called = False  # a delivery is on its way to the loop
+
+    def hand(self, queue: asyncio.Queue[object], item: object) -> None:
+        """``item`` to ``queue`` on the loop, after everything handed before it."""
+        with self._lock:
+            self._items.append((queue, item))
+            if self._called:
+                return
+            self._called = True
+        self.loop.call_soon_threadsafe(self._deliver)
+
+    def _deliver(self) -> None:
+        with self._lock:
+            items, self._items = self._items, deque()
+            self._called = False
+        for queue, item in items:
+            queue.put_nowait(item)
+
+
 class SlotQueue:
     """Runs up to the pair's ``parallel`` generations side by side on one thread of its own
     (``session.parallel``: one batched pass per cycle for all of them); requests past the
@@ -179,6 +209,9 @@ class SlotQueue:
         )
         self._lock = threading.Lock()
         self._wake = threading.Event()
+        self._mailboxes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Mailbox] = (
+            weakref.WeakKeyDictionary()
+        )
         threading.Thread(target=self._serve, name="specgen-slots", daemon=True).start()
 
     @property
@@ -194,11 +227,14 @@ class SlotQueue:
         if not self.slots.free and self.waiting >= self.max_queue:
             raise _busy(self.waiting)
         loop = asyncio.get_running_loop()
+        mailbox = self._mailboxes.get(loop)
+        if mailbox is None:
+            mailbox = self._mailboxes[loop] = _Mailbox(loop)
         queue: asyncio.Queue[object] = asyncio.Queue()
         done = object()
 
         def hand(item: object) -> None:
-            loop.call_soon_threadsafe(queue.put_nowait, item)
+            mailbox.hand(queue, item)
 
         def work(engine: SpeculativeEngine) -> None:
             try:

@@ -319,6 +319,46 @@ def test_a_full_queue_answers_503_and_a_request_that_goes_away_cancels() -> None
     asyncio.run(main())
 
 
+def test_pieces_handed_together_wake_the_loop_once_and_arrive_in_order() -> None:
+    """The slots' thread hands a pass's pieces for every request (``_Mailbox``): the loop is
+    woken once for all those handed before it looks, each request gets its own in the order
+    handed, and a piece handed after a delivery wakes it again."""
+    from specgen.server.queue import _Mailbox
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        wakes = []
+        wake = loop.call_soon_threadsafe
+
+        def counted(callback, *args):  # type: ignore[no-untyped-def]
+            wakes.append(callback)
+            return wake(callback, *args)
+
+        loop.call_soon_threadsafe = counted  # type: ignore[method-assign]
+        mailbox = _Mailbox(loop)
+        queues: list[asyncio.Queue[object]] = [asyncio.Queue() for _ in range(3)]
+
+        def one_pass(start: int) -> None:
+            for step in range(start, start + 4):
+                for i, queue in enumerate(queues):
+                    mailbox.hand(queue, (i, step))
+
+        def handed_while_the_loop_is_busy(start: int) -> None:
+            thread = threading.Thread(target=one_pass, args=(start,))
+            thread.start()
+            thread.join()  # the loop, blocked here, cannot look in between
+
+        handed_while_the_loop_is_busy(0)
+        assert len(wakes) == 1
+        got = [[await queue.get() for _ in range(4)] for queue in queues]
+        assert got == [[(i, step) for step in range(4)] for i in range(3)]
+        handed_while_the_loop_is_busy(4)
+        assert len(wakes) == 2
+        assert [await queues[2].get() for _ in range(4)] == [(2, step) for step in range(4, 8)]
+
+    asyncio.run(main())
+
+
 def test_the_python_api_generates_as_run_does(generator, fake_pair: FakePair) -> None:
     from specgen.engine import TextChunk
     from specgen.session.generate import Result
