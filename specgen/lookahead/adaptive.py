@@ -262,7 +262,8 @@ class AdaptiveLookahead:
             if batched is not None:
                 draft = batched + draft_cost(source, k - model, guess)
         draft += others.head_seconds
-        return (others.tokens + tokens) / max(draft + setup + verify, SHORTEST)
+        host = self.load.host_seconds() if self.load is not None else 0.0
+        return (others.tokens + tokens) / max(draft + setup + verify + host, SHORTEST)
 
     def _source_prior(self, source: str) -> float:
         """The source's pooled rate over all its keys (n-gram matches of every length)."""

@@ -6,15 +6,17 @@ tokens in all costs V(N), the draft model's steps are batched too (a cycle draft
 its longest drafter), and every sequence's kept tokens come out of the same pass. So a
 sequence's K is worth what it adds to the batch's tokens per second, given what the others do:
 
-    rate(K) = (E_others + E(K)) / (D(n_1) + ... + D(n_max(K, K_others)) + V(N_others + K + 1))
+    rate(K) = (E_others + E(K)) / (D(n_1) + ... + D(n_max(K, K_others)) + V(N_others + K + 1) + H)
 
 E(K) is this sequence's expected tokens per cycle at K (``core.speculative``), E_others the
 others' tokens per cycle lately, N_others the tokens they put in the pass, K_others the most
 guesses any of them drafted; the draft model's step j decodes one token for each sequence still
 drafting (n_j of them; the first step also reads each one's last kept guess, so it counts two),
-and D is the draft context's pass by its tokens, measured in this batch as V is (a draft
+D is the draft context's pass by its tokens, measured in this batch as V is (a draft
 model's step over four sequences costs several of one: on a CPU a small draft's batched step
-can cost as much as the target's). Each sequence, choosing the K
+can cost as much as the target's), and H the host's seconds a cycle outside the passes (the
+loop's work, a server's hand-offs), measured on this batch size's plain cycles: every cycle
+pays it, so fewer, longer cycles pay it less often. Each sequence, choosing the K
 that maximises this with the others held, raises the batch's rate (a coordinate ascent); where
 the target's batched pass grows with every token (a CPU, several streams), guesses that are
 not nearly sure to survive cost more than they give and K falls, to 0 for all where plain
@@ -22,12 +24,13 @@ batching wins. V is the pair's own verify curve (``costs.PairProfile.verify``): 
 tokens costs about the same whichever sequences they belong to, so the costs a single stream
 measured price a batch from its first cycle, and every batched pass adds to them.
 
-The formula rests on estimates: a joining request's prompt in a pass, the loop's host time per
-sequence are not in it. So the batch also measures itself: for each batch size, its tokens per
-second over the cycles where any sequence guessed and over those where none did (the wall time
-from one target pass's end to the next, less the draft's reads of prompts and of what it missed:
-those are the price of starting to guess, which the formula weighs as a candidate's ``setup``,
-not of guessing; counted in, every retry would measure a sequence's catch-up, and lose). Where
+The formula rests on estimates: a joining request's prompt in a pass, the host's own work for
+a sequence's guesses are not in it. So the batch also measures itself: for each batch size,
+its tokens per second over the cycles where any sequence guessed and over those where none did
+(the wall time from one target pass's end to the next, less the draft's reads of prompts and of
+what it missed: those are the price of starting to guess, which the formula weighs as a
+candidate's ``setup``, not of guessing; counted in, every retry would measure a sequence's
+catch-up, and lose). Where
 guessing measured slower, no sequence guesses at that size, and the formula's choice runs again
 for ``RETRY_FOR`` cycles once the batch has run plainly long enough that the last such run's
 loss (its seconds and the draft's reads it needed, less what plain cycles would have taken for
@@ -49,6 +52,8 @@ parallel tool calls, a batch of requests, whose sender waits for all) end togeth
 
 from __future__ import annotations
 
+import statistics
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -71,6 +76,10 @@ FIRST_STEP_TOKENS = 2
 # took 1 / RETRY_SHARE times what that run lost.
 TRUST_AFTER, RETRY_FOR, RETRY_SHARE = 4, 4, 0.03
 RATE_MEMORY = 0.95  # each cycle's weight in a measured rate falls by this much a cycle
+# A batch size's host time a cycle (outside the target's pass and the draft's passes: the
+# loop's work, a server's hand-offs) is the median of its last this many plain cycles, so
+# that a compaction, a pause or the wait for a burst's next request is not a cycle's.
+HOST_SAMPLES = 16
 # Generations that arrive within this many seconds of each other are one wave (``waves``): a
 # burst sent at once reaches a server over some milliseconds, and may be admitted over a pass.
 WAVE_SECONDS = 0.5
@@ -184,6 +193,13 @@ class BatchLoad:
     _drafting: float = field(default=0.0, init=False, repr=False)  # draft steps this cycle
     _reading: float = field(default=0.0, init=False, repr=False)  # draft reads this cycle
     _last_end: float | None = field(default=None, init=False, repr=False)  # of a target pass
+    # By batch size: the host's seconds of its last cycles, and their median (None: not yet).
+    _host: dict[int, deque[float]] = field(default_factory=dict, init=False, repr=False)
+    _host_median: dict[int, float | None] = field(default_factory=dict, init=False, repr=False)
+    # The last pass's cycle's (size, host seconds), kept once its sequences' reports show that
+    # none guessed in it: what every cycle pays, guessing or not (a cycle with guesses adds
+    # its own host work, and a head's decodes, untimed here; the measured rates weigh those).
+    _pending_host: tuple[int, float] | None = field(default=None, init=False, repr=False)
     _cycle: _Cycle | None = field(default=None, init=False, repr=False)
     _leaving: set[int] = field(default_factory=set, init=False, repr=False)
     # No generation will join this batch (a file's, ``generate_many``'s last prompt started):
@@ -274,6 +290,8 @@ class BatchLoad:
             self._cycle.tokens += kept
             self._cycle.guessed |= verify_tokens > 1
             self._cycle.drafted |= paid > 0 and (source == "model" or source in HEAD_SOURCES)
+        if verify_tokens > 1:  # a cycle with guesses: its host time is not every cycle's
+            self._pending_host = None
         found.tokens.add(float(kept))
         found.verify_tokens, found.paid, found.source = verify_tokens, paid, source
 
@@ -339,7 +357,22 @@ class BatchLoad:
         n = len(self.slots)
         passes = [p.verify(n) for p in self._profiles()]
         seconds = max((s for s in passes if s is not None), default=None)
-        return n / seconds if seconds else 0.0
+        return n / (seconds + self.host_seconds()) if seconds else 0.0
+
+    def host_seconds(self) -> float:
+        """The host's seconds a cycle at the batch's size now, outside the target's and the
+        draft's passes (the loop's work, a server's hand-offs): a cost of every cycle, which
+        fewer, longer cycles pay less often. From this size's last plain cycles (one with
+        guesses adds its own host work, which the measured rates weigh); 0 until one was
+        timed."""
+        size = len(self.slots)
+        median = self._host_median.get(size)
+        if median is None:
+            samples = self._host.get(size)
+            if not samples:
+                return 0.0
+            median = self._host_median[size] = statistics.median(samples)
+        return median
 
     def _profiles(self) -> list[PairProfile]:
         modes = {s.greedy for s in self.slots.values()}
@@ -362,6 +395,10 @@ class BatchLoad:
         for profile in self._profiles():
             profile.observe_pass(n_tokens, seconds)
         self._close_cycle()
+        self._keep_host()
+        if verifies and ended is not None and self._last_end is not None:
+            host = ended - self._last_end - self._reading - self._drafting - seconds
+            self._pending_host = (len(self.slots), max(0.0, host))
         if verifies and len(self.slots) > 1:
             if ended is not None and self._last_end is not None:
                 cycle = max(seconds, ended - self._last_end - self._reading)
@@ -370,6 +407,13 @@ class BatchLoad:
             self._cycle = _Cycle(cycle, len(self.slots), read=self._reading)
         self._drafting = self._reading = 0.0
         self._last_end = ended
+
+    def _keep_host(self) -> None:
+        pending, self._pending_host = self._pending_host, None
+        if pending is not None:
+            size, host = pending
+            self._host.setdefault(size, deque(maxlen=HOST_SAMPLES)).append(host)
+            self._host_median[size] = None
 
     def _close_cycle(self) -> None:
         cycle, self._cycle = self._cycle, None

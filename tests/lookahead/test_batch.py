@@ -32,14 +32,16 @@ def simulate_batch(
     cycles: int = 1500,
     seed: int = 0,
     unseen: float = 0.0,
+    host: float = 0.0,
 ) -> tuple[float, dict[int, int]]:
     """``n`` sequences on ``-k auto`` in one batch, as ``engine.streams`` runs them: each cycle
     every sequence plans, the draft context decodes a step per guess of the longest over the
     sequences still drafting (the first step also reads a sequence's last kept guess where
     every guess survived), then one target pass verifies every [last, guesses]. ``unseen``:
     seconds a cycle with guesses also costs, outside the passes, which the formula cannot price
-    (the host's). Returns the batch's tokens per second and how often each K was
-    chosen."""
+    (the host's work for its guesses); ``host``: seconds every cycle costs outside the passes,
+    guessing or not (the loop's, a server's). Returns the batch's tokens per second and how
+    often each K was chosen."""
     rng = np.random.default_rng(seed)
     load = BatchLoad(CostBook())
     policies = [AdaptiveLookahead(load.costs.of(True), load=load, slot=i) for i in range(n)]
@@ -58,6 +60,7 @@ def simulate_batch(
             seconds += cost
         if unseen and any(ks):
             seconds += unseen
+        seconds += host
         n_tokens = sum(k + 1 for k in ks)
         cost = verify(n_tokens)
         seconds += cost
@@ -129,6 +132,24 @@ def test_one_or_two_cpu_sequences_still_draft_where_it_pays(n: int) -> None:
     assert best > 1.2 * plain, "the world is one where drafting pays"
     rate, chosen = simulate_batch(n, 0.95, draft, cpu_target)
     assert rate >= 0.85 * best, (rate, best, chosen)
+
+
+def test_a_host_cost_every_cycle_pays_is_priced_so_fewer_longer_cycles_win() -> None:
+    """Every cycle also costs the host a fixed time (the loop's work, a server's hand-offs),
+    guessing or not: measured on the plain cycles, it is priced into every cycle, so two
+    sequences draft where only the fewer cycles that guesses make pay for them (without it the
+    formula saw plain batching win, and the batch stayed there)."""
+    draft = lambda m: 0.35 + 0.2 * (m - 1)  # noqa: E731
+
+    def rate_at(k: int, host: float) -> float:
+        steps = sum(draft(2 * (FIRST_STEP_TOKENS if j == 1 else 1)) for j in range(1, k + 1))
+        return 2 * expected_tokens(0.95, k) / (steps + cpu_target(2 * (k + 1)) + host)
+
+    assert max(rate_at(k, 0.0) for k in range(1, 17)) < rate_at(0, 0.0), "no host: plain wins"
+    plain, best = rate_at(0, 1.0), max(rate_at(k, 1.0) for k in range(1, 17))
+    assert best > 1.3 * plain, "the world is one where the host's time makes drafting pay"
+    rate, chosen = simulate_batch(2, 0.95, draft, cpu_target, host=1.0)
+    assert rate >= 0.85 * best, (rate, best, plain, chosen)
 
 
 def test_the_draft_steps_of_a_batch_are_priced_by_the_sequences_still_drafting() -> None:
