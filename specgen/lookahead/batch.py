@@ -193,9 +193,9 @@ class BatchLoad:
     _drafting: float = field(default=0.0, init=False, repr=False)  # draft steps this cycle
     _reading: float = field(default=0.0, init=False, repr=False)  # draft reads this cycle
     _last_end: float | None = field(default=None, init=False, repr=False)  # of a target pass
-    # By batch size: the host's seconds of its last cycles, and their median (None: not yet).
+    # By batch size: the host's seconds of its last plain cycles, and their median.
     _host: dict[int, deque[float]] = field(default_factory=dict, init=False, repr=False)
-    _host_median: dict[int, float | None] = field(default_factory=dict, init=False, repr=False)
+    _host_median: dict[int, float] = field(default_factory=dict, init=False, repr=False)
     # The last pass's cycle's (size, host seconds), kept once its sequences' reports show that
     # none guessed in it: what every cycle pays, guessing or not (a cycle with guesses adds
     # its own host work, and a head's decodes, untimed here; the measured rates weigh those).
@@ -365,14 +365,7 @@ class BatchLoad:
         fewer, longer cycles pay less often. From this size's last plain cycles (one with
         guesses adds its own host work, which the measured rates weigh); 0 until one was
         timed."""
-        size = len(self.slots)
-        median = self._host_median.get(size)
-        if median is None:
-            samples = self._host.get(size)
-            if not samples:
-                return 0.0
-            median = self._host_median[size] = statistics.median(samples)
-        return median
+        return self._host_median.get(len(self.slots), 0.0)
 
     def _profiles(self) -> list[PairProfile]:
         modes = {s.greedy for s in self.slots.values()}
@@ -396,14 +389,14 @@ class BatchLoad:
             profile.observe_pass(n_tokens, seconds)
         self._close_cycle()
         self._keep_host()
-        if verifies and ended is not None and self._last_end is not None:
-            host = ended - self._last_end - self._reading - self._drafting - seconds
+        wall = None  # since the last target pass ended, less the draft's reads
+        if ended is not None and self._last_end is not None:
+            wall = ended - self._last_end - self._reading
+        if verifies and wall is not None:
+            host = wall - self._drafting - seconds
             self._pending_host = (len(self.slots), max(0.0, host))
         if verifies and len(self.slots) > 1:
-            if ended is not None and self._last_end is not None:
-                cycle = max(seconds, ended - self._last_end - self._reading)
-            else:
-                cycle = self._drafting + seconds
+            cycle = max(seconds, wall) if wall is not None else self._drafting + seconds
             self._cycle = _Cycle(cycle, len(self.slots), read=self._reading)
         self._drafting = self._reading = 0.0
         self._last_end = ended
@@ -412,8 +405,9 @@ class BatchLoad:
         pending, self._pending_host = self._pending_host, None
         if pending is not None:
             size, host = pending
-            self._host.setdefault(size, deque(maxlen=HOST_SAMPLES)).append(host)
-            self._host_median[size] = None
+            samples = self._host.setdefault(size, deque(maxlen=HOST_SAMPLES))
+            samples.append(host)
+            self._host_median[size] = statistics.median(samples)
 
     def _close_cycle(self) -> None:
         cycle, self._cycle = self._cycle, None
