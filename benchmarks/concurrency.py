@@ -183,13 +183,18 @@ def measure(
             time.sleep(0.25)
         return workload(url, clients, args)
     finally:
-        server.send_signal(signal.SIGINT)
-        try:
-            server.wait(10)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        stop(server)
         log.close()
+
+
+def stop(server: subprocess.Popen[bytes]) -> None:
+    """Stop a server as Ctrl-C would, killing it after 10 s."""
+    server.send_signal(signal.SIGINT)
+    try:
+        server.wait(10)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait()
 
 
 def workload(url: str, clients: int, args: argparse.Namespace) -> dict[str, object]:

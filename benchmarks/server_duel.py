@@ -1,0 +1,150 @@
+"""Two or more `specgen serve` kept up at once, ``concurrency.py``'s workload alternated between
+them round by round: ratios of warm servers side by side, as little apart in time as one
+workload, so a noisy machine's drift falls on both.
+
+Each server is ``NAME[@TREE]=FLAGS``: its `specgen serve` flags (the pair, ``--threads 2`` and
+``--parallel`` the most clients are added), run from a checkout of specgen at TREE (this one if
+none: another commit's worktree, for an A/B of code), with a cache of its own (a fresh one, or a
+copy of ``--cache``). Round 0 warms every server and is not counted; in each round after it
+every client count runs once on every server, the servers' order flipped each round. Printed:
+each round's tok/s, the means and each server's ratio to the first, and what `/metrics` says of
+the batches (target passes and mean guesses a sequence, by the sequences in a pass).
+
+    python benchmarks/server_duel.py --target T.gguf --draft D.gguf --server auto= \\
+        --server "k0=-k 0" --clients 2,4 --rounds 6 --common "--lookup-cache off"
+
+``--common "--lookup-cache off"`` keeps the suffix cache from learning the workload's answers
+across rounds (a warm server would otherwise guess its repeated answers whole).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from concurrency import httpx, stop, workload  # noqa: E402
+
+HERE = Path(__file__).resolve().parents[1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", required=True)
+    parser.add_argument("--draft", required=True)
+    parser.add_argument(
+        "--server", action="append", required=True, help="NAME[@TREE]=FLAGS, twice or more"
+    )
+    parser.add_argument("--clients", default="2,4", help="comma list of client counts")
+    parser.add_argument("--rounds", type=int, default=6, help="counted rounds, after a warm-up")
+    parser.add_argument("--requests", type=int, default=8, help="requests in all, per figure")
+    parser.add_argument("-n", "--max-tokens", type=int, default=128)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    parser.add_argument("--common", default="", help="flags every server gets")
+    parser.add_argument("--cache", type=Path, help="a specgen cache each server starts from")
+    args = parser.parse_args()
+    counts = [int(c) for c in args.clients.split(",")]
+    if len(args.server) < 2:
+        parser.error("give --server twice or more")
+    scratch = Path(tempfile.mkdtemp(prefix="specgen-duel-"))
+    servers: dict[str, tuple[subprocess.Popen[bytes], str]] = {}
+    try:
+        for spec in args.server:
+            name, url, process = start(spec, max(counts), args, scratch)
+            servers[name] = (process, url)
+        names = list(servers)
+        rates: dict[tuple[str, int], list[float]] = {(s, c): [] for s in names for c in counts}
+        for round_ in range(args.rounds + 1):
+            order = names if round_ % 2 else names[::-1]
+            for clients in counts:
+                for name in order:
+                    row = workload(servers[name][1], clients, args)
+                    if "error" in row:
+                        sys.exit(f"{name} at {clients} clients: {row['error']}")
+                    if round_:
+                        rates[(name, clients)].append(float(row["agg_tps"]))  # type: ignore[arg-type]
+            if round_:
+                figures = "  ".join(
+                    f"{n}@{c} {rates[(n, c)][-1]:.1f}" for c in counts for n in names
+                )
+                print(f"round {round_}: {figures}", flush=True)
+        for clients in counts:
+            first = statistics.mean(rates[(names[0], clients)])
+            means = "  ".join(
+                f"{n} {statistics.mean(rates[(n, clients)]):.1f} "
+                f"({statistics.mean(rates[(n, clients)]) / first:.3f})"
+                for n in names
+            )
+            print(f"{clients} clients, mean tok/s (/ {names[0]}): {means}")
+        for name in names:
+            print(f"{name}: {batches(servers[name][1])}")
+    finally:
+        for process, _ in servers.values():
+            stop(process)
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def start(
+    spec: str, parallel: int, args: argparse.Namespace, scratch: Path
+) -> tuple[str, str, subprocess.Popen[bytes]]:
+    """Start one server of ``NAME[@TREE]=FLAGS`` and wait for /health: its name, URL, process."""
+    head, _, flags = spec.partition("=")
+    name, _, tree = head.partition("@")
+    root = Path(tree).resolve() if tree else HERE
+    cache = scratch / f"cache-{name}"
+    if args.cache is not None:
+        shutil.copytree(args.cache, cache)
+    else:
+        cache.mkdir()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "SPECGEN_CACHE": str(cache), "PYTHONPATH": str(root)}
+    program = [sys.executable, "-m", "specgen", "serve", "--target", args.target]
+    program += ["--draft", args.draft, "--threads", "2", "--parallel", str(parallel)]
+    program += [*shlex.split(args.common), *shlex.split(flags), "--port", str(port)]
+    log = open(scratch / f"{name}.log", "wb")  # noqa: SIM115 (the server's, till it stops)
+    process = subprocess.Popen(program, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    while True:
+        if process.poll() is not None:
+            tail = (scratch / f"{name}.log").read_text(errors="replace")[-2000:]
+            sys.exit(f"{name} exited with {process.returncode}: {tail}")
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return name, url, process
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.25)
+
+
+def batches(url: str) -> str:
+    """What /metrics says of the batches: passes and mean guesses a sequence, by size."""
+    passes: dict[str, str] = {}
+    guesses: dict[str, str] = {}
+    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+        for metric, into in (
+            ("specgen_batch_target_passes{", passes),
+            ("specgen_batch_mean_lookahead{", guesses),
+        ):
+            if line.startswith(metric):
+                size = line.split('"')[1]
+                into[size] = line.rsplit(" ", 1)[1]
+    sizes = sorted(passes, key=int)
+    return ", ".join(
+        f"{s}: {float(passes[s]):.0f} passes, K {float(guesses.get(s, 'nan')):.2f}" for s in sizes
+    )
+
+
+if __name__ == "__main__":
+    main()
