@@ -161,30 +161,40 @@ def measure(
     program: list[str], flags: list[str], clients: int, args: argparse.Namespace
 ) -> dict[str, object]:
     """Start a fresh server, wait for /health to say 200, run the workload, stop the server."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = tempfile.TemporaryFile()
     server = subprocess.Popen(
         [*program, *flags, "--port", str(port)], stdout=log, stderr=subprocess.STDOUT
     )
     try:
-        while True:
-            if server.poll() is not None:
-                log.seek(0)
-                tail = log.read().decode(errors="replace")[-2000:]
-                return {"error": f"server exited with {server.returncode}: {tail}"}
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.25)
+        if not healthy(server, url):
+            log.seek(0)
+            tail = log.read().decode(errors="replace")[-2000:]
+            return {"error": f"server exited with {server.returncode}: {tail}"}
         return workload(url, clients, args)
     finally:
         stop(server)
         log.close()
+
+
+def free_port() -> int:
+    """A loopback port free now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def healthy(server: subprocess.Popen[bytes], url: str) -> bool:
+    """Wait until ``url``'s /health says 200 (True) or the server exits (False)."""
+    while server.poll() is None:
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return True
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.25)
+    return False
 
 
 def stop(server: subprocess.Popen[bytes]) -> None:

@@ -23,17 +23,15 @@ import argparse
 import os
 import shlex
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from concurrency import httpx, stop, workload  # noqa: E402
+from concurrency import free_port, healthy, httpx, stop, workload  # noqa: E402
 
 HERE = Path(__file__).resolve().parents[1]
 
@@ -106,9 +104,7 @@ def start(
         shutil.copytree(args.cache, cache)
     else:
         cache.mkdir()
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     env = {**os.environ, "SPECGEN_CACHE": str(cache), "PYTHONPATH": str(root)}
     program = [sys.executable, "-m", "specgen", "serve", "--target", args.target]
     program += ["--draft", args.draft, "--threads", "2", "--parallel", str(parallel)]
@@ -116,16 +112,10 @@ def start(
     log = open(scratch / f"{name}.log", "wb")  # noqa: SIM115 (the server's, till it stops)
     process = subprocess.Popen(program, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    while True:
-        if process.poll() is not None:
-            tail = (scratch / f"{name}.log").read_text(errors="replace")[-2000:]
-            sys.exit(f"{name} exited with {process.returncode}: {tail}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return name, url, process
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.25)
+    if not healthy(process, url):
+        tail = (scratch / f"{name}.log").read_text(errors="replace")[-2000:]
+        sys.exit(f"{name} exited with {process.returncode}: {tail}")
+    return name, url, process
 
 
 def batches(url: str) -> str:

@@ -77,11 +77,13 @@ def simulate_batch(
     return tokens / seconds, chosen
 
 
-def fixed_rate(n: int, accept: float, k: int, draft: Curve, verify: Curve) -> float:
+def fixed_rate(
+    n: int, accept: float, k: int, draft: Curve, verify: Curve, host: float = 0.0
+) -> float:
     """The batch's expected tokens per second with every sequence at ``k`` (the first draft
-    step counted at its most, two tokens a sequence)."""
+    step counted at its most, two tokens a sequence), ``host`` seconds more a cycle."""
     steps = sum(draft(n * (FIRST_STEP_TOKENS if j == 1 else 1)) for j in range(1, k + 1))
-    return n * expected_tokens(accept, k) / (steps + verify(n * (k + 1)))
+    return n * expected_tokens(accept, k) / (steps + verify(n * (k + 1)) + host)
 
 
 def cpu_target(n: int) -> float:
@@ -142,8 +144,7 @@ def test_a_host_cost_every_cycle_pays_is_priced_so_fewer_longer_cycles_win() -> 
     draft = lambda m: 0.35 + 0.2 * (m - 1)  # noqa: E731
 
     def rate_at(k: int, host: float) -> float:
-        steps = sum(draft(2 * (FIRST_STEP_TOKENS if j == 1 else 1)) for j in range(1, k + 1))
-        return 2 * expected_tokens(0.95, k) / (steps + cpu_target(2 * (k + 1)) + host)
+        return fixed_rate(2, 0.95, k, draft, cpu_target, host)
 
     assert max(rate_at(k, 0.0) for k in range(1, 17)) < rate_at(0, 0.0), "no host: plain wins"
     plain, best = rate_at(0, 1.0), max(rate_at(k, 1.0) for k in range(1, 17))
