@@ -6,11 +6,11 @@ is not that: client i sends requests i, i + C, ... one after another, the reques
 own lengths (a short answer frees its client early), so the batch thins out towards the end and
 its last requests run in a batch of one or two. This works the figure's bound out from the
 passes that ``batch_bound.py --json`` timed and each request's length (the target alone's: the
-``specgen-k0`` rows of ``concurrency.py --json``, or ``--lengths``): every stream of a batch of
-S gains rate(S) / S tokens a second, where rate(S) is the batch's bound at S streams (plain
-batching S / V(S x 1); the draft model's guesses at acceptance alpha, the best K; guesses that
-cost nothing at alpha); no prompt, host, scheduling or network time. A batch size not timed is
-read on the line between its neighbours.
+``specgen-k0`` row of ``concurrency.py --json`` at the same client count, or ``--lengths``):
+every stream of a batch of S gains rate(S) / S tokens a second, where rate(S) is the batch's
+bound at S streams (plain batching S / V(S x 1); the draft model's guesses at acceptance alpha,
+the best K; guesses that cost nothing at alpha); no prompt, host, scheduling or network time. A
+batch size not timed is read on the line between its neighbours.
 
     python benchmarks/batch_bound.py T D -s 1,2,3,4,8 --json bound.json
     python benchmarks/concurrency.py --target T --draft D --json runs.json
@@ -78,6 +78,9 @@ def main() -> None:
     args = parser.parse_args()
     bound = json.loads(args.bound.read_text())
     runs = json.loads(args.runs.read_text()) if args.runs else []
+    # Each client count's own lengths where its specgen-k0 row has them: a near tie that the
+    # batch's float order tips can end a request at another length in another run.
+    by_clients: dict[int, list[int]] = {}
     if args.lengths:
         lengths = [int(n) for n in args.lengths.split(",")]
     else:
@@ -85,12 +88,15 @@ def main() -> None:
         if not alone:
             parser.error("give --lengths, or --runs with specgen-k0 rows that hold request_tokens")
         lengths = alone[0]["request_tokens"]
+        for row in alone:
+            by_clients.setdefault(int(row["clients"]), list(row["request_tokens"]))
     columns: dict[str, str | None] = {"plain batching": None}
     for alpha in args.alpha.split(","):
         columns[f"draft model, alpha {alpha}"] = f"draft_model_alpha_{float(alpha)}"
         columns[f"free guesses, alpha {alpha}"] = f"free_guesses_alpha_{float(alpha)}"
-    total = sum(lengths)
-    print(f"{len(lengths)} requests, {total} tokens: {', '.join(map(str, lengths))}")
+    for clients_, own in sorted(by_clients.items()) or [(0, lengths)]:
+        where = f" ({clients_} clients)" if by_clients else ""
+        print(f"{len(own)} requests, {sum(own)} tokens{where}: {', '.join(map(str, own))}")
     measured: dict[tuple[str, int], float] = {
         (str(r["server"]), int(r["clients"])): float(r["agg_tps"]) for r in runs if "agg_tps" in r
     }
@@ -98,7 +104,8 @@ def main() -> None:
     print("| clients | " + " | ".join(columns) + " | " + " | ".join(servers) + " |")
     print("|---" * (1 + len(columns) + len(servers)) + "|")
     for clients in (int(c) for c in args.clients.split(",")):
-        bounds = [total / wall_seconds(lengths, clients, rates(bound, k)) for k in columns.values()]
+        own = by_clients.get(clients, lengths)
+        bounds = [sum(own) / wall_seconds(own, clients, rates(bound, k)) for k in columns.values()]
         figures = [measured.get((server, clients)) for server in servers]
         print(
             f"| {clients} | "
