@@ -7,8 +7,10 @@ Each server is ``NAME[@TREE]=FLAGS``: its `specgen serve` flags (the pair, ``--t
 none: another commit's worktree, for an A/B of code), with a cache of its own (a fresh one, or a
 copy of ``--cache``). Round 0 warms every server and is not counted; in each round after it
 every client count runs once on every server, the servers' order flipped each round. Printed:
-each round's tok/s, the means and each server's ratio to the first, and what `/metrics` says of
-the batches (target passes and mean guesses a sequence, by the sequences in a pass).
+each round's tok/s, the means and each server's ratio to the first, the ratio paired by round
+(the geometric mean of each round's ratio, with its 95% interval: a ratio whose interval holds
+1.0 is not told from noise by these rounds), and what `/metrics` says of the batches (target
+passes and mean guesses a sequence, by the sequences in a pass).
 
     python benchmarks/server_duel.py --target T.gguf --draft D.gguf --server auto= \\
         --server "k0=-k 0" --clients 2,4 --rounds 6 --common "--lookup-cache off"
@@ -20,6 +22,7 @@ across rounds (a warm server would otherwise guess its repeated answers whole).
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shlex
 import shutil
@@ -34,6 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from concurrency import free_port, healthy, httpx, stop, workload  # noqa: E402
 
 HERE = Path(__file__).resolve().parents[1]
+# Student's t at 97.5% by degrees of freedom (past the table: the normal's 1.96).
+T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179)
 
 
 def main() -> None:
@@ -84,12 +89,33 @@ def main() -> None:
                 for n in names
             )
             print(f"{clients} clients, mean tok/s (/ {names[0]}): {means}")
+            paired = "  ".join(
+                "{} {:.3f} ({:.3f}-{:.3f})".format(
+                    n, *paired_ratio(rates[(names[0], clients)], rates[(n, clients)])
+                )
+                for n in names[1:]
+            )
+            print(f"{clients} clients, paired by round (/ {names[0]}, 95% interval): {paired}")
         for name in names:
             print(f"{name}: {batches(servers[name][1])}")
     finally:
         for process, _ in servers.values():
             stop(process)
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def paired_ratio(base: list[float], other: list[float]) -> tuple[float, float, float]:
+    """``other`` against ``base``, round by round: the geometric mean of the rounds' ratios and
+    its 95% interval (Student's t on their logarithms; the machine's drift within a round falls
+    on both, so the rounds' ratios spread less than either's figures). One round: no interval
+    (0 to infinity)."""
+    logs = [math.log(b / a) for a, b in zip(base, other, strict=True)]
+    mean = statistics.mean(logs)
+    if len(logs) < 2:
+        return math.exp(mean), 0.0, math.inf
+    t = T_975[len(logs) - 2] if len(logs) - 2 < len(T_975) else 1.96
+    half = t * statistics.stdev(logs) / math.sqrt(len(logs))
+    return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
 
 
 def start(

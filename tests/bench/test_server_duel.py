@@ -1,0 +1,56 @@
+"""``benchmarks/server_duel.py``'s paired ratio: what an A/B of two servers' rounds can tell."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+Paired = Callable[[list[float], list[float]], tuple[float, float, float]]
+
+
+@pytest.fixture(scope="module")
+def paired_ratio() -> Paired:
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        spec = importlib.util.spec_from_file_location("server_duel", BENCHMARKS / "server_duel.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    found: Paired = module.paired_ratio
+    return found
+
+
+def test_rounds_that_drift_together_give_their_one_ratio_exactly(paired_ratio: Paired) -> None:
+    """The machine's drift falls on both servers of a round: the same ratio every round is
+    that ratio, with no spread, however far the figures themselves moved."""
+    base = [60.0, 90.0, 75.0, 120.0]
+    ratio, low, high = paired_ratio(base, [1.1 * b for b in base])
+    assert ratio == pytest.approx(1.1) and low == pytest.approx(1.1) and high == pytest.approx(1.1)
+
+
+def test_the_interval_is_students_on_the_logarithms_of_the_rounds_ratios(
+    paired_ratio: Paired,
+) -> None:
+    ratios = [1.2, 0.9, 1.05]
+    ratio, low, high = paired_ratio([1.0] * 3, ratios)
+    logs = [math.log(r) for r in ratios]
+    mean = sum(logs) / 3
+    sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / 2)
+    half = 4.303 * sd / math.sqrt(3)  # t at 97.5%, 2 degrees of freedom
+    assert ratio == pytest.approx(math.exp(mean))
+    assert (low, high) == pytest.approx((math.exp(mean - half), math.exp(mean + half)))
+    assert low < 1.0 < high  # these three rounds do not tell this ratio from noise
+
+
+def test_one_round_has_no_interval(paired_ratio: Paired) -> None:
+    ratio, low, high = paired_ratio([50.0], [55.0])
+    assert ratio == pytest.approx(1.1)
+    assert (low, high) == (0.0, math.inf)
