@@ -10,7 +10,13 @@ included) is printed beside it. One stream through the same
 scheduler is the baseline the issue's bound is read against (4 streams at most 1.5x it).
 
     python benchmarks/streams_cost.py TARGET DRAFT [-s 1,2,4] [-k 0,4,8] [-n 64]
-        [--temperatures 0,0.8] [--rows whole,backend] [--threads 2] [--profile FILE]
+        [--temperatures 0,0.8] [--rows whole,backend] [--threads 2] [--rounds R]
+        [--profile FILE]
+
+``--rounds R`` runs every stream count R times, the counts' order flipped each round, and
+prints each count's host ms against the first count's paired by round (the geometric mean of
+the rounds' ratios and its 95% interval, as ``server_duel.py`` reads servers): one run's ratio
+on a shared machine swings by a third.
 
 Rows "backend" force llama.cpp's backend top-k on this CPU (the GPU way, as
 ``benchmarks/loop_cost.py`` forces it): the host work a GPU would see.
@@ -21,11 +27,15 @@ from __future__ import annotations
 import argparse
 import cProfile
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from server_duel import paired_ratio  # noqa: E402
 
 from specgen.backend import LlamaModel, ModelOptions, decode_seconds  # noqa: E402
 from specgen.core.sampling import DEFAULT_SAMPLING, SamplingParams  # noqa: E402
@@ -102,6 +112,7 @@ def main() -> None:
     parser.add_argument("--temperatures", default="0,0.8")
     parser.add_argument("--rows", default="whole,backend")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=1, help="runs of each count, alternated")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--profile", type=Path, help="write a cProfile of the runs here")
     args = parser.parse_args()
@@ -134,23 +145,37 @@ def main() -> None:
                     lookahead=k, sampling=sampling, max_tokens=args.max_tokens, seed=7
                 )
                 run(target, draft, 1, config)  # warm-up: graphs built
-                for n in counts:
-                    if profile is not None:
-                        profile.enable()
-                    got = run(target, draft, n, config)
-                    if profile is not None:
-                        profile.disable()
-                    row = {"rows": way, "k": k, "temperature": temperature, "streams": n, **got}
-                    rows.append(row)
-                    print(
-                        f"{way:8} K={k} T={temperature:<3} streams={n}  host "
-                        f"{got['host_ms_per_pass']:6.2f} ms/pass (scheduler's "
-                        f"{got['scheduler_ms_per_pass']:5.2f})  decode "
-                        f"{got['decode_ms_per_pass']:7.2f} ms/pass  compacting "
-                        f"{got['compact_ms_per_pass']:5.2f} ms/pass  "
-                        f"{got['tokens_per_second']:6.1f} tok/s",
-                        flush=True,
-                    )
+                host: dict[int, list[float]] = {n: [] for n in counts}
+                for round_ in range(args.rounds):
+                    for n in counts if round_ % 2 == 0 else counts[::-1]:
+                        if profile is not None:
+                            profile.enable()
+                        got = run(target, draft, n, config)
+                        if profile is not None:
+                            profile.disable()
+                        host[n].append(got["host_ms_per_pass"])
+                        row = {"rows": way, "k": k, "temperature": temperature, "streams": n}
+                        rows.append({**row, "round": round_, **got})
+                        print(
+                            f"{way:8} K={k} T={temperature:<3} streams={n}  host "
+                            f"{got['host_ms_per_pass']:6.2f} ms/pass (scheduler's "
+                            f"{got['scheduler_ms_per_pass']:5.2f})  decode "
+                            f"{got['decode_ms_per_pass']:7.2f} ms/pass  compacting "
+                            f"{got['compact_ms_per_pass']:5.2f} ms/pass  "
+                            f"{got['tokens_per_second']:6.1f} tok/s",
+                            flush=True,
+                        )
+                if args.rounds > 1:
+                    for n in counts[1:]:
+                        ratio, low, high = paired_ratio(host[counts[0]], host[n])
+                        print(
+                            f"{way:8} K={k} T={temperature:<3} host ms {n} / {counts[0]} "
+                            f"streams over {args.rounds} rounds: {ratio:.3f} "
+                            f"(95% {low:.3f}-{high:.3f}; medians "
+                            f"{statistics.median(host[counts[0]]):.2f} and "
+                            f"{statistics.median(host[n]):.2f})",
+                            flush=True,
+                        )
         target.close()
         draft.close()
     if profile is not None:
