@@ -280,11 +280,13 @@ class _Generation:
         new = self.book(guessed, verdict, t1 - t0, t2 - t1)
         text = self.emit.tokens(new, self.stats)
         if busy is not None and self.stats.host_seconds is not None:
-            # The cycle's time up to here, less the models' decodes: the loop's own work.
+            # The cycle's time up to here, less the models' decodes: the loop's own work (in a
+            # batch, the scheduler's and the other sequences' too, which this one waits for).
             cycle = clock() - t0
             host = max(0.0, cycle - (busy() - busy_at_start))
             self.stats.host_seconds += host
-            self.profile.observe_host(host, cycle)
+            if self.engine.load is None:  # the pair's single-stream share (``doctor``)
+                self.profile.observe_host(host, cycle)
         yield CycleDone(len(guessed.proposal.tokens), verdict.n_accepted, tuple(new), logprobs)
         if text:
             yield TextChunk(text)

@@ -274,6 +274,7 @@ class Pair:
             lookahead=self.lookahead,
             costs=self.costs,
             clock=self.clock,
+            busy=self.busy,
             load=load,
             slot=seq,
         )
