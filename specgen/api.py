@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from specgen.core.penalties import REQUEST_FIELDS, penalties_from
 from specgen.core.penalties import Penalties as Penalties  # Settings(penalties=...)
@@ -30,6 +30,7 @@ from specgen.engine import GenerationConfig, SpeculativeEngine, TextChunk
 from specgen.errors import UsageError
 from specgen.lookahead import Lookahead
 from specgen.session.batch import BatchTally
+from specgen.session.fit import AUTO_PARALLEL
 from specgen.session.generate import Prompt, Result
 from specgen.session.pair import Pair, PairOptions
 from specgen.session.parallel import Slots
@@ -79,8 +80,10 @@ class Specgen:
             ``self.pair.notes`` says when it could not be read).
         parallel: sequences generating at once (``generate_many``, batches, the server):
             each model's context holds that many, each of ``n_ctx`` tokens. None: as many as
-            ``specgen bench --streams`` found best for these models here, else 1 (``note``
-            says which).
+            ``specgen bench --streams`` found best for these models here, else 1; ``"auto"``
+            (what ``serve`` and ``run -f`` take): that, else llama-server's 4 slots where their
+            contexts fit in the memory free, fewer where not, and 1 for a recurrent target or
+            models off this CPU (``note`` says which, ``self.parallel`` what was taken).
         progress: show download and conversion progress on stderr.
     """
 
@@ -110,7 +113,7 @@ class Specgen:
         rpc: str | None = None,
         rpc_local_head: bool = True,
         lookup_cache: bool | str | Path = True,
-        parallel: int | None = 1,
+        parallel: int | Literal["auto"] | None = 1,
     ) -> None:
         from specgen.session import memo
         from specgen.session.decide import decide
@@ -135,12 +138,18 @@ class Specgen:
             keep_draft=keep_draft,
         )
         note = decision.note
-        if parallel is None:  # what bench --streams found best here, else one
+        auto = False
+        if isinstance(parallel, int):
+            slots = parallel
+        elif parallel is None or parallel == "auto":  # what bench --streams found best here
             recalled = memo.recall_parallel(decision.memo)
-            parallel = 1
+            auto = parallel == "auto" and recalled is None
+            slots = AUTO_PARALLEL if auto else 1
             if recalled is not None:
-                parallel, said = recalled
+                slots, said = recalled
                 note = f"{note}; {said}" if note else said
+        else:
+            raise UsageError(f'parallel is a number or "auto", not {parallel!r}')
         options = PairOptions(
             n_ctx=n_ctx,
             target_threads=threads,
@@ -152,16 +161,18 @@ class Specgen:
             lookup_cache=lookup_cache is not False,
             lookup_file=None if isinstance(lookup_cache, bool) else Path(lookup_cache),
             draft_p_min=draft_p_min,
-            parallel=parallel,
+            parallel=slots,
+            parallel_auto=auto,
             busy_threads=busy_threads,
         )
-        if parallel < 1:
+        if slots < 1:
             raise UsageError("parallel must be at least 1")
         self.decision = decision
         self.choice = decision.choice
-        self.note = note
-        self.parallel = parallel
         self.pair: Pair = open_pair(decision, options, progress=progress, snapshots=snapshots)
+        said = self.pair.parallel_note
+        self.note = f"{note}; {said}" if note and said else note or said
+        self.parallel = self.pair.parallel
         self.target_path = self.pair.target.path
         self.draft_path = self.pair.draft.path if self.pair.draft else None
         self._chat = chat

@@ -297,7 +297,8 @@ CtxOpt = Annotated[
 
 def _parallel(what: str) -> typer.models.OptionInfo:
     """``--parallel``: ``what`` (prompts of a batch, a server's requests) decoded side by side,
-    by default as many as ``bench --streams`` found best here."""
+    by default as many as ``bench --streams`` found best here, else ``session.fit``'s
+    ``auto_parallel``."""
     return typer.Option(
         "--parallel",
         "-np",
@@ -305,7 +306,8 @@ def _parallel(what: str) -> typer.models.OptionInfo:
         max=64,
         help=f"{what} generating at once (llama.cpp's -np), decoded side by side in one pass "
         "per cycle; each takes a context of --ctx-size tokens (default: what `specgen bench "
-        "--streams` found best for these models here, else 1).",
+        "--streams` found best for these models here, else 4 where their contexts fit in "
+        "the memory free, as llama-server's slots; 1 for a recurrent target or a GPU's).",
         show_default=False,
         rich_help_panel=PERFORMANCE,
     )

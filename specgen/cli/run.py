@@ -376,7 +376,7 @@ def run(
         rpc=rpc,
         rpc_local_head=rpc_local_head,
         lookup_cache=lookup_cache_of(lookup_cache),
-        parallel=parallel if batch else 1,
+        parallel=("auto" if parallel is None else parallel) if batch else 1,
     )
     for note in sg.pair.notes:
         out.warning(note)

@@ -162,7 +162,7 @@ def serve(
         rpc=rpc,
         rpc_local_head=rpc_local_head,
         lookup_cache=lookup_cache_of(lookup_cache),
-        parallel=parallel,
+        parallel="auto" if parallel is None else parallel,
     )
     parallel = generator.parallel
     if generator.note:

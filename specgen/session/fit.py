@@ -142,6 +142,11 @@ def check_loadable(path: Path, header: gguf.Header | None, role: str, mtp: bool)
         raise UserError(f"{role} {path.name}: {problem}")
 
 
+# Sequences a server or a file of prompts runs at once where nobody chose and ``bench
+# --streams`` never measured these models here: llama-server's slots (its ``-np`` auto).
+AUTO_PARALLEL = 4
+
+
 def check_parallel_memory(
     models: list[tuple[Path, gguf.Header | None]], n_ctx: int, parallel: int
 ) -> None:
@@ -149,10 +154,60 @@ def check_parallel_memory(
     ``n_ctx`` tokens a sequence, and its recurrent state) do not fit beside the weights in the
     memory free now. ``n_ctx`` 0: the target's training context, at most 4096 (the backend's
     default). Headers that cannot be read, or a system that does not say what is free, pass."""
+    needs = _parallel_bytes(models, n_ctx, parallel)
+    if needs is None:
+        return
+    weights, contexts, available, n_ctx = needs
+    if weights + contexts > available:
+        raise UserError(
+            f"--parallel {parallel} needs about {_gib(weights + contexts)} of memory (the "
+            f"weights {_gib(weights)}, {parallel} contexts of {n_ctx} tokens "
+            f"{_gib(contexts)}) and {_gib(available)} is free: lower --parallel or --ctx-size"
+        )
+
+
+def auto_parallel(
+    models: list[tuple[Path, gguf.Header | None]], n_ctx: int, on_this_cpu: bool
+) -> tuple[int, str]:
+    """Sequences at once where nobody chose (a server's slots, a file's prompts), and a note
+    that says why: AUTO_PARALLEL, or as many below it as fit in the memory free now; one for a
+    target with recurrent state (with several sequences each cycle copies its state, which a
+    single stream then pays too), or where the models are not ``on_this_cpu`` (a GPU's or a
+    worker's memory is not read before loading)."""
+    header = models[0][1]
+    if header is not None and arch.layout(header).kind != "attention":
+        return 1, (
+            "one request at a time: a recurrent target copies its state every cycle with "
+            "several (--parallel N to choose, `specgen bench --streams` to measure)"
+        )
+    if not on_this_cpu:
+        return 1, (
+            "one request at a time: the GPU's memory is not read before loading "
+            "(--parallel N to choose, `specgen bench --streams` to measure)"
+        )
+    for parallel in range(AUTO_PARALLEL, 1, -1):
+        needs = _parallel_bytes(models, n_ctx, parallel)
+        if needs is None or needs[0] + needs[1] <= needs[2]:
+            return parallel, (
+                f"--parallel {parallel}: llama-server's slots"
+                + ("" if parallel == AUTO_PARALLEL else ", as many as fit in the memory free")
+                + " (--parallel N to choose, `specgen bench --streams` to measure)"
+            )
+    return 1, (
+        "one request at a time: two contexts do not fit in the memory free (--parallel N to choose)"
+    )
+
+
+def _parallel_bytes(
+    models: list[tuple[Path, gguf.Header | None]], n_ctx: int, parallel: int
+) -> tuple[int, int, int, int] | None:
+    """The bytes of the weights and of ``parallel`` sequences' contexts, the bytes free, and
+    the context's tokens a sequence; None where any is not known, or for one sequence (never
+    refused here)."""
     available = machine.available_memory()
     headers = [h for _, h in models]
     if available is None or parallel <= 1 or any(h is None for h in headers):
-        return
+        return None
     if not n_ctx:
         first = headers[0]
         assert first is not None
@@ -164,12 +219,7 @@ def check_parallel_memory(
         assert header is not None
         state = arch.layout(header).state_bytes or 0
         contexts += parallel * (n_ctx * arch.kv_bytes_per_token(header) + state)
-    if weights + contexts > available:
-        raise UserError(
-            f"--parallel {parallel} needs about {_gib(weights + contexts)} of memory (the "
-            f"weights {_gib(weights)}, {parallel} contexts of {n_ctx} tokens "
-            f"{_gib(contexts)}) and {_gib(available)} is free: lower --parallel or --ctx-size"
-        )
+    return weights, contexts, available, n_ctx
 
 
 def _gib(n: int) -> str:

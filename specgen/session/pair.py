@@ -34,6 +34,7 @@ from specgen.lookahead import (
 )
 from specgen.models import compat
 from specgen.session.fit import (
+    auto_parallel,
     check_fit,
     check_head,
     check_headers_fit,
@@ -161,8 +162,10 @@ class PairOptions:
     lookahead: Lookahead = DEFAULT_LOOKAHEAD
     draft_p_min: float = 0.0
     # Sequences generating at once (``session.parallel``): each model's context holds this
-    # many, each with a cache of n_ctx tokens.
+    # many, each with a cache of n_ctx tokens. ``parallel_auto``: nobody chose it, so fewer
+    # where that many do not fit or do not pay (``session.fit.auto_parallel``).
     parallel: int = 1
+    parallel_auto: bool = False
     # The threads a model whose setting is 0 loads with where other processes keep CPUs busy
     # (``host.machine.threads_for_now``; 0: llama.cpp's default). What the pair measures is
     # kept under the setting all the same: a busy moment must not split what is remembered.
@@ -209,6 +212,7 @@ class Pair:
     lookahead: Lookahead = DEFAULT_LOOKAHEAD
     draft_p_min: float = 0.0
     parallel: int = 1  # sequences each context holds (``PairOptions.parallel``)
+    parallel_note: str = ""  # why that many, where nobody chose (``PairOptions.parallel_auto``)
     _engine: SpeculativeEngine | None = field(default=None, repr=False)
     _saved: int = field(init=False, repr=False)
 
@@ -409,6 +413,15 @@ def _load(target: str | Path, draft: str | Path | None, options: PairOptions, ng
     models = [(target_path, target_header)]
     if draft is not None:
         models.append((draft_path, draft_header))
+    parallel_note = ""
+    if options.parallel_auto:
+        from specgen.backend import supports_gpu_offload
+
+        on_gpu = supports_gpu_offload() and options.target_gpu_layers != 0
+        parallel, parallel_note = auto_parallel(
+            models, options.n_ctx, not on_gpu and not options.workers
+        )
+        options = replace(options, parallel=parallel)
     check_parallel_memory(models, options.n_ctx, options.parallel)
     target_model = backend.load(
         target_path,
@@ -472,6 +485,7 @@ def _load(target: str | Path, draft: str | Path | None, options: PairOptions, ng
         lookahead=options.lookahead,
         draft_p_min=options.draft_p_min,
         parallel=options.parallel,
+        parallel_note=parallel_note,
     )
 
 

@@ -27,7 +27,7 @@ def start(fakes: FakePair, *extra: str) -> tuple[subprocess.Popen, str]:
 
 @pytest.fixture
 def server(fake_pair: FakePair) -> Iterator[str]:
-    proc, url = start(fake_pair, "--api-key", KEY, "--queue", "0")
+    proc, url = start(fake_pair, "--api-key", KEY, "--queue", "0", "--parallel", "1")
     yield url
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=60)
@@ -137,12 +137,16 @@ def test_sigterm_ends_a_stream_with_an_error_event_a_client_can_tell(
 
 
 def test_max_tokens_is_bounded_by_the_context_and_the_limit(fake_pair: FakePair) -> None:
+    """A request's max_tokens is bounded by the context and --max-tokens-limit, on a server
+    started without --parallel: it takes llama-server's 4 slots where they fit (these fakes
+    are small), and says so."""
     import httpx2 as httpx
 
     proc, url = specgen_serve(
         *fake_pair.args("--ctx-size", "512", "--max-tokens-limit", "6"), fakes=True
     )
     try:
+        assert httpx.get(f"{url}/health").json()["slots"]["total"] == 4
         asked = {"prompt": "Count: 1, 2, 3,", "temperature": 0}
         done = httpx.post(f"{url}/v1/completions", json={**asked, "max_tokens": 40}, timeout=60)
         assert done.status_code == 200, done.text
@@ -157,6 +161,7 @@ def test_max_tokens_is_bounded_by_the_context_and_the_limit(fake_pair: FakePair)
         err = proc.communicate(timeout=60)[1]
     lines = [x for x in err.splitlines() if x.startswith("POST /v1/completions")]
     assert len(lines) == 2 and " 200 " in lines[0] and " 400 " in lines[1], err
+    assert "--parallel 4: llama-server's slots" in err and "4 at once" in err, err
     assert "new tokens" in lines[0] and "tok/s" in lines[0] and "stop: max_tokens" in lines[0]
 
 

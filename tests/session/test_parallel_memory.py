@@ -10,7 +10,8 @@ import pytest
 from specgen.errors import EXIT_FAILED, UserError
 from specgen.host import machine
 from specgen.models import arch, gguf
-from specgen.session.fit import check_parallel_memory
+from specgen.session.fit import auto_parallel, check_parallel_memory
+from tests.conftest import FakePair
 from tests.invoke import one_line_error, specgen_here
 from tests.tiny_models import write_header
 
@@ -65,3 +66,73 @@ def test_run_parallel_says_so_in_one_line(
     )  # fmt: skip
     one_line_error(done, "--parallel 8 needs about", "lower --parallel or --ctx-size",
                    code=EXIT_FAILED)  # fmt: skip
+
+
+def test_nobody_choosing_takes_llama_servers_slots_where_their_contexts_fit(
+    smol_shaped: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server's slots (a file's prompts at once) where nobody chose and nothing was measured:
+    4, as llama-server's ``-np`` auto, or as many below it as fit beside the weights."""
+    models = [(p, gguf.read_local(str(p), tensors=True)) for p in smol_shaped]
+    weights = sum(p.stat().st_size for p in smol_shaped)
+
+    def need(n: int) -> int:  # two models, n contexts of the default 4096 tokens
+        return weights + 2 * n * 4096 * PER_TOKEN
+
+    for free, slots in [(need(4), 4), (need(3) - 1, 2), (need(2), 2), (need(2) - 1, 1)]:
+        monkeypatch.setattr(machine, "available_memory", lambda free=free: free)
+        parallel, note = auto_parallel(models, 0, on_this_cpu=True)
+        assert parallel == slots, (free, parallel)
+        assert (f"--parallel {slots}" if slots > 1 else "one request at a time") in note
+        assert ("as many as fit" in note) == (1 < slots < 4)
+    monkeypatch.setattr(machine, "available_memory", lambda: need(2))
+    assert auto_parallel(models, 1024, on_this_cpu=True)[0] == 4  # a quarter of the context
+
+
+def test_nobody_choosing_runs_one_at_a_time_off_this_cpu_or_for_a_recurrent_target(
+    smol_shaped: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A GPU's memory is not read before loading, and a recurrent target with several
+    sequences copies its state every cycle, which a lone request would pay too: one slot, and
+    the note says how to choose."""
+    monkeypatch.setattr(machine, "available_memory", lambda: 2**40)
+    models = [(p, gguf.read_local(str(p), tensors=True)) for p in smol_shaped]
+    parallel, note = auto_parallel(models, 0, on_this_cpu=False)
+    assert parallel == 1 and "GPU" in note and "--parallel N" in note
+    tokens = [f"t{i}" for i in range(32)]
+    mamba = write_header(
+        tmp_path / "mamba.gguf", "mamba", tokens, metadata={"mamba.block_count": 4}
+    )
+    parallel, note = auto_parallel([(mamba, gguf.read_local(str(mamba)))], 0, on_this_cpu=True)
+    assert parallel == 1 and "recurrent" in note
+
+
+def test_serve_and_a_file_of_prompts_take_the_slots_nobody_chose(
+    fake_pair: FakePair, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``parallel="auto"`` (what ``serve`` and ``run -f`` pass where --parallel is not given)
+    takes 4 on this CPU; the library's own default stays one; what ``bench --streams``
+    measured here comes first."""
+    from specgen.api import Specgen
+    from specgen.session import memo
+
+    monkeypatch.setattr(machine, "available_memory", lambda: 2**40)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "a"}\n{"prompt": "b"}\n{"prompt": "c"}\n')
+    files = ("--target", str(fake_pair.target), "--draft", str(fake_pair.draft))
+
+    def run_file() -> str:
+        done = specgen_here("run", "-f", str(prompts), *files, "-n", "4")
+        assert done.returncode == 0, done.stderr
+        assert len(done.stdout.splitlines()) == 3
+        return done.stderr
+
+    assert "--parallel 4: llama-server's slots" in run_file()
+    auto = Specgen(target=fake_pair.target, draft=fake_pair.draft, threads=2, parallel="auto")
+    assert auto.parallel == 4 and auto.pair.parallel == 4 and "--parallel 4" in auto.note
+    plain = Specgen(target=fake_pair.target, draft=fake_pair.draft, threads=2, parallel=None)
+    assert plain.parallel == 1
+    memo.remember_streams(auto.decision.memo, 2, 60.0, "2026-12-06")
+    measured = Specgen(target=fake_pair.target, draft=fake_pair.draft, threads=2, parallel="auto")
+    assert measured.parallel == 2 and "bench --streams" in measured.note
+    assert "--parallel 2: what `specgen bench --streams` found best" in run_file()
