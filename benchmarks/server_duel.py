@@ -22,7 +22,6 @@ across rounds (a warm server would otherwise guess its repeated answers whole).
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import shlex
 import shutil
@@ -35,10 +34,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from concurrency import free_port, healthy, httpx, stop, workload  # noqa: E402
+from paired import paired_ratio  # noqa: E402
 
 HERE = Path(__file__).resolve().parents[1]
-# Student's t at 97.5% by degrees of freedom (past the table: the normal's 1.96).
-T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179)
 
 
 def main() -> None:
@@ -102,20 +100,6 @@ def main() -> None:
         for process, _ in servers.values():
             stop(process)
         shutil.rmtree(scratch, ignore_errors=True)
-
-
-def paired_ratio(base: list[float], other: list[float]) -> tuple[float, float, float]:
-    """``other`` against ``base``, round by round: the geometric mean of the rounds' ratios and
-    its 95% interval (Student's t on their logarithms; the machine's drift within a round falls
-    on both, so the rounds' ratios spread less than either's figures). One round: no interval
-    (0 to infinity)."""
-    logs = [math.log(b / a) for a, b in zip(base, other, strict=True)]
-    mean = statistics.mean(logs)
-    if len(logs) < 2:
-        return math.exp(mean), 0.0, math.inf
-    t = T_975[len(logs) - 2] if len(logs) - 2 < len(T_975) else 1.96
-    half = t * statistics.stdev(logs) / math.sqrt(len(logs))
-    return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
 
 
 def start(

@@ -35,7 +35,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from server_duel import paired_ratio  # noqa: E402
+from paired import paired_ratio  # noqa: E402
 
 from specgen.backend import LlamaModel, ModelOptions, decode_seconds  # noqa: E402
 from specgen.core.sampling import DEFAULT_SAMPLING, SamplingParams  # noqa: E402
