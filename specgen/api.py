@@ -139,7 +139,7 @@ class Specgen:
         )
         note = decision.note
         auto = False
-        if isinstance(parallel, int):
+        if isinstance(parallel, int) and not isinstance(parallel, bool):
             slots = parallel
         elif parallel is None or parallel == "auto":  # what bench --streams found best here
             recalled = memo.recall_parallel(decision.memo)

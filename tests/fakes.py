@@ -319,7 +319,10 @@ def fake_backend(clock: FakeClock | None = None) -> Backend:
     def load(path: Path, options: ModelOptions, verbose: bool) -> FakeModel:
         return load_fake(path, options.n_ctx, options.n_threads, clock, options.n_seq)
 
-    return Backend(load, clock, load_meter=lambda: lambda: clock.outside_load)
+    # Fakes run on this CPU whatever the build of llama.cpp could offload.
+    return Backend(
+        load, clock, load_meter=lambda: lambda: clock.outside_load, gpu_offload=lambda: False
+    )
 
 
 def machine_facts(*pairs: PairFacts, **changes: object) -> Facts:

@@ -307,7 +307,8 @@ def _parallel(what: str) -> typer.models.OptionInfo:
         help=f"{what} generating at once (llama.cpp's -np), decoded side by side in one pass "
         "per cycle; each takes a context of --ctx-size tokens (default: what `specgen bench "
         "--streams` found best for these models here, else 4 where their contexts fit in "
-        "the memory free, as llama-server's slots; 1 for a recurrent target or a GPU's).",
+        "the memory free (as llama-server's slots), fewer where not; 1 for a hybrid or "
+        "recurrent target, or models on a GPU or workers).",
         show_default=False,
         rich_help_panel=PERFORMANCE,
     )

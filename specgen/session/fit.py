@@ -167,35 +167,30 @@ def check_parallel_memory(
 
 
 def auto_parallel(
-    models: list[tuple[Path, gguf.Header | None]], n_ctx: int, on_this_cpu: bool
+    models: list[tuple[Path, gguf.Header | None]], n_ctx: int, elsewhere: str = ""
 ) -> tuple[int, str]:
     """Sequences at once where nobody chose (a server's slots, a file's prompts), and a note
-    that says why: AUTO_PARALLEL, or as many below it as fit in the memory free now; one for a
-    target with recurrent state (with several sequences each cycle copies its state, which a
-    single stream then pays too), or where the models are not ``on_this_cpu`` (a GPU's or a
-    worker's memory is not read before loading)."""
+    that says why: AUTO_PARALLEL, or as many below it as fit in the memory free now (not
+    checked where the system does not say or a header cannot be read); one for a target with
+    recurrent state (with several sequences each cycle copies its state, which a single stream
+    then pays too), or for models ``elsewhere`` than this CPU's memory ("on a GPU", "on
+    workers": theirs is not read before loading)."""
     header = models[0][1]
-    if header is not None and arch.layout(header).kind != "attention":
-        return 1, (
-            "one request at a time: a recurrent target copies its state every cycle with "
-            "several (--parallel N to choose, `specgen bench --streams` to measure)"
+    kind = arch.layout(header).kind if header is not None else "attention"
+    choose = "(--parallel N to choose, `specgen bench --streams` to measure)"
+    if kind != "attention":
+        return (
+            1,
+            f"one at a time: a {kind} target copies its state each cycle with several {choose}",
         )
-    if not on_this_cpu:
-        return 1, (
-            "one request at a time: the GPU's memory is not read before loading "
-            "(--parallel N to choose, `specgen bench --streams` to measure)"
-        )
+    if elsewhere:
+        return 1, f"one at a time: models {elsewhere}, whose memory is not read here {choose}"
     for parallel in range(AUTO_PARALLEL, 1, -1):
         needs = _parallel_bytes(models, n_ctx, parallel)
         if needs is None or needs[0] + needs[1] <= needs[2]:
-            return parallel, (
-                f"--parallel {parallel}: llama-server's slots"
-                + ("" if parallel == AUTO_PARALLEL else ", as many as fit in the memory free")
-                + " (--parallel N to choose, `specgen bench --streams` to measure)"
-            )
-    return 1, (
-        "one request at a time: two contexts do not fit in the memory free (--parallel N to choose)"
-    )
+            fewer = "" if parallel == AUTO_PARALLEL else ", as many as fit in the memory free"
+            return parallel, f"--parallel {parallel}: llama-server's slots{fewer} {choose}"
+    return 1, "one at a time: two contexts do not fit in the memory free (--parallel N to choose)"
 
 
 def _parallel_bytes(

@@ -48,6 +48,7 @@ from specgen.stats import Clock
 if TYPE_CHECKING:
     from specgen.backend import ModelOptions
     from specgen.backend.llama import RollbackCounts
+    from specgen.models import gguf
     from specgen.session.decide import Decision
 
 
@@ -92,6 +93,12 @@ def _attach_head(model: LoadedModel, path: Path, kind: str) -> Head | BlockHead:
     return attach_head(model, path, kind)
 
 
+def _gpu_offload() -> bool:
+    from specgen.backend import supports_gpu_offload
+
+    return supports_gpu_offload()
+
+
 @dataclass(frozen=True)
 class Backend:
     """How a model file becomes a loaded model, and how generation time is read."""
@@ -108,6 +115,8 @@ class Backend:
     # Measures the load of other processes from now on (``host.machine.load_meter``; None:
     # not measured), so that bench can tell a row that outside work disturbed.
     load_meter: Callable[[], Callable[[], float | None]] | None = machine.load_meter
+    # Whether this build offloads layers to a GPU (``backend.supports_gpu_offload``).
+    gpu_offload: Callable[[], bool] = _gpu_offload
 
 
 def _decode_seconds() -> float:
@@ -414,15 +423,10 @@ def _load(target: str | Path, draft: str | Path | None, options: PairOptions, ng
     if draft is not None:
         models.append((draft_path, draft_header))
     parallel_note = ""
-    if options.parallel_auto:
-        from specgen.backend import supports_gpu_offload
-
-        on_gpu = supports_gpu_offload() and options.target_gpu_layers != 0
-        parallel, parallel_note = auto_parallel(
-            models, options.n_ctx, not on_gpu and not options.workers
-        )
-        options = replace(options, parallel=parallel)
-    check_parallel_memory(models, options.n_ctx, options.parallel)
+    if options.parallel_auto:  # checked against the memory free as it is chosen
+        options, parallel_note = _slots(options, models, backend)
+    else:
+        check_parallel_memory(models, options.n_ctx, options.parallel)
     target_model = backend.load(
         target_path,
         ModelOptions(
@@ -487,6 +491,19 @@ def _load(target: str | Path, draft: str | Path | None, options: PairOptions, ng
         parallel=options.parallel,
         parallel_note=parallel_note,
     )
+
+
+def _slots(
+    options: PairOptions, models: list[tuple[Path, gguf.Header | None]], backend: Backend
+) -> tuple[PairOptions, str]:
+    """The sequences a context holds where nobody chose (``session.fit.auto_parallel``), and
+    why: where any model's layers go to a GPU or to workers, their memory is not read here."""
+    gpu = backend.gpu_offload() and (
+        options.target_gpu_layers != 0 or (len(models) > 1 and options.draft_gpu_layers != 0)
+    )
+    elsewhere = "on workers" if options.workers else "on a GPU" if gpu else ""
+    parallel, note = auto_parallel(models, options.n_ctx, elsewhere)
+    return replace(options, parallel=parallel), note
 
 
 def _existing(path: str | Path, role: str) -> Path:

@@ -13,10 +13,14 @@ from tests.conftest import FakePair
 from tests.invoke import specgen_here as specgen
 from tests.invoke import specgen_popen, specgen_process
 
+# Without --parallel a file runs 4 prompts at once on this CPU (``session.fit.auto_parallel``);
+# with --parallel 1 one after another, as a GPU's or a recurrent target's does: both ways.
+WAYS = pytest.mark.parametrize("way", [(), ("--parallel", "1")], ids=["default", "one-at-a-time"])
 
-@pytest.fixture
-def models(fake_pair: FakePair) -> list[str]:
-    return fake_pair.args("--temperature", "0", "-n", "12", "--raw")
+
+@pytest.fixture(params=[(), ("--parallel", "1")], ids=["default", "one-at-a-time"])
+def models(fake_pair: FakePair, request: pytest.FixtureRequest) -> list[str]:
+    return fake_pair.args("--temperature", "0", "-n", "12", "--raw", *request.param)
 
 
 def lines(text: str) -> list[dict]:
@@ -111,8 +115,9 @@ def test_stdin_batch_and_a_prompt_too_long_for_the_context(models: list[str]) ->
     assert "does not fit the context (256 tokens)" in second["error"]
 
 
+@WAYS
 def test_ctrl_c_in_a_batch_keeps_finished_lines_and_resume_finishes(
-    fake_pair: FakePair, tmp_path: Path
+    fake_pair: FakePair, tmp_path: Path, way: tuple[str, ...]
 ) -> None:
     import signal
     import time
@@ -121,7 +126,7 @@ def test_ctrl_c_in_a_batch_keeps_finished_lines_and_resume_finishes(
     path.write_text("\n".join(f"Tell me about the number {i}." for i in range(12)) + "\n")
     out = tmp_path / "out.jsonl"
     # Each decode takes real time, so the signal finds the batch part-way.
-    args = fake_pair.busy(0.001).args("--temperature", "0", "-n", "16", "--raw")
+    args = fake_pair.busy(0.001).args("--temperature", "0", "-n", "16", "--raw", *way)
     batch = ["run", "-f", str(path), "--each-line", "-o", str(out), *args]
     proc = specgen_popen(
         *batch, fakes=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True

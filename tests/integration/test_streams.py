@@ -160,7 +160,7 @@ def test_a_batch_file_with_parallel_writes_every_line_in_order(
         "run", "-f", str(file), "--target", str(smollm2_target), "--draft", str(smollm2_draft),
         "--temperature", "0", "-n", "24", "-t", "2", "--raw", "-c", "256",
     ]  # fmt: skip
-    one = specgen_process(*common, "-k", "0")
+    one = specgen_process(*common, "-k", "0", "--parallel", "1")
     many = specgen_process(*common, "--parallel", "3")
     assert one.returncode == many.returncode == 0, many.stderr
     alone = [json.loads(line) for line in one.stdout.splitlines()]

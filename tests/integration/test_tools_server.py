@@ -55,7 +55,9 @@ ASK = [{"role": "user", "content": "What is the weather in Paris right now?"}]
 
 
 def serve(target: Path, draft: Path) -> Iterator[object]:
-    proc, url = start(target, draft, "--api-key", KEY, "--queue", "0")
+    # One slot (the queue of one generation at a time), where the other server tests take
+    # the default slots.
+    proc, url = start(target, draft, "--api-key", KEY, "--queue", "0", "--parallel", "1")
     yield openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0)
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=60)

@@ -138,8 +138,8 @@ def test_sigterm_ends_a_stream_with_an_error_event_a_client_can_tell(
 
 def test_max_tokens_is_bounded_by_the_context_and_the_limit(fake_pair: FakePair) -> None:
     """A request's max_tokens is bounded by the context and --max-tokens-limit, on a server
-    started without --parallel: it takes llama-server's 4 slots where they fit (these fakes
-    are small), and says so."""
+    started without --parallel: it takes llama-server's 4 slots (a fake's file is no GGUF, so
+    no memory check lowers them), and says so."""
     import httpx2 as httpx
 
     proc, url = specgen_serve(

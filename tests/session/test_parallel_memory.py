@@ -81,12 +81,12 @@ def test_nobody_choosing_takes_llama_servers_slots_where_their_contexts_fit(
 
     for free, slots in [(need(4), 4), (need(3) - 1, 2), (need(2), 2), (need(2) - 1, 1)]:
         monkeypatch.setattr(machine, "available_memory", lambda free=free: free)
-        parallel, note = auto_parallel(models, 0, on_this_cpu=True)
+        parallel, note = auto_parallel(models, 0)
         assert parallel == slots, (free, parallel)
-        assert (f"--parallel {slots}" if slots > 1 else "one request at a time") in note
+        assert (f"--parallel {slots}" if slots > 1 else "one at a time") in note
         assert ("as many as fit" in note) == (1 < slots < 4)
     monkeypatch.setattr(machine, "available_memory", lambda: need(2))
-    assert auto_parallel(models, 1024, on_this_cpu=True)[0] == 4  # a quarter of the context
+    assert auto_parallel(models, 1024)[0] == 4  # a quarter of the context
 
 
 def test_nobody_choosing_runs_one_at_a_time_off_this_cpu_or_for_a_recurrent_target(
@@ -97,14 +97,15 @@ def test_nobody_choosing_runs_one_at_a_time_off_this_cpu_or_for_a_recurrent_targ
     the note says how to choose."""
     monkeypatch.setattr(machine, "available_memory", lambda: 2**40)
     models = [(p, gguf.read_local(str(p), tensors=True)) for p in smol_shaped]
-    parallel, note = auto_parallel(models, 0, on_this_cpu=False)
-    assert parallel == 1 and "GPU" in note and "--parallel N" in note
+    for elsewhere in ("on a GPU", "on workers"):
+        parallel, note = auto_parallel(models, 0, elsewhere)
+        assert parallel == 1 and elsewhere in note and "--parallel N" in note
     tokens = [f"t{i}" for i in range(32)]
     mamba = write_header(
         tmp_path / "mamba.gguf", "mamba", tokens, metadata={"mamba.block_count": 4}
     )
-    parallel, note = auto_parallel([(mamba, gguf.read_local(str(mamba)))], 0, on_this_cpu=True)
-    assert parallel == 1 and "recurrent" in note
+    parallel, note = auto_parallel([(mamba, gguf.read_local(str(mamba)))], 0)
+    assert parallel == 1 and "a recurrent target" in note
 
 
 def test_serve_and_a_file_of_prompts_take_the_slots_nobody_chose(
@@ -136,3 +137,38 @@ def test_serve_and_a_file_of_prompts_take_the_slots_nobody_chose(
     measured = Specgen(target=fake_pair.target, draft=fake_pair.draft, threads=2, parallel="auto")
     assert measured.parallel == 2 and "bench --streams" in measured.note
     assert "--parallel 2: what `specgen bench --streams` found best" in run_file()
+
+
+def test_the_slots_nobody_chose_are_what_the_pair_loads(
+    fake_pair: FakePair, smol_shaped: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The count the rule takes is the one every context is made with, and the one the API and
+    its note report: lowered to what fits (the fakes read as SmolLM2-shaped headers), and one
+    where this build would put the layers on a GPU."""
+    from dataclasses import replace
+
+    from specgen.api import Specgen
+    from specgen.session import pair
+
+    loaded: list[int] = []
+    backend = pair.BACKEND
+
+    def load(path: Path, options: object, verbose: bool) -> object:
+        loaded.append(options.n_seq)  # type: ignore[attr-defined]
+        return backend.load(path, options, verbose)  # type: ignore[arg-type]
+
+    header = gguf.read_local(str(smol_shaped[0]), tensors=True)
+    monkeypatch.setattr(pair, "header_of", lambda path: header)
+    weights = fake_pair.target.stat().st_size + fake_pair.draft.stat().st_size
+    need_two = weights + 2 * 2 * 4096 * PER_TOKEN
+    monkeypatch.setattr(machine, "available_memory", lambda: need_two)
+    monkeypatch.setattr(pair, "BACKEND", replace(backend, load=load))
+    two = Specgen(target=fake_pair.target, draft=fake_pair.draft, parallel="auto")
+    assert loaded == [2, 2] and two.parallel == two.pair.parallel == 2
+    assert "--parallel 2: llama-server's slots, as many as fit" in two.note
+    loaded.clear()
+    monkeypatch.setattr(pair, "BACKEND", replace(backend, load=load, gpu_offload=lambda: True))
+    gpu = Specgen(target=fake_pair.target, draft=fake_pair.draft, parallel="auto")
+    assert loaded == [1, 1] and gpu.parallel == 1 and "models on a GPU" in gpu.note
+    cpu = Specgen(target=fake_pair.target, draft=fake_pair.draft, parallel="auto", gpu_layers=0)
+    assert cpu.parallel == 2  # every layer on this CPU: its memory decides
