@@ -30,7 +30,6 @@ from specgen.engine import GenerationConfig, SpeculativeEngine, TextChunk
 from specgen.errors import UsageError
 from specgen.lookahead import Lookahead
 from specgen.session.batch import BatchTally
-from specgen.session.fit import AUTO_PARALLEL
 from specgen.session.generate import Prompt, Result
 from specgen.session.pair import Pair, PairOptions
 from specgen.session.parallel import Slots
@@ -143,8 +142,8 @@ class Specgen:
             slots = parallel
         elif parallel is None or parallel == "auto":  # what bench --streams found best here
             recalled = memo.recall_parallel(decision.memo)
-            auto = parallel == "auto" and recalled is None
-            slots = AUTO_PARALLEL if auto else 1
+            auto = parallel == "auto" and recalled is None  # the pair chooses as it loads
+            slots = 1
             if recalled is not None:
                 slots, said = recalled
                 note = f"{note}; {said}" if note else said

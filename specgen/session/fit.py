@@ -154,10 +154,13 @@ def check_parallel_memory(
     ``n_ctx`` tokens a sequence, and its recurrent state) do not fit beside the weights in the
     memory free now. ``n_ctx`` 0: the target's training context, at most 4096 (the backend's
     default). Headers that cannot be read, or a system that does not say what is free, pass."""
-    needs = _parallel_bytes(models, n_ctx, parallel)
-    if needs is None:
+    if parallel <= 1:
         return
-    weights, contexts, available, n_ctx = needs
+    memory = _memory(models, n_ctx)
+    if memory is None:
+        return
+    weights, per_sequence, available, n_ctx = memory
+    contexts = parallel * per_sequence
     if weights + contexts > available:
         raise UserError(
             f"--parallel {parallel} needs about {_gib(weights + contexts)} of memory (the "
@@ -185,23 +188,29 @@ def auto_parallel(
         )
     if elsewhere:
         return 1, f"one at a time: models {elsewhere}, whose memory is not read here {choose}"
-    for parallel in range(AUTO_PARALLEL, 1, -1):
-        needs = _parallel_bytes(models, n_ctx, parallel)
-        if needs is None or needs[0] + needs[1] <= needs[2]:
-            fewer = "" if parallel == AUTO_PARALLEL else ", as many as fit in the memory free"
-            return parallel, f"--parallel {parallel}: llama-server's slots{fewer} {choose}"
-    return 1, "one at a time: two contexts do not fit in the memory free (--parallel N to choose)"
+    memory = _memory(models, n_ctx)
+    parallel = AUTO_PARALLEL
+    if memory is not None:
+        weights, per_sequence, available, _ = memory
+        parallel = min(AUTO_PARALLEL, (available - weights) // max(1, per_sequence))
+    if parallel < 2:
+        return (
+            1,
+            "one at a time: two contexts do not fit in the memory free (--parallel N to choose)",
+        )
+    fewer = "" if parallel == AUTO_PARALLEL else ", as many as fit in the memory free"
+    return parallel, f"--parallel {parallel}: llama-server's slots{fewer} {choose}"
 
 
-def _parallel_bytes(
-    models: list[tuple[Path, gguf.Header | None]], n_ctx: int, parallel: int
+def _memory(
+    models: list[tuple[Path, gguf.Header | None]], n_ctx: int
 ) -> tuple[int, int, int, int] | None:
-    """The bytes of the weights and of ``parallel`` sequences' contexts, the bytes free, and
-    the context's tokens a sequence; None where any is not known, or for one sequence (never
-    refused here)."""
+    """The bytes of the weights, of one sequence's contexts (each model's cache of ``n_ctx``
+    tokens and its recurrent state), and free now, and the context's tokens a sequence; None
+    where the system does not say what is free or a header cannot be read."""
     available = machine.available_memory()
     headers = [h for _, h in models]
-    if available is None or parallel <= 1 or any(h is None for h in headers):
+    if available is None or any(h is None for h in headers):
         return None
     if not n_ctx:
         first = headers[0]
@@ -209,12 +218,12 @@ def _parallel_bytes(
         trained = first.get(f"{first.get('general.architecture')}.context_length")
         n_ctx = min(4096, trained) if isinstance(trained, int) and trained > 0 else 4096
     weights = sum(path.stat().st_size for path, _ in models)
-    contexts = 0
+    per_sequence = 0
     for _, header in models:
         assert header is not None
         state = arch.layout(header).state_bytes or 0
-        contexts += parallel * (n_ctx * arch.kv_bytes_per_token(header) + state)
-    return weights, contexts, available, n_ctx
+        per_sequence += n_ctx * arch.kv_bytes_per_token(header) + state
+    return weights, per_sequence, available, n_ctx
 
 
 def _gib(n: int) -> str:

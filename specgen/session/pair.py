@@ -171,8 +171,8 @@ class PairOptions:
     lookahead: Lookahead = DEFAULT_LOOKAHEAD
     draft_p_min: float = 0.0
     # Sequences generating at once (``session.parallel``): each model's context holds this
-    # many, each with a cache of n_ctx tokens. ``parallel_auto``: nobody chose it, so fewer
-    # where that many do not fit or do not pay (``session.fit.auto_parallel``).
+    # many, each with a cache of n_ctx tokens. ``parallel_auto``: nobody chose it, so the
+    # count is chosen as the pair loads (``session.fit.auto_parallel``).
     parallel: int = 1
     parallel_auto: bool = False
     # The threads a model whose setting is 0 loads with where other processes keep CPUs busy
