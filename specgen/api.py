@@ -30,6 +30,7 @@ from specgen.engine import GenerationConfig, SpeculativeEngine, TextChunk
 from specgen.errors import UsageError
 from specgen.lookahead import Lookahead
 from specgen.session.batch import BatchTally
+from specgen.session.fit import AUTO_PARALLEL
 from specgen.session.generate import Prompt, Result
 from specgen.session.pair import Pair, PairOptions
 from specgen.session.parallel import Slots
@@ -83,6 +84,9 @@ class Specgen:
             (what ``serve`` and ``run -f`` take): that, else llama-server's 4 slots where their
             contexts fit in the memory free, fewer where not, and 1 for a recurrent target or
             models off this CPU (``note`` says which, ``self.parallel`` what was taken).
+        prompts: how many prompts will be run at most (a file's): a count that nobody chose
+            (None or ``"auto"``) is no more than that, since a sequence that never generates
+            holds its contexts' memory all the same.
         progress: show download and conversion progress on stderr.
     """
 
@@ -113,6 +117,7 @@ class Specgen:
         rpc_local_head: bool = True,
         lookup_cache: bool | str | Path = True,
         parallel: int | Literal["auto"] | None = 1,
+        prompts: int | None = None,
     ) -> None:
         from specgen.session import memo
         from specgen.session.decide import decide
@@ -143,10 +148,16 @@ class Specgen:
         elif parallel is None or parallel == "auto":  # what bench --streams found best here
             recalled = memo.recall_parallel(decision.memo)
             auto = parallel == "auto" and recalled is None  # the pair chooses as it loads
-            slots = 1
+            # (An automatic count: at most AUTO_PARALLEL, and the prompts to run.)
+            slots = AUTO_PARALLEL if auto else 1
             if recalled is not None:
                 slots, said = recalled
                 note = f"{note}; {said}" if note else said
+            if prompts is not None and slots > max(1, prompts):
+                slots = max(1, prompts)
+                if not auto:
+                    said = f"{slots} for the {_prompts(prompts)} to run"
+                    note = f"{note}; {said}" if note else said
         else:
             raise UsageError(f'parallel is a number or "auto", not {parallel!r}')
         options = PairOptions(
@@ -360,6 +371,10 @@ class Specgen:
 
 CONSTRAINTS = ("json_schema", "grammar", "format", "response_format")
 SAMPLING = ("temperature", "top_k", "top_p", "min_p")
+
+
+def _prompts(n: int) -> str:
+    return "1 prompt" if n == 1 else f"{n} prompts"
 
 
 def _settings(given: dict[str, Any]) -> Settings:

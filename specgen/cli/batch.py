@@ -56,21 +56,33 @@ def open_output(output: Path | None) -> IO[str]:
     return sink
 
 
+def finished(output: Path | None, resume: bool) -> set[str]:
+    """The ids ``--resume`` skips: those with a result in the output file."""
+    from specgen.session.batch import finished_ids
+
+    return finished_ids(output) if resume and output is not None else set()
+
+
+def to_run(items: list[BatchItem], skip: set[str]) -> int:
+    """The prompts a batch will generate for: its good lines not skipped."""
+    from specgen.session.prompts import BadLine
+
+    return sum(1 for item in items if not isinstance(item, BadLine) and str(item.id) not in skip)
+
+
 def run_batch_shown(
     sg: Specgen,
     settings: Settings,
     items: list[BatchItem],
     sink: IO[str],
     output: Path | None,
-    resume: bool,
+    skip: set[str],
     chat: bool,
     system: str | None,
     no_stats: bool,
 ) -> int:
-    """Run every prompt; the exit code says whether all went well (1: some failed)."""
-    from specgen.session.batch import finished_ids
-
-    skip = finished_ids(output) if resume and output is not None else set()
+    """Run every prompt but the ``skip``ped ids; the exit code says whether all went well (1:
+    some failed)."""
 
     def write(record: dict[str, object]) -> None:
         sink.write(json.dumps(record, ensure_ascii=False) + "\n")

@@ -295,10 +295,10 @@ CtxOpt = Annotated[
 ]
 
 
-def _parallel(what: str) -> typer.models.OptionInfo:
+def _parallel(what: str, fewer: str = "") -> typer.models.OptionInfo:
     """``--parallel``: ``what`` (prompts of a batch, a server's requests) decoded side by side,
     by default as many as ``bench --streams`` found best here, else ``session.fit``'s
-    ``auto_parallel``."""
+    ``auto_parallel`` (``fewer``: where fewer are taken)."""
     return typer.Option(
         "--parallel",
         "-np",
@@ -308,13 +308,15 @@ def _parallel(what: str) -> typer.models.OptionInfo:
         "per cycle; each takes a context of --ctx-size tokens (default: what `specgen bench "
         "--streams` found best for these models here, else 4 where their contexts fit in "
         "the memory free (as llama-server's slots), fewer where not; 1 for a hybrid or "
-        "recurrent target, or models on a GPU or workers).",
+        f"recurrent target, or models on a GPU or workers{fewer}).",
         show_default=False,
         rich_help_panel=PERFORMANCE,
     )
 
 
-ParallelOpt = Annotated[int | None, _parallel("Prompts of a batch")]
+ParallelOpt = Annotated[
+    int | None, _parallel("Prompts of a batch", "; a file of fewer prompts, one for each")
+]
 ServeParallelOpt = Annotated[int | None, _parallel("Requests (the server's slots)")]
 GpuLayersOpt = Annotated[
     int,

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from specgen.cli.batch import open_output, read_batch, run_batch_shown
+from specgen.cli.batch import finished, open_output, read_batch, run_batch_shown, to_run
 from specgen.cli.options import (
     OUTPUT,
     PERFORMANCE,
@@ -336,6 +336,7 @@ def run(
         raise UsageError("--resume needs --output FILE (the results to resume from)")
     if batch:
         items = read_batch(prompt, file, each_line, jsonl)
+        skip = finished(output, resume)
         sink = open_output(output)
     elif not talk:
         text = read_prompt(None if prompt is None else esc(prompt), file)
@@ -377,6 +378,7 @@ def run(
         rpc_local_head=rpc_local_head,
         lookup_cache=lookup_cache_of(lookup_cache),
         parallel=("auto" if parallel is None else parallel) if batch else 1,
+        prompts=to_run(items, skip) if batch else None,
     )
     for note in sg.pair.notes:
         out.warning(note)
@@ -390,7 +392,7 @@ def run(
         if sg.note and not no_stats:
             out.note(sg.note)
         code = run_batch_shown(
-            sg, settings, items, sink, output, resume, use_chat, system_text, no_stats
+            sg, settings, items, sink, output, skip, use_chat, system_text, no_stats
         )
         if code == EXIT_INTERRUPTED:
             raise Interrupted()

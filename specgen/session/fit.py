@@ -170,14 +170,18 @@ def check_parallel_memory(
 
 
 def auto_parallel(
-    models: list[tuple[Path, gguf.Header | None]], n_ctx: int, elsewhere: str = ""
+    models: list[tuple[Path, gguf.Header | None]],
+    n_ctx: int,
+    elsewhere: str = "",
+    most: int = AUTO_PARALLEL,
 ) -> tuple[int, str]:
     """Sequences at once where nobody chose (a server's slots, a file's prompts), and a note
     that says why: AUTO_PARALLEL, or as many below it as fit in the memory free now (not
-    checked where the system does not say or a header cannot be read); one for a target with
-    recurrent state (with several sequences each cycle copies its state, which a single stream
-    then pays too), or for models ``elsewhere`` than this CPU's memory ("on a GPU", "on
-    workers": theirs is not read before loading)."""
+    checked where the system does not say or a header cannot be read), and no more than
+    ``most`` (a file's prompts to run: a sequence that never generates holds its contexts'
+    memory all the same); one for a target with recurrent state (with several sequences each
+    cycle copies its state, which a single stream then pays too), or for models ``elsewhere``
+    than this CPU's memory ("on a GPU", "on workers": theirs is not read before loading)."""
     header = models[0][1]
     kind = arch.layout(header).kind if header is not None else "attention"
     choose = "(--parallel N to choose, `specgen bench --streams` to measure)"
@@ -188,18 +192,22 @@ def auto_parallel(
         )
     if elsewhere:
         return 1, f"one at a time: models {elsewhere}, whose memory is not read here {choose}"
+    if most < 2:
+        return 1, "one at a time: one prompt to run"
     memory = _memory(models, n_ctx)
-    parallel = AUTO_PARALLEL
+    fits = AUTO_PARALLEL
     if memory is not None:
         weights, per_sequence, available, _ = memory
-        parallel = min(AUTO_PARALLEL, (available - weights) // max(1, per_sequence))
-    if parallel < 2:
+        fits = min(AUTO_PARALLEL, (available - weights) // max(1, per_sequence))
+    if fits < 2:
         return (
             1,
             "one at a time: two contexts do not fit in the memory free (--parallel N to choose)",
         )
-    fewer = "" if parallel == AUTO_PARALLEL else ", as many as fit in the memory free"
-    return parallel, f"--parallel {parallel}: llama-server's slots{fewer} {choose}"
+    if most < fits:
+        return most, f"--parallel {most}: one for each prompt to run {choose}"
+    fewer = "" if fits == AUTO_PARALLEL else ", as many as fit in the memory free"
+    return fits, f"--parallel {fits}: llama-server's slots{fewer} {choose}"
 
 
 def _memory(

@@ -172,7 +172,7 @@ class PairOptions:
     draft_p_min: float = 0.0
     # Sequences generating at once (``session.parallel``): each model's context holds this
     # many, each with a cache of n_ctx tokens. ``parallel_auto``: nobody chose it, so the
-    # count is chosen as the pair loads (``session.fit.auto_parallel``).
+    # count is chosen as the pair loads (``session.fit.auto_parallel``), at most ``parallel``.
     parallel: int = 1
     parallel_auto: bool = False
     # The threads a model whose setting is 0 loads with where other processes keep CPUs busy
@@ -496,13 +496,14 @@ def _load(target: str | Path, draft: str | Path | None, options: PairOptions, ng
 def _slots(
     options: PairOptions, models: list[tuple[Path, gguf.Header | None]], backend: Backend
 ) -> tuple[PairOptions, str]:
-    """The sequences a context holds where nobody chose (``session.fit.auto_parallel``), and
-    why: where any model's layers go to a GPU or to workers, their memory is not read here."""
+    """The sequences a context holds where nobody chose (``session.fit.auto_parallel``, at
+    most ``options.parallel``), and why: where any model's layers go to a GPU or to workers,
+    their memory is not read here."""
     gpu = backend.gpu_offload() and (
         options.target_gpu_layers != 0 or (len(models) > 1 and options.draft_gpu_layers != 0)
     )
     elsewhere = "on workers" if options.workers else "on a GPU" if gpu else ""
-    parallel, note = auto_parallel(models, options.n_ctx, elsewhere)
+    parallel, note = auto_parallel(models, options.n_ctx, elsewhere, options.parallel)
     return replace(options, parallel=parallel), note
 
 

@@ -13,8 +13,9 @@ from tests.conftest import FakePair
 from tests.invoke import specgen_here as specgen
 from tests.invoke import specgen_popen, specgen_process
 
-# Without --parallel a file runs 4 prompts at once on this CPU (``session.fit.auto_parallel``);
-# with --parallel 1 one after another, as a GPU's or a recurrent target's does: both ways.
+# Without --parallel a file runs up to 4 prompts at once on this CPU, one sequence for each of
+# a file of fewer (``session.fit.auto_parallel``); with --parallel 1 one after another, as a
+# GPU's or a recurrent target's does: both ways.
 WAYS = pytest.mark.parametrize("way", [(), ("--parallel", "1")], ids=["default", "one-at-a-time"])
 
 

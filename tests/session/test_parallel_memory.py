@@ -128,7 +128,7 @@ def test_serve_and_a_file_of_prompts_take_the_slots_nobody_chose(
         assert len(done.stdout.splitlines()) == 3
         return done.stderr
 
-    assert "--parallel 4: llama-server's slots" in run_file()
+    assert "--parallel 3: one for each prompt to run" in run_file()
     auto = Specgen(target=fake_pair.target, draft=fake_pair.draft, threads=2, parallel="auto")
     assert auto.parallel == 4 and auto.pair.parallel == 4 and "--parallel 4" in auto.note
     plain = Specgen(target=fake_pair.target, draft=fake_pair.draft, threads=2, parallel=None)
@@ -137,6 +137,54 @@ def test_serve_and_a_file_of_prompts_take_the_slots_nobody_chose(
     measured = Specgen(target=fake_pair.target, draft=fake_pair.draft, threads=2, parallel="auto")
     assert measured.parallel == 2 and "bench --streams" in measured.note
     assert "--parallel 2: what `specgen bench --streams` found best" in run_file()
+
+
+def test_a_file_of_few_prompts_makes_no_context_it_will_not_use(
+    fake_pair: FakePair, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each sequence holds its contexts' memory whether it generates or not: a file of fewer
+    prompts than the slots nobody chose (or than ``bench --streams`` measured) runs a sequence
+    for each of those it will generate for, counting neither bad lines nor those ``--resume``
+    skips; a count given with --parallel is taken as given."""
+    from dataclasses import replace
+
+    from specgen.api import Specgen
+    from specgen.session import memo, pair
+
+    made: list[int] = []
+    backend = pair.BACKEND
+
+    def load(path: Path, options: object, verbose: bool) -> object:
+        made.append(options.n_seq)  # type: ignore[attr-defined]
+        return backend.load(path, options, verbose)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(pair, "BACKEND", replace(backend, load=load))
+    monkeypatch.setattr(machine, "available_memory", lambda: 2**40)
+    files = ("--target", str(fake_pair.target), "--draft", str(fake_pair.draft), "-n", "4")
+    prompts, output = tmp_path / "prompts.jsonl", tmp_path / "out.jsonl"
+
+    def run_file(*more: str, code: int = 0) -> str:
+        made.clear()
+        done = specgen_here("run", "-f", str(prompts), *files, *more)
+        assert done.returncode == code, done.stderr
+        return done.stderr
+
+    prompts.write_text('{"id": "a", "prompt": "a"}\n')
+    assert "one at a time: one prompt to run" in run_file() and made == [1, 1]
+    prompts.write_text('{"id": "a", "prompt": "a"}\n{not json\n{"id": "b", "prompt": "b"}\n')
+    err = run_file("-o", str(output), code=EXIT_FAILED)  # the bad line's error
+    assert "--parallel 2: one for each prompt to run" in err and made == [2, 2]
+    prompts.write_text(prompts.read_text() + '{"id": "c", "prompt": "c"}\n')
+    err = run_file("-o", str(output), "--resume", code=EXIT_FAILED)  # a and b done: c alone
+    assert "one at a time: one prompt to run" in err and made == [1, 1]
+    run_file("--parallel", "4", code=EXIT_FAILED)
+    assert made == [4, 4]
+    auto = Specgen(target=fake_pair.target, draft=fake_pair.draft, parallel="auto", prompts=3)
+    assert auto.parallel == 3 and "--parallel 3: one for each prompt to run" in auto.note
+    memo.remember_streams(auto.decision.memo, 4, 60.0, "2026-12-07")  # bench measured 4
+    measured = Specgen(target=fake_pair.target, draft=fake_pair.draft, parallel="auto", prompts=2)
+    assert measured.parallel == 2 and "found best here" in measured.note
+    assert "; 2 for the 2 prompts to run" in measured.note
 
 
 def test_the_slots_nobody_chose_are_what_the_pair_loads(
