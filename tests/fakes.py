@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from specgen.backend import ModelOptions
     from specgen.checks import Facts, PairFacts
     from specgen.engine import GenerationConfig, SpeculativeEngine
-    from specgen.session.pair import Backend
+    from specgen.session.loaded import Backend
     from specgen.stats import Stats
 
 PIECES = [bytes([ord("a") + i]) for i in range(12)] + [b" ", b"\n", b"\xc3", b"\xa9"]
@@ -309,10 +309,10 @@ def load_fake(
 
 
 def fake_backend(clock: FakeClock | None = None) -> Backend:
-    """A ``pair.Backend`` that loads ``write_fake`` files as fakes, all on one fake clock (a new
-    one if none is given): what ``SPECGEN_BACKEND=tests.fakes:fake_backend`` makes a subprocess
-    run on."""
-    from specgen.session.pair import Backend
+    """A ``session.loaded.Backend`` that loads ``write_fake`` files as fakes, all on one fake
+    clock (a new one if none is given): what ``SPECGEN_BACKEND=tests.fakes:fake_backend`` makes
+    a subprocess run on."""
+    from specgen.session.loaded import Backend
 
     clock = clock if clock is not None else FakeClock()
 

@@ -19,7 +19,8 @@ from specgen.engine import (
 )
 from specgen.errors import ChatTemplateError, UsageError
 from specgen.session.chat import conversation, render_chat
-from specgen.session.pair import LoadedModel, Pair
+from specgen.session.loaded import LoadedModel
+from specgen.session.pair import Pair
 from specgen.session.prompts import Message
 from specgen.stats import Stats
 
