@@ -13,6 +13,12 @@ scheduler is the baseline the issue's bound is read against (4 streams at most 1
         [--temperatures 0,0.8] [--rows whole,backend] [--threads 2] [--rounds R]
         [--profile FILE]
 
+Beside the whole run's host ms a pass, its steady figure: the median over the run's target
+passes that held all of its streams, but its first two (the prompts' pass, the first cycle):
+the cost of a cycle of the loop at that many streams, where the whole run's figure has its
+start and its end in it (streams that end at different passes, a last pass with no cycle after
+it), and how many streams its passes held on average.
+
 ``--rounds R`` runs every stream count R times, the counts' order flipped each round, and
 prints each count's host ms against the first count's paired by round (the geometric mean of
 the rounds' ratios and its 95% interval, as ``server_duel.py`` reads servers): one run's ratio
@@ -44,15 +50,19 @@ from specgen.engine import CycleDone, GenerationConfig, SpeculativeEngine  # noq
 from specgen.engine.streams import Streams  # noqa: E402
 from specgen.lookahead import BatchLoad, CostBook  # noqa: E402
 
+# The first four run to 64 tokens at the settings the issue reads (K=8, T=0.8, seed 7) on the
+# SmolLM2 demo pair; a prompt that ends at once (the short story: the instruct model's raw text
+# ends there) would leave a batch of S streams a batch of S - 1. Each figure says how many
+# streams its passes held.
 PROMPTS = [
     "The history of the Roman Empire",
-    "Write a short story about a lighthouse keeper.",
-    "def fibonacci(n):\n",
-    "Explain in a few sentences why the sky is blue.",
-    "List ten countries in Europe and their capital cities.",
-    "Give a step-by-step recipe for a simple tomato soup.",
-    "Q: What is the speed of light?\nA:",
     "Once upon a time, in a small village,",
+    "Give a step-by-step recipe for a simple tomato soup.",
+    "def fibonacci(n):\n",
+    "List ten countries in Europe and their capital cities.",
+    "Explain in a few sentences why the sky is blue.",
+    "Q: What is the speed of light?\nA:",
+    "Write a short story about a lighthouse keeper.",
 ]
 
 
@@ -81,13 +91,32 @@ def run(target, draft, n: int, config: GenerationConfig) -> dict[str, float]:
         prompt = target.tokenize(PROMPTS[i % len(PROMPTS)])
         streams.add(lambda e=engine, p=prompt: work(e, p))
     started, busy = time.perf_counter(), decode_seconds()
-    streams.run()
+    # Each target pass's cycle: the wall time since the last one ended, less the decodes and
+    # compactions in it (the host's own time, as the whole run's figure counts it).
+    cycles: list[tuple[float, int]] = []  # (host seconds, sequences in the pass)
+    mark = (started, busy, 0.0, 0)
+    sizes: dict[int, int] = {}
+    while streams.step():
+        stats = streams.stats
+        if stats.target_passes != mark[3]:
+            now, decoded = time.perf_counter(), decode_seconds()
+            size = next(s for s, c in stats.sequences.items() if c != sizes.get(s, 0))
+            sizes = dict(stats.sequences)
+            host = (now - mark[0]) - (decoded - mark[1]) - (stats.compact_seconds - mark[2])
+            cycles.append((host, size))
+            mark = (now, decoded, stats.compact_seconds, stats.target_passes)
     seconds = time.perf_counter() - started
     decoding = decode_seconds() - busy
     streams.close()
     stats = streams.stats
     passes = max(1, stats.target_passes)
+    # Steady: the passes that held every stream, but a run's first two (the prompts' and the
+    # first cycle's), by their median.
+    steady = [host for host, size in cycles[2:] if size == n]
     return {
+        "steady_host_ms": 1e3 * statistics.median(steady) if steady else float("nan"),
+        "steady_passes": len(steady),
+        "streams_per_pass": sum(size for _, size in cycles) / max(1, len(cycles)),
         # The wall time less the time inside llama.cpp's decodes and its caches' compactions
         # (llama.cpp's copies, printed apart): the scheduler, every stream's loop and the
         # reading of rows, as loop_cost.py counts it.
@@ -146,6 +175,7 @@ def main() -> None:
                 )
                 run(target, draft, 1, config)  # warm-up: graphs built
                 host: dict[int, list[float]] = {n: [] for n in counts}
+                steady: dict[int, list[float]] = {n: [] for n in counts}
                 for round_ in range(args.rounds):
                     for n in counts if round_ % 2 == 0 else counts[::-1]:
                         if profile is not None:
@@ -154,11 +184,14 @@ def main() -> None:
                         if profile is not None:
                             profile.disable()
                         host[n].append(got["host_ms_per_pass"])
+                        steady[n].append(got["steady_host_ms"])
                         row = {"rows": way, "k": k, "temperature": temperature, "streams": n}
                         rows.append({**row, "round": round_, **got})
                         print(
                             f"{way:8} K={k} T={temperature:<3} streams={n}  host "
-                            f"{got['host_ms_per_pass']:6.2f} ms/pass (scheduler's "
+                            f"{got['host_ms_per_pass']:6.2f} ms/pass (steady "
+                            f"{got['steady_host_ms']:5.2f} over {got['steady_passes']}, "
+                            f"{got['streams_per_pass']:.2f} streams a pass, scheduler's "
                             f"{got['scheduler_ms_per_pass']:5.2f})  decode "
                             f"{got['decode_ms_per_pass']:7.2f} ms/pass  compacting "
                             f"{got['compact_ms_per_pass']:5.2f} ms/pass  "
@@ -167,15 +200,16 @@ def main() -> None:
                         )
                 if args.rounds > 1:
                     for n in counts[1:]:
-                        ratio, low, high = paired_ratio(host[counts[0]], host[n])
-                        print(
-                            f"{way:8} K={k} T={temperature:<3} host ms {n} / {counts[0]} "
-                            f"streams over {args.rounds} rounds: {ratio:.3f} "
-                            f"(95% {low:.3f}-{high:.3f}; medians "
-                            f"{statistics.median(host[counts[0]]):.2f} and "
-                            f"{statistics.median(host[n]):.2f})",
-                            flush=True,
-                        )
+                        for label, got_ms in (("host ms", host), ("steady host ms", steady)):
+                            ratio, low, high = paired_ratio(got_ms[counts[0]], got_ms[n])
+                            print(
+                                f"{way:8} K={k} T={temperature:<3} {label} {n} / {counts[0]} "
+                                f"streams over {args.rounds} rounds: {ratio:.3f} "
+                                f"(95% {low:.3f}-{high:.3f}; medians "
+                                f"{statistics.median(got_ms[counts[0]]):.2f} and "
+                                f"{statistics.median(got_ms[n]):.2f})",
+                                flush=True,
+                            )
         target.close()
         draft.close()
     if profile is not None:
