@@ -66,7 +66,7 @@ PROMPTS = [
 ]
 
 
-def run(target, draft, n: int, config: GenerationConfig) -> dict[str, float]:
+def run(target, draft, n: int, config: GenerationConfig) -> dict[str, float | None]:
     costs = CostBook()
     load = BatchLoad(costs)
     engines = [
@@ -114,7 +114,8 @@ def run(target, draft, n: int, config: GenerationConfig) -> dict[str, float]:
     # first cycle's), by their median.
     steady = [host for host, size in cycles[2:] if size == n]
     return {
-        "steady_host_ms": 1e3 * statistics.median(steady) if steady else float("nan"),
+        # None where no pass held every stream (one ended at once: another K or temperature).
+        "steady_host_ms": 1e3 * statistics.median(steady) if steady else None,
         "steady_passes": len(steady),
         "streams_per_pass": sum(size for _, size in cycles) / max(1, len(cycles)),
         # The wall time less the time inside llama.cpp's decodes and its caches' compactions
@@ -129,6 +130,10 @@ def run(target, draft, n: int, config: GenerationConfig) -> dict[str, float]:
         "tokens_per_second": made[0] / seconds,
         "passes": stats.target_passes,
     }
+
+
+def _ms(value: float | None) -> str:
+    return "  n/a" if value is None else f"{value:5.2f}"
 
 
 def main() -> None:
@@ -174,8 +179,8 @@ def main() -> None:
                     lookahead=k, sampling=sampling, max_tokens=args.max_tokens, seed=7
                 )
                 run(target, draft, 1, config)  # warm-up: graphs built
-                host: dict[int, list[float]] = {n: [] for n in counts}
-                steady: dict[int, list[float]] = {n: [] for n in counts}
+                host: dict[int, list[float | None]] = {n: [] for n in counts}
+                steady: dict[int, list[float | None]] = {n: [] for n in counts}
                 for round_ in range(args.rounds):
                     for n in counts if round_ % 2 == 0 else counts[::-1]:
                         if profile is not None:
@@ -190,7 +195,7 @@ def main() -> None:
                         print(
                             f"{way:8} K={k} T={temperature:<3} streams={n}  host "
                             f"{got['host_ms_per_pass']:6.2f} ms/pass (steady "
-                            f"{got['steady_host_ms']:5.2f} over {got['steady_passes']}, "
+                            f"{_ms(got['steady_host_ms'])} over {got['steady_passes']}, "
                             f"{got['streams_per_pass']:.2f} streams a pass, scheduler's "
                             f"{got['scheduler_ms_per_pass']:5.2f})  decode "
                             f"{got['decode_ms_per_pass']:7.2f} ms/pass  compacting "
@@ -201,13 +206,23 @@ def main() -> None:
                 if args.rounds > 1:
                     for n in counts[1:]:
                         for label, got_ms in (("host ms", host), ("steady host ms", steady)):
-                            ratio, low, high = paired_ratio(got_ms[counts[0]], got_ms[n])
+                            # The rounds where both counts had a figure.
+                            pairs = [
+                                (a, b)
+                                for a, b in zip(got_ms[counts[0]], got_ms[n], strict=True)
+                                if a is not None and b is not None
+                            ]
+                            head = f"{way:8} K={k} T={temperature:<3} {label} {n} / {counts[0]}"
+                            if len(pairs) < 2:
+                                print(f"{head} streams: too few rounds with a figure", flush=True)
+                                continue
+                            ones, many = [a for a, _ in pairs], [b for _, b in pairs]
+                            ratio, low, high = paired_ratio(ones, many)
                             print(
-                                f"{way:8} K={k} T={temperature:<3} {label} {n} / {counts[0]} "
-                                f"streams over {args.rounds} rounds: {ratio:.3f} "
+                                f"{head} streams over {len(pairs)} rounds: {ratio:.3f} "
                                 f"(95% {low:.3f}-{high:.3f}; medians "
-                                f"{statistics.median(got_ms[counts[0]]):.2f} and "
-                                f"{statistics.median(got_ms[n]):.2f})",
+                                f"{statistics.median(ones):.2f} and "
+                                f"{statistics.median(many):.2f})",
                                 flush=True,
                             )
         target.close()

@@ -85,8 +85,8 @@ class Specgen:
             contexts fit in the memory free, fewer where not, and 1 for a recurrent target or
             models off this CPU (``note`` says which, ``self.parallel`` what was taken).
         prompts: how many prompts will be run at most (a file's): a count that nobody chose
-            (None or ``"auto"``) is no more than that, since a sequence that never generates
-            holds its contexts' memory all the same.
+            (None or ``"auto"``) is no more than that (and at least 1), since a sequence that
+            never generates holds its contexts' memory all the same.
         progress: show download and conversion progress on stderr.
     """
 
@@ -155,8 +155,10 @@ class Specgen:
                 note = f"{note}; {said}" if note else said
             if prompts is not None and slots > max(1, prompts):
                 slots = max(1, prompts)
+                auto = auto and prompts > 0  # none to run: nothing to choose
                 if not auto:
-                    said = f"{slots} for the {_prompts(prompts)} to run"
+                    to_run = f"for the {_prompts(prompts)} to run"
+                    said = f"{slots} {to_run}" if prompts else "no prompt to run"
                     note = f"{note}; {said}" if note else said
         else:
             raise UsageError(f'parallel is a number or "auto", not {parallel!r}')

@@ -336,8 +336,8 @@ def run(
         raise UsageError("--resume needs --output FILE (the results to resume from)")
     if batch:
         items = read_batch(prompt, file, each_line, jsonl)
-        skip = finished(output, resume)
         sink = open_output(output)
+        skip = finished(output, resume)
     elif not talk:
         text = read_prompt(None if prompt is None else esc(prompt), file)
     try:

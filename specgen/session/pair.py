@@ -79,7 +79,8 @@ class PairOptions:
     draft_p_min: float = 0.0
     # Sequences generating at once (``session.parallel``): each model's context holds this
     # many, each with a cache of n_ctx tokens. ``parallel_auto``: nobody chose it, so the
-    # count is chosen as the pair loads (``session.fit.auto_parallel``), at most ``parallel``.
+    # count is chosen as the pair loads (``session.fit.auto_parallel``), and ``parallel`` is
+    # then its most (``session.fit.AUTO_PARALLEL``, or fewer for a file of fewer prompts).
     parallel: int = 1
     parallel_auto: bool = False
     # The threads a model whose setting is 0 loads with where other processes keep CPUs busy

@@ -177,8 +177,17 @@ def test_a_file_of_few_prompts_makes_no_context_it_will_not_use(
     prompts.write_text(prompts.read_text() + '{"id": "c", "prompt": "c"}\n')
     err = run_file("-o", str(output), "--resume", code=EXIT_FAILED)  # a and b done: c alone
     assert "one at a time: one prompt to run" in err and made == [1, 1]
+    err = run_file("-o", str(output), "--resume", code=EXIT_FAILED)  # all done: none to run
+    assert "no prompt to run" in err and made == [1, 1]
     run_file("--parallel", "4", code=EXIT_FAILED)
     assert made == [4, 4]
+    prompts.write_text("".join(f'{{"prompt": "p{i}"}}\n' for i in range(5)))
+    assert "--parallel 4: llama-server's slots" in run_file() and made == [4, 4]
+    each_line = tmp_path / "prompts.txt"
+    each_line.write_text("one\ntwo\n")
+    made.clear()
+    done = specgen_here("run", "-f", str(each_line), "--each-line", *files)
+    assert done.returncode == 0 and made == [2, 2], done.stderr
     auto = Specgen(target=fake_pair.target, draft=fake_pair.draft, parallel="auto", prompts=3)
     assert auto.parallel == 3 and "--parallel 3: one for each prompt to run" in auto.note
     memo.remember_streams(auto.decision.memo, 4, 60.0, "2026-12-07")  # bench measured 4
