@@ -4,7 +4,9 @@ n_embd 576, a 49152-token vocabulary), with random heads of its shape written by
 No trained head for SmolLM2 exists, and none could be downloaded: random heads' guesses rarely
 survive, so these tests are about the plumbing at a real model's shapes (its layer states, a
 reduced vocabulary mapped through d2t over a real vocabulary, a real tokenizer's prompts), not
-acceptance. Greedy, the output must be the target's own, token for token.
+acceptance. Greedy, the output must be the target's own, token for token, up to a near tie of
+its logits where a batched verify rounds otherwise than the one-token pass
+(``tests.near_ties``: one flipped once in 48 tokens under ``-k auto``).
 """
 
 from __future__ import annotations
@@ -18,10 +20,12 @@ from specgen.core.sampling import SamplingParams
 from specgen.drafters import make_drafter
 from specgen.engine import GenerationConfig, SpeculativeEngine
 from tests.fakes import run_to_end
+from tests.near_ties import assert_same_up_to_near_ties
 from tests.tiny_models import LlamaShape, write_dflash, write_eagle3
 
 SMOLLM2 = LlamaShape(n_vocab=49152, n_embd=576, n_head=9, n_ff=1536, n_layer=30, n_ctx_train=8192)
 GREEDY = SamplingParams(temperature=0.0)
+NEAR_TIE = 0.01  # logits: where the kernels' rounding can decide; a real fault is far larger
 PROMPTS = ["The history of the Roman Empire", "def fibonacci(n):\n"]
 
 
@@ -58,6 +62,6 @@ def test_a_head_beside_the_real_target_keeps_its_text(
         for prompt, want in zip(prompts, alone, strict=True):
             config = GenerationConfig(lookahead=k, sampling=GREEDY, max_tokens=48)
             got, stats = run_to_end(engine, config, prompt)
-            assert got == want, (name, k)
+            assert_same_up_to_near_ties(target, prompt, want, got, NEAR_TIE, f"{name} at K={k}")
             assert k == "auto" or stats.by_source[kind].drafted > 0
     target.close()

@@ -12,6 +12,7 @@ from specgen.core.sampling import SamplingParams, warp
 from specgen.drafters import HybridDrafter, ModelDrafter, NgramDrafter
 from specgen.engine import CycleDone, GenerationConfig, SpeculativeEngine
 from tests.fakes import run_to_end
+from tests.near_ties import assert_same_up_to_near_ties
 from tests.stats_helpers import pooled_chisquare_pvalue
 
 GREEDY = SamplingParams(temperature=0)
@@ -168,28 +169,6 @@ def test_f16_target_differs_only_at_float_near_ties(smollm2_draft: Path) -> None
         prompt,
     )
     assert_same_up_to_near_ties(target, prompt, alone, spec, 0.05)
-
-
-def assert_same_up_to_near_ties(
-    target: LlamaModel,
-    prompt: list[int],
-    alone: list[int],
-    spec: list[int],
-    tie: float,
-    what: str = "",
-) -> None:
-    """The speculative tokens are the target's own, or part only where the target's two best
-    logits are within ``tie`` of each other (batched and one-token kernels round differently)."""
-    if spec == alone:
-        return
-    first = next(i for i, (a, b) in enumerate(zip(spec, alone)) if a != b)
-    target.reset()
-    target.sample_top_k(0)
-    logits = target.decode(prompt + alone[:first], 1)[0]
-    best, second = np.sort(logits)[-2:][::-1]
-    assert best - second < tie, (
-        f"{what} diverged at {first} with a clear winner ({best - second:.4f})"
-    )
 
 
 def test_a_model_that_cannot_roll_back_fails_clearly(smollm2_draft: Path, monkeypatch) -> None:

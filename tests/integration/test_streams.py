@@ -25,6 +25,7 @@ from specgen.engine.streams import Streams
 from specgen.lookahead import BatchLoad, CostBook
 from tests.fakes import drive, run_to_end
 from tests.invoke import specgen_process
+from tests.near_ties import assert_same_up_to_near_ties
 
 GREEDY = SamplingParams(temperature=0)
 NEAR_TIE = 0.05  # logits: far below what a real difference between contexts moves
@@ -34,16 +35,6 @@ PROMPTS = [
     "Here is a list of fruits: apple, banana,",
     "Q: Why is the sky blue?\nA:",
 ]
-
-
-def _same_or_near_tie(target: LlamaModel, prompt: list[int], got: list[int], want: list[int]):
-    if got == want:
-        return
-    at = next(i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b)
-    target.reset()
-    row = np.array(target.decode([*prompt, *want[:at]], 1)[0], dtype=np.float64)
-    top = np.sort(row)[-2:]
-    assert top[1] - top[0] < NEAR_TIE, f"diverged at token {at} where the target was sure"
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +82,7 @@ def _four_alone(smol, four, lookahead) -> Streams:
             GenerationConfig(lookahead=0, sampling=GREEDY, max_tokens=40),
             prompt,
         )
-        _same_or_near_tie(alone_target, prompt, done[i], want)
+        assert_same_up_to_near_ties(alone_target, prompt, want, done[i], NEAR_TIE)
     return streams
 
 
