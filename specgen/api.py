@@ -157,8 +157,9 @@ class Specgen:
                 slots = max(1, prompts)
                 auto = auto and prompts > 0  # none to run: nothing to choose
                 if not auto:
-                    to_run = f"for the {_prompts(prompts)} to run"
-                    said = f"{slots} {to_run}" if prompts else "no prompt to run"
+                    said = "no prompt to run"
+                    if prompts:
+                        said = f"{slots} for the {_prompts(prompts)} to run"
                     note = f"{note}; {said}" if note else said
         else:
             raise UsageError(f'parallel is a number or "auto", not {parallel!r}')

@@ -193,7 +193,7 @@ def auto_parallel(
     if elsewhere:
         return 1, f"one at a time: models {elsewhere}, whose memory is not read here {choose}"
     if most < 2:
-        return 1, "one at a time: one prompt to run" if most else "no prompt to run"
+        return 1, "one at a time: one prompt to run"
     memory = _memory(models, n_ctx)
     fits = AUTO_PARALLEL
     if memory is not None:
