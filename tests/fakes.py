@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
+from specgen.core.coupling import PICK_TOGETHER_ROWS, Picking, pick_together
 from specgen.core.sampling import SamplingParams, TopK, warp
 from specgen.engine import CycleDone, Finished, TextChunk
 from specgen.host.machine import default_threads
@@ -122,7 +123,9 @@ class FakeModel:
     def gather(self, gather) -> None:
         self._gather[0] = gather
 
-    def decode_together(self, items) -> list:
+    def decode_together(self, items, pickings=None) -> list:
+        """As ``LlamaModel.decode_together``, the rows of the items that asked (``pickings``)
+        picked together where they are enough (``pick_together``, from their ``TopK`` rows)."""
         assert sum(len(t) for _, t, _ in items) <= self.n_batch, "one batch at most"
         assert len({m.seq for m, _, _ in items}) == len(items), "one item a sequence"
         self.batches.append([(m.seq, len(t), n) for m, t, n in items])
@@ -131,7 +134,19 @@ class FakeModel:
         )
         if self.wall_seconds:
             time.sleep(self.wall_seconds)
-        return [m._append(t, n) for m, t, n in items]
+        rows = [m._append(t, n) for m, t, n in items]
+        asked = [
+            (j, rows[j], picking)
+            for j, picking in enumerate(pickings or [])
+            if picking is not None and isinstance(rows[j], list) and rows[j]
+            and items[j][0].warped is None
+        ]  # fmt: skip
+        params = {(picking.params, len(got[0])) for _, got, picking in asked}
+        if len(params) == 1 and sum(len(got) for _, got, _ in asked) >= PICK_TOGETHER_ROWS:
+            picked = pick_together([(got, picking) for _, got, picking in asked])
+            for (j, _, _), got in zip(asked, picked, strict=True):
+                rows[j] = got
+        return rows
 
     @property
     def n_past(self) -> int:
@@ -157,12 +172,14 @@ class FakeModel:
         self.warped = warped if self.top_k and warped is not None and not warped.greedy else None
         return self.top_k
 
-    def decode(self, tokens: list[int], n_logits: int = 1) -> np.ndarray | list[TopK]:
+    def decode(
+        self, tokens: list[int], n_logits: int = 1, picking: Picking | None = None
+    ) -> np.ndarray | list[TopK]:
         assert 0 <= n_logits <= len(tokens), "logits can only be asked for decoded rows"
         assert self.n_past + len(tokens) <= self.n_ctx, "decode past the context"
         gather = self._gather[0]
         if gather is not None:
-            return gather(self, tokens, n_logits)
+            return gather(self, tokens, n_logits, picking)
         self.clock.advance(self.call_seconds + self.token_seconds * len(tokens))
         if self.wall_seconds:
             time.sleep(self.wall_seconds)

@@ -36,17 +36,18 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 
 import llama_cpp
 import numpy as np
 
 from specgen.backend.ggml import supports_gpu_offload
 from specgen.backend.grammar import tokenizer_for
-from specgen.backend.rows import BACKEND_SAMPLING, TopKRows
+from specgen.backend.rows import BACKEND_SAMPLING, TopKRows, read_block
 from specgen.backend.runtime import decode, init_backend
 from specgen.backend.vocab import Vocabulary
-from specgen.core.sampling import Rows, SamplingParams
+from specgen.core.coupling import PICK_TOGETHER_ROWS, PickedRows, Picking, pick_block
+from specgen.core.sampling import Rows, SamplingParams, TopK
 from specgen.errors import BackendError, ContextFull
 from specgen.host.machine import default_threads
 
@@ -128,9 +129,9 @@ class DecodeListener(Protocol):
     def close(self) -> None: ...
 
 
-# A scheduler that gathers decodes: given the model (a sequence), its tokens and how many
-# rows of logits it wants, it returns them once it has decoded them with others'.
-Gather = Callable[[Any, list[int], int], Rows]
+# A scheduler that gathers decodes: given the model (a sequence), its tokens, how many rows of
+# logits it wants and how they may be picked, it returns them once decoded with others'.
+Gather = Callable[[Any, list[int], int, Picking | None], Rows]
 
 
 class _BatchFill:
@@ -300,7 +301,7 @@ class LlamaModel(Vocabulary):
         a new graph (once)."""
         return self._rows.set(k, warped)
 
-    def decode(self, tokens: list[int], n_logits: int = 1) -> Rows:
+    def decode(self, tokens: list[int], n_logits: int = 1, picking: Picking | None = None) -> Rows:
         """Append ``tokens`` to the cache; return logits of the last ``n_logits`` rows.
 
         Whole rows are a view into llama.cpp's buffer, shape (n_logits, n_vocab): valid until
@@ -312,11 +313,11 @@ class LlamaModel(Vocabulary):
             raise ContextFull(f"the context of {self.n_ctx} tokens is full")
         gather = self._shared.gather
         if gather is not None:
-            return gather(self, tokens, n_logits)
+            return gather(self, tokens, n_logits, picking)  # picked there, where it pays
         if len(tokens) == 1:  # a draft's step, K of them a cycle: the least host work
             return self._step(tokens[0], n_logits)
         if 0 < len(tokens) <= self.n_batch:  # one batch: a verify, a catch-up
-            return self.decode_together([(self, tokens, n_logits)])[0]
+            return self.decode_together([(self, tokens, n_logits)], [picking])[0]
         rows: Rows = np.empty((0, self.n_vocab), dtype=np.float32)
         for start in range(0, len(tokens), self.n_batch):
             chunk = tokens[start : start + self.n_batch]
@@ -324,10 +325,16 @@ class LlamaModel(Vocabulary):
             rows = self.decode_together([(self, chunk, min(wanted, len(chunk)))])[0]
         return rows
 
-    def decode_together(self, items: Sequence[tuple[Any, list[int], int]]) -> list[Rows]:
+    def decode_together(
+        self,
+        items: Sequence[tuple[Any, list[int], int]],
+        pickings: Sequence[Picking | None] | None = None,
+    ) -> list[Rows]:
         """One batch of several sequences of this context: each item's tokens appended to its
         sequence's cache, and its last ``n_logits`` rows (as ``decode`` gives them). The items
-        hold at most ``n_batch`` tokens, one item a sequence."""
+        hold at most ``n_batch`` tokens, one item a sequence. ``pickings``: each item's, where
+        its top-k rows may come with their Gumbel-max picks (``PickedRows``), read and picked
+        with the other items' in one block (``_picked``)."""
         fill, i, firsts, rows = self._fill, 0, [], []
         assert sum(len(t) for _, t, _ in items) <= self.n_batch, "one batch at most"
         token_at, pos_at, seq_at, logits_at = fill.token, fill.pos, fill.seq, fill.logits
@@ -351,11 +358,55 @@ class LlamaModel(Vocabulary):
         # where the lengths differ, a sequence's tokens may span ubatches, and its snapshots
         # then do not hold what a rollback needs (measured: a wrong state, not an error).
         even = len(items) == 1 or len({len(tokens) for _, tokens, _ in items}) == 1
-        for (model, tokens, n_logits), first, row in zip(items, firsts, rows, strict=True):
+        picked = self._picked(items, firsts, pickings) if pickings is not None else {}
+        for j, ((model, tokens, n_logits), first, row) in enumerate(
+            zip(items, firsts, rows, strict=True)
+        ):
             model._decoded(tokens, row)
             model._even = even
-            out.append(model._rows_from(first, n_logits))
+            out.append(picked[j] if j in picked else model._rows_from(first, n_logits))
         return out
+
+    def _picked(
+        self,
+        items: Sequence[tuple[Any, list[int], int]],
+        firsts: list[int],
+        pickings: Sequence[Picking | None],
+    ) -> dict[int, PickedRows]:
+        """The last decode's rows of the items that asked for their picks, by item: the rows
+        of one warp (and one k) read from llama.cpp's buffer as one block and picked in one
+        pass over them all (``core.coupling.pick_block``), where they are at least
+        PICK_TOGETHER_ROWS rows; a row at a time, each sequence's rule costs every row again
+        and the loop's host time would grow with the streams."""
+        groups: dict[tuple[SamplingParams, int], list[int]] = {}
+        starts, outputs = [], 0
+        for j, ((model, _, n_logits), picking) in enumerate(zip(items, pickings, strict=True)):
+            starts.append(outputs)  # its first output row: outputs come in batch order
+            outputs += n_logits
+            rows = model._rows
+            if picking is not None and n_logits and rows.k and rows.warped is None:
+                groups.setdefault((picking.params, rows.k), []).append(j)
+        picked: dict[int, PickedRows] = {}
+        for (params, k), members in groups.items():
+            if sum(items[j][2] for j in members) < PICK_TOGETHER_ROWS:
+                continue
+            for j in members:
+                items[j][0]._rows.check(firsts[j], items[j][2])
+            base, last = starts[members[0]], members[-1]
+            span = starts[last] + items[last][2] - base
+            ids, logits = read_block(self._ctx, firsts[members[0]], span, k, self.n_vocab)
+            wanted = [r - base for j in members for r in range(starts[j], starts[j] + items[j][2])]
+            if len(wanted) < span:  # other items' rows between: left out
+                ids, logits = ids[wanted], logits[wanted]
+            asked = [(cast(Picking, pickings[j]), items[j][2]) for j in members]
+            picks = pick_block(ids, logits, params, asked)
+            id_lists, logit_lists = ids.tolist(), logits.tolist()
+            rows = [TopK(i, v, self.n_vocab) for i, v in zip(id_lists, logit_lists, strict=True)]
+            at = 0
+            for j, (picking, n), got in zip(members, asked, picks, strict=True):
+                picked[j] = PickedRows(rows[at : at + n], picking, got)
+                at += n
+        return picked
 
     def _step(self, token: int, n_logits: int) -> Rows:
         """``decode_together`` of this sequence's one token alone, in fewer steps: after each

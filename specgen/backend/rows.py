@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Callable
+from typing import Any
 
 import llama_cpp
+import numpy as np
 
 from specgen.core.sampling import SamplingParams, TopK
 from specgen.errors import BackendError
@@ -37,6 +39,38 @@ def _address_of(name: str) -> Callable[[llama_cpp.llama_context_p, int], int | N
 
 _candidates_at = _address_of("llama_get_sampled_candidates_ith") if BACKEND_SAMPLING else None
 _logits_at = _address_of("llama_get_sampled_logits_ith") if BACKEND_SAMPLING else None
+
+
+def read_block(
+    ctx: llama_cpp.llama_context_p, first: int, n_rows: int, k: int, n_vocab: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """The first ``k`` candidates and logits of ``n_rows`` output rows from batch index
+    ``first`` (llama.cpp keeps them ``n_vocab`` apart), as arrays of ``n_rows`` x ``k``: views
+    of llama.cpp's buffer, valid until the context's next decode."""
+    assert _candidates_at is not None and _logits_at is not None, "backend sampling bound"
+    size = (n_rows - 1) * n_vocab + k
+    ids = _view(_candidates_at(ctx, first), size, (n_rows, k), n_vocab, ctypes.c_int32)
+    logits = _view(_logits_at(ctx, first), size, (n_rows, k), n_vocab, ctypes.c_float)
+    return ids, logits
+
+
+# ctypes array types by (length, element type): made once each.
+_BUFFERS: dict[tuple[int, Any], Any] = {}
+
+
+def _view(
+    address: int | None, size: int, shape: tuple[int, int], n_vocab: int, c_type: Any
+) -> np.ndarray:
+    if not address:
+        raise BackendError("llama.cpp's backend sampling gave no rows")
+    buffer_type = _BUFFERS.get((size, c_type))
+    if buffer_type is None:
+        if len(_BUFFERS) > 256:  # the sizes of a few contexts' verifies, kept
+            _BUFFERS.clear()
+        buffer_type = _BUFFERS[(size, c_type)] = c_type * size
+    dtype = np.int32 if c_type is ctypes.c_int32 else np.float32
+    buffer = buffer_type.from_address(address)
+    return np.ndarray(shape, dtype, buffer, strides=(4 * n_vocab, 4))
 
 
 class TopKRows:
@@ -103,19 +137,14 @@ class TopKRows:
         """The last decode's ``n_logits`` rows from batch index ``first`` (default: the last
         ``n_logits`` rows): llama.cpp keeps them a row of ``n_vocab`` apart, in output order,
         the first ``k`` of each filled (copies: the buffer is reused)."""
-        ctx, k, n = self._ctx, self.k, self.n_vocab
+        k, n = self.k, self.n_vocab
         first = -n_logits if first is None else first
-        assert _candidates_at is not None and _logits_at is not None, "backend sampling bound"
-        at_ids, at_logits = _candidates_at(ctx, first), _logits_at(ctx, first)
-        # No sampled logits (null) where the chain did not run on these rows.
-        if not at_ids or not at_logits:
-            raise BackendError(f"llama.cpp's backend sampling gave no rows for {self.name}")
+        at_ids, at_logits = self._addresses(first)
         # Each row read as Python numbers: the host warps a top-k's few candidates in Python
         # (``core.sampling.TopK``), and a verify reads its rows only as far as it keeps guesses.
         warped = self.warped
         if warped is None and (k, n_logits) != (1, 1):  # a greedy draft step's argmax: no check
-            if llama_cpp.llama_get_sampled_candidates_count_ith(ctx, first) != k:
-                raise BackendError(f"llama.cpp's backend sampling gave no rows for {self.name}")
+            self._count(first)
         id_row, logit_row = self._row_types
         out = []
         for i in range(n_logits):  # llama.cpp keeps a whole row's room for each output
@@ -133,6 +162,26 @@ class TopKRows:
             else:
                 out.append(TopK(ids[:], logits, n))
         return out
+
+    def check(self, first: int, n_logits: int) -> None:
+        """That the chain ran on the last decode's rows from batch index ``first`` (read
+        elsewhere, ``read_block``)."""
+        self._addresses(first)
+        if self.warped is None and (self.k, n_logits) != (1, 1):
+            self._count(first)
+
+    def _addresses(self, first: int) -> tuple[int, int]:
+        """Where the rows' candidates and logits from batch index ``first`` are: none (null)
+        where the chain did not run on them."""
+        assert _candidates_at is not None and _logits_at is not None, "backend sampling bound"
+        at_ids, at_logits = _candidates_at(self._ctx, first), _logits_at(self._ctx, first)
+        if not at_ids or not at_logits:
+            raise BackendError(f"llama.cpp's backend sampling gave no rows for {self.name}")
+        return at_ids, at_logits
+
+    def _count(self, first: int) -> None:
+        if llama_cpp.llama_get_sampled_candidates_count_ith(self._ctx, first) != self.k:
+            raise BackendError(f"llama.cpp's backend sampling gave no rows for {self.name}")
 
     def close(self) -> None:
         """Free the chain; the context that held it is freed first (or detaches it here)."""

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
-from specgen.core.sampling import FEW, Coins, Dist, sample
+from specgen.core.sampling import FEW, Coins, Dist, SamplingParams, TopK, sample, warp_block
 from specgen.core.speculative import Verdict, verify_greedy
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -140,6 +141,82 @@ def verify_gumbel(
     the first guess's); the token that follows is the target's pick where the guesses end.
     ``p(i)`` is called lazily, in order, as ``verify``'s."""
     return verify_greedy(guesses, lambda i: gumbel_pick(p(i), seed, position + i))
+
+
+# The fewest rows a decode's verifies under one warp are picked together (``pick_block``):
+# below, each sequence's rule picks as it reads its rows, one at a time, for less (measured on
+# the demo pair: one sequence's 9 rows took as long or longer together).
+PICK_TOGETHER_ROWS = 16
+
+
+@dataclass(frozen=True)
+class Picking:
+    """How a verify pass's rows are picked under the Gumbel-max rule: warped with ``params``,
+    raced with the noise of ``seed`` from ``position`` on (its first row's token's). A decode
+    handed one may come back with its rows' picks (``PickedRows``), computed together with the
+    other sequences' of its pass."""
+
+    params: SamplingParams
+    seed: int
+    position: int
+
+
+class PickedRows(list[TopK]):
+    """A decode's top-k rows and the Gumbel-max pick of each under ``picking``, computed with
+    the other sequences' rows of its pass (``pick_block``)."""
+
+    def __init__(self, rows: list[TopK], picking: Picking, picks: list[int]) -> None:
+        super().__init__(rows)
+        self.picking, self.picks = picking, picks
+
+
+def pick_block(
+    ids: np.ndarray,
+    logits: np.ndarray,
+    params: SamplingParams,
+    asked: Sequence[tuple[Picking, int]],
+) -> list[list[int]]:
+    """The picks of several requests' rows at once: ``ids`` and ``logits`` hold their rows
+    one after another (top-k rows, as many candidates each), ``asked`` each request's
+    ``Picking`` and its count of rows. Each row's pick is ``gumbel_pick(warp(row, params),
+    seed, position)``'s, up to a float at a near tie: one pass of array operations over all
+    the rows (``warp_block``, then the race), where a row at a time in Python costs every row
+    again."""
+    seeds = np.array([p.seed for p, n in asked for _ in range(n)], dtype=np.uint64)
+    positions = np.array([p.position + i for p, n in asked for i in range(n)], dtype=np.uint64)
+    ranked, weights = warp_block(ids, logits, params)
+    picks = race_block(ranked, weights, seeds, positions).tolist()
+    out, at = [], 0
+    for _, n in asked:
+        out.append(picks[at : at + n])
+        at += n
+    return out
+
+
+def pick_together(requests: Sequence[tuple[list[TopK], Picking]]) -> list[PickedRows]:
+    """``pick_block`` of requests' ``TopK`` rows (as many candidates each, one warp)."""
+    rows = [row for got, _ in requests for row in got]
+    ids = np.array([row.lists()[0] for row in rows], dtype=np.int64)
+    logits = np.array([row.lists()[1] for row in rows], dtype=np.float64)
+    asked = [(picking, len(got)) for got, picking in requests]
+    picks = pick_block(ids, logits, requests[0][1].params, asked)
+    return [
+        PickedRows(got, picking, got_picks)
+        for (got, picking), got_picks in zip(requests, picks, strict=True)
+    ]
+
+
+def race_block(
+    ids: np.ndarray, weights: np.ndarray, seeds: np.ndarray, positions: np.ndarray
+) -> np.ndarray:
+    """Each row's argmax_x weight(x) / E_t(x) (``gumbel_pick``'s race, weights proportional
+    to p, 0 outside the support) with its own noise key (``seeds``, ``positions``: uint64)."""
+    keys = _mix((seeds * np.uint64(2) + np.uint64(1)) * _GOLDEN)
+    keys = _mix(keys ^ (positions * _POSITION))
+    z = _mix(keys[:, None] + (ids.astype(np.uint64) + np.uint64(1)) * _GOLDEN)
+    noise = np.maximum(-np.log(((z >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-53), _LEAST)
+    best = np.argmax(weights / noise, axis=1)
+    return ids[np.arange(ids.shape[0]), best]
 
 
 def agreement(p: Dist, q: Dist) -> float:

@@ -423,6 +423,35 @@ def _warp_few(ids: list[int], values: list[float], params: SamplingParams) -> Di
     return Dist.of_weights([ids[i] for i in chosen], weights)
 
 
+def warp_block(
+    ids: np.ndarray, values: np.ndarray, params: SamplingParams
+) -> tuple[np.ndarray, np.ndarray]:
+    """Steps 1-4 of the warp on many rows of candidates at once (``ids`` and their logits
+    ``values``, one row each, e.g. a batch's top-k rows), as ``_warp_few`` warps each: the
+    rows' candidates sorted by logit (ties in their order) and their weights (proportional to
+    p, 0 past each row's support). One pass of array operations for all the rows, where a row
+    at a time in Python costs every row again (``core.coupling.pick_block``: the rows of all
+    the sequences of a verify pass)."""
+    order = np.argsort(-values, axis=1, kind="stable")
+    values = np.take_along_axis(values.astype(np.float64), order, axis=1)
+    ids = np.take_along_axis(ids, order, axis=1)
+    count = values.shape[1]
+    kept = np.full(values.shape[0], min(count, params.top_k) if params.top_k > 0 else count)
+    top = values[:, :1]
+    # 2. top-p on the untempered distribution: the smallest prefix whose mass reaches top_p.
+    if params.top_p < 1.0:
+        cumulative = np.cumsum(np.exp(values[:, : kept[0]] - top), axis=1)
+        reach = np.count_nonzero(cumulative / cumulative[:, -1:] < params.top_p, axis=1)
+        kept = np.minimum(kept, reach + 1)
+    # 3. min-p: logit >= max + ln(min_p), a prefix too.
+    if params.min_p > 0.0:
+        kept = np.minimum(kept, np.count_nonzero(values >= top + math.log(params.min_p), axis=1))
+    # 4. Temperature: the weights, unnormalized as ``_warp_few``'s.
+    weights = np.exp((values - top) / params.temperature)
+    weights[np.arange(count) >= kept[:, None]] = 0.0
+    return ids, weights
+
+
 def _warp_one(ids: np.ndarray, values: np.ndarray, params: SamplingParams) -> Dist:
     """Steps 1-4 of the warp on more candidates than ``FEW`` (a large top-k, a grammar's
     allowed tokens), in array operations: ``_warp_few``'s steps."""

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from specgen.core.constraint import Constraint
-from specgen.core.coupling import Draws
+from specgen.core.coupling import Draws, Picking
 from specgen.core.penalties import Penalties
 from specgen.core.sampling import Dist, Rows, SamplingParams
 from specgen.structured.grammar import LogitBias
@@ -41,8 +41,10 @@ class Model(Protocol):
     def rollback_anywhere(self) -> bool:
         """Whether the cache can be cut at any earlier position (attention models' can)."""
 
-    def decode(self, tokens: list[int], n_logits: int = 1) -> Rows:
-        """Append ``tokens``; the last ``n_logits`` rows, whole or as their top-k (below)."""
+    def decode(self, tokens: list[int], n_logits: int = 1, picking: Picking | None = None) -> Rows:
+        """Append ``tokens``; the last ``n_logits`` rows, whole or as their top-k (below).
+        ``picking``: the rows may come with their Gumbel-max picks (``PickedRows``), computed
+        with other sequences' where a scheduler decodes several together."""
 
     def sample_top_k(self, k: int, warped: SamplingParams | None = None) -> int:
         """Rows from the next decode on: their ``k`` likeliest tokens (``TopK``), or whole (0);

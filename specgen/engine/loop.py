@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from specgen.core.constraint import Constraint, shaped
-from specgen.core.coupling import Draws, Keyed, draw
+from specgen.core.coupling import Draws, Keyed, Picking, draw
 from specgen.core.lookahead import DEFAULT_LOOKAHEAD, Lookahead, effective_lookahead
 from specgen.core.penalties import Penalties, penalties_of
 from specgen.core.sampling import (
@@ -233,6 +233,14 @@ class _Generation:
             return Keyed(self.stats.seed, len(self.tokens) - self.n_prompt)
         return self.rng
 
+    def picking(self, draws: Draws) -> Picking | None:
+        """How a verify pass's rows may be picked with the other sequences' of its pass
+        (``PickedRows``): under the Gumbel-max rule, where nothing but the warp shapes a row."""
+        plain = self.constraint is None and self.bias is None and self.penalties is None
+        if isinstance(draws, Keyed) and plain:
+            return Picking(self.sampling, draws.seed, draws.position)
+        return None
+
     # -- 1. the prompt ---------------------------------------------------------------------
     def prompt_pass(self, reuse_prefix: bool) -> Generator[Event, None, None]:
         """One target pass over all of the prompt gives the first token at once; a draft model
@@ -335,14 +343,15 @@ class _Generation:
         self.engine._clean = False
         base = target.n_past
         target.keep_rollback_point(len(guesses))
-        rows = target.decode([self.tokens[-1], *guesses], len(guesses) + 1)
+        draws = self.draws()
+        rows = target.decode([self.tokens[-1], *guesses], len(guesses) + 1, self.picking(draws))
         top = self.config.logprobs
         read: list[Row] | None = [] if top is not None else None
         verdict = verdict_on(
             proposal,
             rows,
             self.sampling,
-            self.draws(),
+            draws,
             self.constraint,
             self.bias,
             read,

@@ -7,7 +7,9 @@ request here (``Context.gather``) and the generation parks; once every live gene
 parked, ``Streams`` decodes what they asked of one context in ONE batch and resumes them with
 their rows. So each cycle the draft model decodes every drafting sequence's guess in one batch
 per step, then one target pass verifies every sequence's ``[last, guesses]``; each sequence keeps
-what its own accept rule keeps and rolls its own cache back. A draft context's requests go
+what its own accept rule keeps and rolls its own cache back. Under the Gumbel-max rule the
+verifies' rows come picked, all of a pass's in one block (``core.coupling.PickedRows``), and
+each sequence's rule compares its guesses with them. A draft context's requests go
 first: a sequence that finished drafting waits for the others' drafts, and all verify in one
 pass. A long prompt is cut into chunks of ``prompt_chunk`` tokens, one per pass, so a request
 that joins does not stall the streams already running; a pass holds at most ``n_batch`` tokens.
@@ -28,6 +30,7 @@ from typing import Any, Protocol, cast
 import numpy as np
 from greenlet import GreenletExit, getcurrent, greenlet
 
+from specgen.core.coupling import PickedRows, Picking
 from specgen.core.sampling import Rows
 from specgen.lookahead import BatchLoad
 from specgen.lookahead.batch import FIRST_STEP_TOKENS
@@ -45,8 +48,10 @@ TOO_LARGE_WAIT = 20.0  # seconds of passes before a cache too large to compact i
 _NO_ROWS: Rows = np.empty((0, 0), dtype=np.float32)
 
 
-# Given a sequence (a model), its tokens and the rows it wants, those rows once decoded.
-Gather = Callable[[Any, list[int], int], Rows]
+# Given a sequence (a model), its tokens, the rows it wants and how they may be picked, those
+# rows once decoded.
+Gather = Callable[[Any, list[int], int, Picking | None], Rows]
+Item = tuple[Any, list[int], int]  # a sequence, its tokens, the rows it wants
 
 
 class Context(Protocol):
@@ -57,8 +62,12 @@ class Context(Protocol):
     def gather(self, gather: Gather | None) -> None:
         """Every sequence's decode goes to ``gather`` from now on (None: at once)."""
 
-    def decode_together(self, items: Sequence[tuple[Any, list[int], int]]) -> list[Rows]:
-        """One batch: each item's (sequence, tokens, rows wanted), at most ``n_batch`` tokens."""
+    def decode_together(
+        self, items: Sequence[Item], pickings: Sequence[Picking | None] | None = None
+    ) -> list[Rows]:
+        """One batch: each item's (sequence, tokens, rows wanted), at most ``n_batch`` tokens;
+        ``pickings``, each item's, where its rows may come with their picks (``PickedRows``),
+        computed for all of them at once."""
 
 
 class Compacting(Protocol):
@@ -88,6 +97,7 @@ class _Parked:
     sequence: Any
     tokens: list[int]
     n_logits: int
+    picking: Picking | None = None
 
 
 @dataclass
@@ -100,6 +110,7 @@ class BatchStats:
     sequences: dict[int, int] = field(default_factory=dict)  # sequences in a pass -> passes
     guesses: dict[int, int] = field(default_factory=dict)  # sequences in a pass -> guesses
     tokens: int = 0  # in the target's passes
+    picked: int = 0  # rows of the target's passes picked together (``PickedRows``)
     decode_seconds: float = 0.0
     host_seconds: float = 0.0
     compactions: int = 0  # of the contexts' caches (``Compacting``)
@@ -111,6 +122,7 @@ class BatchStats:
             "draft_passes": self.draft_passes,
             "sequences_per_pass": dict(sorted(self.sequences.items())),
             "tokens_per_pass": self.tokens / self.target_passes if self.target_passes else 0.0,
+            "rows_picked_together": self.picked,
             "host_ms_per_pass": 1e3 * self.host_seconds / max(1, self.target_passes),
             "compactions": self.compactions,
             "compact_ms": 1e3 * self.compact_seconds,
@@ -181,7 +193,9 @@ class Streams:
             compacting = self._compact(context)  # its own time, not the host's
             decoding = self.clock()
             self.stats.host_seconds += decoding - started - compacting
-            rows = context.decode_together([(p.sequence, p.tokens, p.n_logits) for p in batch])
+            items = [(p.sequence, p.tokens, p.n_logits) for p in batch]
+            pickings = [p.picking for p in batch]
+            rows = context.decode_together(items, pickings if any(pickings) else None)
         except Exception as err:  # the batch's tasks each see it where they decoded
             self._ready.extend((p.task, _Raise(err)) for p in batch)
             return True
@@ -190,6 +204,8 @@ class Streams:
         self.stats.decode_seconds += seconds
         self._layouts.setdefault(id(context), _Layout()).seconds += seconds
         self._count(context, batch, seconds, ended)
+        if context is self.target:
+            self.stats.picked += sum(len(r) for r in rows if isinstance(r, PickedRows))
         # Whole rows are views of the context's buffer, valid until its next decode: every
         # task reads its own before the next step decodes again.
         self._ready.extend((p.task, r) for p, r in zip(batch, rows, strict=True))
@@ -202,17 +218,21 @@ class Streams:
 
     # -- inside a task --------------------------------------------------------------------
     def _gatherer(self, context: Context) -> Gather:
-        def gather(sequence: Any, tokens: list[int], n_logits: int) -> Rows:
+        def gather(
+            sequence: Any, tokens: list[int], n_logits: int, picking: Picking | None = None
+        ) -> Rows:
             home = self._home
             if home is None or getcurrent() is home:
                 # Not in a task (loading, a test's own decode): decode it alone, at once.
-                return context.decode_together([(sequence, tokens, n_logits)])[0]
+                return context.decode_together([(sequence, tokens, n_logits)], [picking])[0]
             chunk = self.prompt_chunk
             rows = _NO_ROWS
             for start in range(0, len(tokens), chunk):
                 piece = tokens[start : start + chunk]
                 wanted = min(len(piece), max(0, n_logits - (len(tokens) - start - len(piece))))
-                self._parked.append(_Parked(getcurrent(), context, sequence, piece, wanted))
+                # A verify's [last, guesses] (one piece): its rows may be picked with others'.
+                at = picking if len(piece) == len(tokens) else None
+                self._parked.append(_Parked(getcurrent(), context, sequence, piece, wanted, at))
                 rows = self._park(home)
             return rows
 

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from specgen.core.constraint import Constraint, shaped
-from specgen.core.coupling import Draws, Keyed, verify_gumbel
+from specgen.core.coupling import Draws, Keyed, PickedRows, Picking, verify_gumbel
 from specgen.core.penalties import Penalties
 from specgen.core.sampling import Dist, Row, Rows, SamplingParams, best, warp
 from specgen.core.speculative import Verdict, verify, verify_greedy
@@ -42,6 +42,10 @@ def verdict_on(
         # Each row warped as reached: none past a rejection.
         p: Callable[[int], Dist] = lambda i: warp(rows[i], sampling)  # noqa: E731
         if isinstance(draws, Keyed):
+            if isinstance(rows, PickedRows) and rows.picking == Picking(
+                sampling, draws.seed, draws.position
+            ):  # picked with the pass's other sequences' rows (``core.coupling.pick_block``)
+                return verify_greedy(proposal.tokens, rows.picks.__getitem__)
             return verify_gumbel(proposal.tokens, p, draws.seed, draws.position)
         return verify(proposal.tokens, proposal.q, p, draws)
     # The bias first, then the penalties of the context and the guesses before the row, then

@@ -10,11 +10,12 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
+from specgen.core.coupling import Picking
 from specgen.core.sampling import Rows
 from specgen.drafters import BlockHead, Head, Model
-from specgen.engine.streams import Gather
+from specgen.engine.streams import Gather, Item
 from specgen.host import machine
 from specgen.models import compat
 from specgen.stats import Clock
@@ -38,7 +39,9 @@ class LoadedModel(Model, compat.VocabView, Protocol):
     def state_bytes(self) -> int: ...
     def sequence(self, seq: int) -> LoadedModel: ...
     def gather(self, gather: Gather | None) -> None: ...
-    def decode_together(self, items: Sequence[tuple[Any, list[int], int]]) -> list[Rows]: ...
+    def decode_together(
+        self, items: Sequence[Item], pickings: Sequence[Picking | None] | None = None
+    ) -> list[Rows]: ...
     def chat_template(self) -> str | None: ...
     def tokenize(
         self, text: str, add_special: bool = True, parse_special: bool = True

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from specgen.backend import LlamaModel, ModelOptions
+from specgen.core.coupling import PickedRows, Picking, gumbel_pick
 from specgen.core.sampling import SamplingParams, TopK, warp
 from specgen.drafters import ModelDrafter
 from specgen.engine import GenerationConfig, SpeculativeEngine
@@ -210,3 +211,49 @@ def test_a_warped_row_reads_the_same_support_sorted_or_not(monkeypatch: pytest.M
         assert row.dist is not None and want.dist is not None
         assert row.dist.lists() == want.dist.lists() == ([3, 7, 40], row.dist.lists()[1])
         assert warp(row, params).lists() == want.dist.lists()
+
+
+def test_a_pass_s_verifies_are_read_and_picked_in_one_block(tiny: dict[str, Path]) -> None:
+    """Sequences' verifies in one decode, each asking for its rows' Gumbel-max picks
+    (``Picking``), come back as ``PickedRows``: the rows that decode gives read row by row, and
+    each pick ``gumbel_pick(warp(row))``'s, though another sequence's rows (which asked
+    nothing) lie between theirs in llama.cpp's buffer. Too few rows are left to each rule."""
+    params = SamplingParams(0.9, 12, 0.9, 0.05)
+    options = ModelOptions(n_ctx=256, n_threads=1, backend_sampling=True, n_seq=4)
+    target = LlamaModel(tiny["target"], options)
+    sequences = [target.sequence(i) for i in range(4)]
+    for i, sequence in enumerate(sequences):
+        sequence.rows_on_device = True
+        assert sequence.sample_top_k(params.top_k) == params.top_k
+        sequence.decode(PROMPT[i:], 1)
+    items = [
+        (sequences[0], [5, 9, 14, 3, 77, 8, 2, 40, 11], 9),
+        (sequences[1], [21, 22, 23], 1),  # a prompt's chunk: no picks asked
+        (sequences[2], [6, 6, 30, 12, 9, 1, 4, 18, 19], 9),
+        (sequences[3], [7, 70, 13, 2, 50], 5),
+    ]
+    pickings = [Picking(params, 7, 100), None, Picking(params, 8, 3), Picking(params, 2**40, 0)]
+    starts = [s.n_past for s in sequences]
+
+    def again() -> None:
+        for sequence, start in zip(sequences, starts, strict=True):
+            sequence.rollback(start)
+
+    plain = target.decode_together(items)
+    again()
+    picked = target.decode_together(items, pickings)
+    assert not isinstance(picked[1], PickedRows)
+    for j in (0, 2, 3):
+        got, rows, picking = picked[j], plain[j], pickings[j]
+        assert isinstance(got, PickedRows) and got.picking == picking and picking is not None
+        assert isinstance(rows, list) and len(got) == len(rows) == items[j][2]
+        for a, b in zip(got, rows, strict=True):
+            assert a.lists() == b.lists()
+        assert got.picks == [
+            gumbel_pick(warp(row, params), picking.seed, picking.position + i)
+            for i, row in enumerate(rows)
+        ]
+    again()
+    few = target.decode_together(items[2:], [pickings[2], None])  # 9 rows < PICK_TOGETHER_ROWS
+    assert not any(isinstance(rows, PickedRows) for rows in few)
+    target.close()

@@ -11,8 +11,17 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from specgen.core.coupling import agreement, gumbel, gumbel_pick, uniforms, verify_gumbel
-from specgen.core.sampling import Dist, sample
+from specgen.core.coupling import (
+    Picking,
+    agreement,
+    gumbel,
+    gumbel_pick,
+    pick_together,
+    race_block,
+    uniforms,
+    verify_gumbel,
+)
+from specgen.core.sampling import Dist, SamplingParams, TopK, sample, warp
 from specgen.core.speculative import Verdict, accept_probability, residual
 
 V = 6
@@ -218,3 +227,63 @@ def test_a_pick_among_few_candidates_is_the_arrays_pick() -> None:
     # A probability that underflowed to 0 is never the pick.
     tiny = Dist(np.array([3, 9]), np.array([1.0, 0.0]))
     assert all(gumbel_pick(tiny, s, 0) == 3 for s in range(50))
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(0.8, 40, 0.95, 0.05),  # the defaults
+        SamplingParams(1.5, 8, 0.5, 0.0),  # top-p alone cuts
+        SamplingParams(0.3, 40, 1.0, 0.2),  # min-p alone cuts
+        SamplingParams(1.0, 100, 0.9, 0.01),  # more than FEW candidates: the arrays' warp
+    ],
+)
+def test_rows_picked_together_are_each_row_s_own_pick(params: SamplingParams) -> None:
+    """A verify pass's rows of several sequences, each with its own seed and positions, picked
+    in one pass over them all (``pick_together``, ``pick_block``), give each row's pick as the
+    rule reads it alone, ``gumbel_pick(warp(row))``: with ties among the logits (their order
+    decides which one a cut keeps) and rows whose support is one token."""
+    rng = np.random.default_rng(11)
+    k = params.top_k
+    for _ in range(40):
+        requests = []
+        for _ in range(int(rng.integers(1, 5))):
+            rows = []
+            for _ in range(int(rng.integers(1, 10))):
+                logits = (rng.standard_normal(k) * rng.choice([0.3, 2.0, 8.0])).astype(np.float32)
+                if rng.random() < 0.5:  # a tie, somewhere
+                    logits[rng.integers(k)] = logits[rng.integers(k)]
+                ids = rng.choice(262144, k, replace=False).astype(np.int32)
+                rows.append(TopK(ids.tolist(), logits.tolist(), 262144))
+            picking = Picking(params, int(rng.integers(2**32)), int(rng.integers(4096)))
+            requests.append((rows, picking))
+        for (rows, picking), picked in zip(requests, pick_together(requests), strict=True):
+            assert list(picked) == rows and picked.picking == picking
+            alone = [
+                gumbel_pick(warp(row, params), picking.seed, picking.position + i)
+                for i, row in enumerate(rows)
+            ]
+            assert picked.picks == alone
+
+
+def test_a_mutant_that_picks_together_from_the_unwarped_rows_fails() -> None:
+    """The test above can fail: the race run on the rows' softmax without the cuts (top-p,
+    min-p) picks a token outside the support, somewhere among many rows."""
+    rng = np.random.default_rng(3)
+    params = SamplingParams(0.8, 40, 0.95, 0.05)
+    rows = [
+        TopK(
+            rng.choice(262144, 40, replace=False).tolist(),
+            (rng.standard_normal(40) * 2.0).astype(np.float32).tolist(),
+            262144,
+        )
+        for _ in range(200)
+    ]
+    ids = np.array([row.lists()[0] for row in rows], dtype=np.int64)
+    values = np.array([row.lists()[1] for row in rows], dtype=np.float64)
+    weights = np.exp((values - values.max(axis=1, keepdims=True)) / params.temperature)
+    seeds = np.full(len(rows), 9, dtype=np.uint64)
+    positions = np.arange(len(rows), dtype=np.uint64)
+    mutant = race_block(ids, weights, seeds, positions).tolist()
+    alone = [gumbel_pick(warp(row, params), 9, i) for i, row in enumerate(rows)]
+    assert mutant != alone

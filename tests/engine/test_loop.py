@@ -7,6 +7,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from specgen.core.coupling import Picking
 from specgen.core.penalties import Penalties
 from specgen.core.sampling import SamplingParams, warp
 from specgen.drafters import ModelDrafter
@@ -373,11 +374,11 @@ def test_a_generation_broken_mid_cycle_is_not_reused() -> None:
     config = GenerationConfig(lookahead=4, sampling=GREEDY, max_tokens=40)
     decode, calls = target.decode, []
 
-    def failing(tokens: list[int], n_logits: int = 1):
+    def failing(tokens: list[int], n_logits: int = 1, picking: Picking | None = None):
         calls.append(1)
         if len(calls) == 4:
             raise KeyboardInterrupt  # Ctrl-C inside a verify pass
-        return decode(tokens, n_logits)
+        return decode(tokens, n_logits, picking)
 
     target.decode = failing
     with pytest.raises(KeyboardInterrupt):

@@ -124,11 +124,17 @@ def test_a_long_prompt_joins_in_chunks_beside_running_streams() -> None:
     assert max(sum(n for _, n, _ in b) for b in target.batches) <= target.n_batch
 
 
-@pytest.mark.parametrize("lookahead", [[1, 3, 6], [2, 0, 5]])
-def test_every_sequence_follows_the_target_distribution(lookahead: list[int]) -> None:
+@pytest.mark.parametrize(
+    ("lookahead", "top_k"),
+    [([1, 3, 6], 0), ([2, 0, 5], 0), ([6, 4, 6], 16)],
+    ids=["whole-rows", "one-alone", "picked-together"],
+)
+def test_every_sequence_follows_the_target_distribution(lookahead: list[int], top_k: int) -> None:
     """Chi-square per sequence on (x2, x3), three sequences in flight at different K each
-    generation, against the target's sum over x1 of p(x1) p(x2 | x1) p(x3 | x1 x2)."""
-    sampling = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
+    generation, against the target's sum over x1 of p(x1) p(x2 | x1) p(x3 | x1 x2). Rows whole,
+    or their top-k (all 16 tokens) from the backend, the verifies' rows then picked together
+    (``pick_together``: 19 rows a pass)."""
+    sampling = SamplingParams(temperature=1.0, top_k=top_k, top_p=1.0, min_p=0.0)
     prompts = [[1, 2, 3], [7, 7], [4, 0, 9, 2]]
     ref = FakeModel(sharpness=0.7)
 
@@ -160,6 +166,7 @@ def test_every_sequence_follows_the_target_distribution(lookahead: list[int]) ->
             counts[i][done.tokens[1], done.tokens[2]] += 1
     for i, prompt in enumerate(prompts):
         assert pooled_chisquare_pvalue(counts[i], joint(prompt) * n) > 1e-3, f"sequence {i}"
+    assert (streams.stats.picked > 0) == (top_k > 0)
 
 
 def test_a_mutant_that_shares_one_cache_fails_identity() -> None:
@@ -180,7 +187,8 @@ def test_a_mutant_that_shares_one_cache_fails_identity() -> None:
 
 def test_a_seed_gives_the_same_sampled_tokens_alone_and_in_a_batch() -> None:
     """Under the Gumbel-max rule (a seed given): six sequences at once, each at its own K, give
-    each prompt's tokens as the target alone gives them with the same seed."""
+    each prompt's tokens as the target alone gives them with the same seed, their verifies'
+    rows picked together (one pass over all of a pass's rows) where alone each picks its own."""
     sampling = SamplingParams(temperature=0.9, top_k=8, top_p=0.95, min_p=0.0)
     target, draft, engines, streams = _six()
     ks: list[object] = [1, 4, 8, "auto", 2, 0]
@@ -194,6 +202,7 @@ def test_a_seed_gives_the_same_sampled_tokens_alone_and_in_a_batch() -> None:
         assert together[i].tokens == alone.tokens, f"sequence {i}"
         assert together[i].finished.stats.coupling == "gumbel"
     assert max(len(b) for b in target.batches) > 1
+    assert streams.stats.picked > 100
 
 
 def test_every_batch_goes_in_its_sequences_order() -> None:
@@ -233,7 +242,9 @@ class _Scattering:
     def gather(self, gather: object) -> None:
         self.gatherer = gather
 
-    def decode_together(self, items: list[tuple[object, list[int], int]]) -> list[np.ndarray]:
+    def decode_together(
+        self, items: list[tuple[object, list[int], int]], pickings: object = None
+    ) -> list[np.ndarray]:
         self.clock.advance(1.0)
         self.freed += 2
         return [np.zeros((n, 4), dtype=np.float32) for _, _, n in items]

@@ -21,7 +21,7 @@ class _Context:
     def gather(self, gather: object) -> None:
         pass
 
-    def decode_together(self, items: Sequence[Any]) -> list[Any]:
+    def decode_together(self, items: Sequence[Any], pickings: object = None) -> list[Any]:
         raise AssertionError("nothing decodes here")
 
 
