@@ -11,7 +11,7 @@ scheduler is the baseline the issue's bound is read against (4 streams at most 1
 
     python benchmarks/streams_cost.py TARGET DRAFT [-s 1,2,4] [-k 0,4,8] [-n 64]
         [--temperatures 0,0.8] [--rows whole,backend] [--threads 2] [--rounds R]
-        [--profile FILE]
+        [--coupling auto|gumbel|residual] [--profile FILE]
 
 Beside the whole run's host ms a pass, its steady figure: the median over the run's target
 passes that held all of its streams, but its first two (the prompts' pass, the first cycle):
@@ -127,6 +127,8 @@ def run(target, draft, n: int, config: GenerationConfig) -> dict[str, float | No
         # includes the batch's filling and the rows' reading).
         "scheduler_ms_per_pass": 1e3 * stats.host_seconds / passes,
         "decode_ms_per_pass": 1e3 * stats.decode_seconds / max(1, stats.target_passes),
+        # Rows of the verifies picked in one pass over all of them (``PickedRows``).
+        "picked_rows_per_pass": stats.picked / passes,
         "tokens_per_second": made[0] / seconds,
         "passes": stats.target_passes,
     }
@@ -146,6 +148,13 @@ def main() -> None:
     parser.add_argument("--temperatures", default="0,0.8")
     parser.add_argument("--rows", default="whole,backend")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--coupling",
+        default="auto",
+        choices=["auto", "gumbel", "residual"],
+        help="the sampled rule (auto: Gumbel-max, a seed is given; residual: min(1, p/q), "
+        "as a request without a seed runs)",
+    )
     parser.add_argument("--rounds", type=int, default=1, help="runs of each count, alternated")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--profile", type=Path, help="write a cProfile of the runs here")
@@ -176,7 +185,11 @@ def main() -> None:
                     )
                 )
                 config = GenerationConfig(
-                    lookahead=k, sampling=sampling, max_tokens=args.max_tokens, seed=7
+                    lookahead=k,
+                    sampling=sampling,
+                    max_tokens=args.max_tokens,
+                    seed=7,
+                    coupling=args.coupling,
                 )
                 run(target, draft, 1, config)  # warm-up: graphs built
                 host: dict[int, list[float | None]] = {n: [] for n in counts}
@@ -199,7 +212,8 @@ def main() -> None:
                             f"{got['streams_per_pass']:.2f} streams a pass, scheduler's "
                             f"{got['scheduler_ms_per_pass']:5.2f})  decode "
                             f"{got['decode_ms_per_pass']:7.2f} ms/pass  compacting "
-                            f"{got['compact_ms_per_pass']:5.2f} ms/pass  "
+                            f"{got['compact_ms_per_pass']:5.2f} ms/pass  rows picked "
+                            f"together {got['picked_rows_per_pass']:4.1f} a pass  "
                             f"{got['tokens_per_second']:6.1f} tok/s",
                             flush=True,
                         )
