@@ -61,6 +61,23 @@ class FakeClock:
         self.now += seconds
 
 
+def _picked(items, rows: list, pickings) -> list:
+    """The items' rows, those that asked (``pickings``) picked together as the backend picks
+    them (``LlamaModel._picked``): by warp and k, where a group holds PICK_TOGETHER_ROWS."""
+    groups: dict[tuple[SamplingParams, int], list[int]] = {}
+    for j, picking in enumerate(pickings):
+        got = rows[j]
+        if picking is not None and isinstance(got, list) and got and items[j][0].warped is None:
+            groups.setdefault((picking.params, len(got[0])), []).append(j)
+    out = list(rows)
+    for members in groups.values():
+        if sum(len(rows[j]) for j in members) >= PICK_TOGETHER_ROWS:
+            picked = pick_together([(rows[j], pickings[j]) for j in members])
+            for j, got in zip(members, picked, strict=True):
+                out[j] = got
+    return out
+
+
 class FakeModel:
     def __init__(
         self,
@@ -135,18 +152,7 @@ class FakeModel:
         if self.wall_seconds:
             time.sleep(self.wall_seconds)
         rows = [m._append(t, n) for m, t, n in items]
-        asked = [
-            (j, rows[j], picking)
-            for j, picking in enumerate(pickings or [])
-            if picking is not None and isinstance(rows[j], list) and rows[j]
-            and items[j][0].warped is None
-        ]  # fmt: skip
-        params = {(picking.params, len(got[0])) for _, got, picking in asked}
-        if len(params) == 1 and sum(len(got) for _, got, _ in asked) >= PICK_TOGETHER_ROWS:
-            picked = pick_together([(got, picking) for _, got, picking in asked])
-            for (j, _, _), got in zip(asked, picked, strict=True):
-                rows[j] = got
-        return rows
+        return _picked(items, rows, pickings) if pickings else rows
 
     @property
     def n_past(self) -> int:
@@ -183,7 +189,10 @@ class FakeModel:
         self.clock.advance(self.call_seconds + self.token_seconds * len(tokens))
         if self.wall_seconds:
             time.sleep(self.wall_seconds)
-        return self._append(tokens, n_logits)
+        rows = self._append(tokens, n_logits)
+        return (
+            rows if picking is None else _picked([(self, tokens, n_logits)], [rows], [picking])[0]
+        )
 
     def _append(self, tokens: list[int], n_logits: int) -> np.ndarray | list[TopK]:
         assert self.n_past + len(tokens) <= self.n_ctx, "decode past the context"

@@ -358,12 +358,11 @@ class LlamaModel(Vocabulary):
         # where the lengths differ, a sequence's tokens may span ubatches, and its snapshots
         # then do not hold what a rollback needs (measured: a wrong state, not an error).
         even = len(items) == 1 or len({len(tokens) for _, tokens, _ in items}) == 1
-        picked = self._picked(items, firsts, pickings) if pickings is not None else {}
-        for j, ((model, tokens, n_logits), first, row) in enumerate(
-            zip(items, firsts, rows, strict=True)
-        ):
+        for (model, tokens, _), row in zip(items, rows, strict=True):
             model._decoded(tokens, row)
             model._even = even
+        picked = self._picked(items, firsts, pickings) if pickings is not None else {}
+        for j, ((model, _, n_logits), first) in enumerate(zip(items, firsts, strict=True)):
             out.append(picked[j] if j in picked else model._rows_from(first, n_logits))
         return out
 
@@ -390,9 +389,16 @@ class LlamaModel(Vocabulary):
         for (params, k), members in groups.items():
             if sum(items[j][2] for j in members) < PICK_TOGETHER_ROWS:
                 continue
-            for j in members:
-                items[j][0]._rows.check(firsts[j], items[j][2])
+            # Outputs are the flagged tokens in batch order, ``n_vocab`` apart (llama.cpp's
+            # output_reorder): where an item's rows lie elsewhere, each is read as before.
+            where = [items[j][0]._rows.check(firsts[j], items[j][2]) for j in members]
             base, last = starts[members[0]], members[-1]
+            row_bytes = 4 * self.n_vocab
+            if any(
+                a != where[0] + row_bytes * (starts[j] - base)
+                for a, j in zip(where, members, strict=True)
+            ):
+                continue
             span = starts[last] + items[last][2] - base
             ids, logits = read_block(self._ctx, firsts[members[0]], span, k, self.n_vocab)
             wanted = [r - base for j in members for r in range(starts[j], starts[j] + items[j][2])]

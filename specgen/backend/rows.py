@@ -163,12 +163,13 @@ class TopKRows:
                 out.append(TopK(ids[:], logits, n))
         return out
 
-    def check(self, first: int, n_logits: int) -> None:
+    def check(self, first: int, n_logits: int) -> int:
         """That the chain ran on the last decode's rows from batch index ``first`` (read
-        elsewhere, ``read_block``)."""
-        self._addresses(first)
+        elsewhere, ``read_block``); where their candidates are."""
+        at_ids, _ = self._addresses(first)
         if self.warped is None and (self.k, n_logits) != (1, 1):
             self._count(first)
+        return at_ids
 
     def _addresses(self, first: int) -> tuple[int, int]:
         """Where the rows' candidates and logits from batch index ``first`` are: none (null)

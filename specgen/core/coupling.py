@@ -182,8 +182,11 @@ def pick_block(
     seed, position)``'s, up to a float at a near tie: one pass of array operations over all
     the rows (``warp_block``, then the race), where a row at a time in Python costs every row
     again."""
-    seeds = np.array([p.seed for p, n in asked for _ in range(n)], dtype=np.uint64)
-    positions = np.array([p.position + i for p, n in asked for i in range(n)], dtype=np.uint64)
+    # The noise's integers are taken modulo 2^64, as ``_key``'s: any seed a caller passes.
+    seeds = np.array([p.seed & _MASK for p, n in asked for _ in range(n)], dtype=np.uint64)
+    positions = np.array(
+        [(p.position + i) & _MASK for p, n in asked for i in range(n)], dtype=np.uint64
+    )
     ranked, weights = warp_block(ids, logits, params)
     picks = race_block(ranked, weights, seeds, positions).tolist()
     out, at = [], 0

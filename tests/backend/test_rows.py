@@ -216,23 +216,35 @@ def test_a_warped_row_reads_the_same_support_sorted_or_not(monkeypatch: pytest.M
 def test_a_pass_s_verifies_are_read_and_picked_in_one_block(tiny: dict[str, Path]) -> None:
     """Sequences' verifies in one decode, each asking for its rows' Gumbel-max picks
     (``Picking``), come back as ``PickedRows``: the rows that decode gives read row by row, and
-    each pick ``gumbel_pick(warp(row))``'s, though another sequence's rows (which asked
-    nothing) lie between theirs in llama.cpp's buffer. Too few rows are left to each rule."""
-    params = SamplingParams(0.9, 12, 0.9, 0.05)
-    options = ModelOptions(n_ctx=256, n_threads=1, backend_sampling=True, n_seq=4)
+    each pick ``gumbel_pick(warp(row))``'s, in two blocks (two warps) whose rows lie among
+    other sequences' that asked nothing (a prompt's chunk first and last, a chunk that reads no
+    row between), a seed past 2^64 among them. Too few rows are left to each rule."""
+    warm, cold = SamplingParams(0.9, 12, 0.9, 0.05), SamplingParams(0.5, 12, 1.0, 0.1)
+    options = ModelOptions(n_ctx=256, n_threads=1, backend_sampling=True, n_seq=7)
     target = LlamaModel(tiny["target"], options)
-    sequences = [target.sequence(i) for i in range(4)]
+    sequences = [target.sequence(i) for i in range(7)]
     for i, sequence in enumerate(sequences):
         sequence.rows_on_device = True
-        assert sequence.sample_top_k(params.top_k) == params.top_k
+        assert sequence.sample_top_k(12) == 12
         sequence.decode(PROMPT[i:], 1)
     items = [
-        (sequences[0], [5, 9, 14, 3, 77, 8, 2, 40, 11], 9),
-        (sequences[1], [21, 22, 23], 1),  # a prompt's chunk: no picks asked
-        (sequences[2], [6, 6, 30, 12, 9, 1, 4, 18, 19], 9),
-        (sequences[3], [7, 70, 13, 2, 50], 5),
+        (sequences[0], [21, 22, 23], 1),  # a prompt's chunk: no picks asked
+        (sequences[1], [5, 9, 14, 3, 77, 8, 2, 40, 11], 9),
+        (sequences[2], [31, 32, 33, 34], 0),  # a chunk that reads no row
+        (sequences[3], [6, 6, 30, 12, 9, 1, 4, 18, 19], 9),
+        (sequences[4], [7, 70, 13, 2, 50, 61, 8], 7),
+        (sequences[5], [1, 2, 3, 4, 5, 6, 7, 8, 9], 9),
+        (sequences[6], [44, 45], 1),
     ]
-    pickings = [Picking(params, 7, 100), None, Picking(params, 8, 3), Picking(params, 2**40, 0)]
+    pickings = [
+        None,
+        Picking(warm, 7, 100),
+        None,
+        Picking(cold, 8, 3),
+        Picking(warm, 2**64 + 5, 0),
+        Picking(cold, 2**40, 17),
+        None,
+    ]
     starts = [s.n_past for s in sequences]
 
     def again() -> None:
@@ -242,18 +254,20 @@ def test_a_pass_s_verifies_are_read_and_picked_in_one_block(tiny: dict[str, Path
     plain = target.decode_together(items)
     again()
     picked = target.decode_together(items, pickings)
-    assert not isinstance(picked[1], PickedRows)
-    for j in (0, 2, 3):
-        got, rows, picking = picked[j], plain[j], pickings[j]
-        assert isinstance(got, PickedRows) and got.picking == picking and picking is not None
+    for j, picking in enumerate(pickings):
+        got, rows = picked[j], plain[j]
+        if picking is None:
+            assert not isinstance(got, PickedRows)
+            continue
+        assert isinstance(got, PickedRows) and got.picking == picking
         assert isinstance(rows, list) and len(got) == len(rows) == items[j][2]
         for a, b in zip(got, rows, strict=True):
             assert a.lists() == b.lists()
         assert got.picks == [
-            gumbel_pick(warp(row, params), picking.seed, picking.position + i)
+            gumbel_pick(warp(row, picking.params), picking.seed, picking.position + i)
             for i, row in enumerate(rows)
         ]
     again()
-    few = target.decode_together(items[2:], [pickings[2], None])  # 9 rows < PICK_TOGETHER_ROWS
+    few = target.decode_together(items[3:], pickings[3:4] + [None] * 3)  # 9 rows, fewer than 16
     assert not any(isinstance(rows, PickedRows) for rows in few)
     target.close()

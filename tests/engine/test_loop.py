@@ -392,8 +392,9 @@ def test_a_generation_broken_mid_cycle_is_not_reused() -> None:
 
 @pytest.mark.parametrize("drafter", ["model", "ngram"])
 def test_a_seed_gives_the_same_sampled_text_at_any_k(drafter: str) -> None:
-    """With a seed the tokens are the target alone's Gumbel-max sample: the same at K 1, 4, 8
-    and auto, from a draft model or prompt lookup; the min(1, p/q) rule's are not."""
+    """With a seed the tokens are the target alone's Gumbel-max sample: the same at K 1, 4, 8,
+    16 (its 17 rows picked in one block) and auto, from a draft model or prompt lookup; the
+    min(1, p/q) rule's are not."""
     from specgen.drafters import NgramDrafter
 
     sampling = SamplingParams(temperature=0.9, top_k=8, top_p=0.95, min_p=0.0)
@@ -410,7 +411,7 @@ def test_a_seed_gives_the_same_sampled_text_at_any_k(drafter: str) -> None:
             SpeculativeEngine(FakeModel()), GenerationConfig(0, sampling, 60, seed=seed), prompt
         )
         assert alone.finished.stats.coupling == "gumbel"
-        for k in (1, 4, 8, "auto"):
+        for k in (1, 4, 8, 16, "auto"):
             done = drive(engine(), GenerationConfig(k, sampling, 60, seed=seed), prompt)
             assert done.tokens == alone.tokens, (seed, k)
     # the min(1, p/q) rule spends its draws by how many guesses a cycle made

@@ -7,10 +7,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specgen.core.sampling import SamplingParams, warp
-from specgen.drafters import ModelDrafter, NgramDrafter
+from specgen.core.coupling import Keyed, PickedRows, Picking, gumbel_pick
+from specgen.core.sampling import SamplingParams, TopK, warp
+from specgen.drafters import ModelDrafter, NgramDrafter, Proposal
 from specgen.engine import GenerationConfig, SpeculativeEngine
 from specgen.engine.streams import Streams
+from specgen.engine.verify import verdict_on
 from specgen.lookahead import BatchLoad, CostBook
 from tests.fakes import FakeClock, FakeModel, Generation, drive
 from tests.stats_helpers import pooled_chisquare_pvalue
@@ -323,3 +325,31 @@ def test_an_error_in_a_compaction_reaches_the_batch_s_tasks() -> None:
         streams.add(lambda seq=seq: task(seq))
     streams.run()
     assert sorted(seen) == ["0: the copy failed", "1: the copy failed"]
+
+
+def test_a_verify_reads_picks_only_made_for_its_own_rule_and_place() -> None:
+    """``verdict_on`` takes a block's picks (``PickedRows``) only where they were made with its
+    own warp, seed and first position; otherwise it picks the rows itself, as alone."""
+    params = SamplingParams(0.8, 8, 0.95, 0.05)
+    rng = np.random.default_rng(4)
+    rows = [
+        TopK(rng.choice(1000, 8, replace=False).tolist(), rng.standard_normal(8).tolist(), 1000)
+        for _ in range(4)
+    ]
+    guesses = [gumbel_pick(warp(row, params), 5, 40 + i) for i, row in enumerate(rows[:3])]
+    alone = verdict_on(Proposal(guesses, []), rows, params, Keyed(5, 40))
+    assert alone.n_accepted == 3  # the guesses are the picks: all kept
+    wrong = [(t + 1) % 1000 for t in guesses] + [0]  # picks no guess equals
+    for picking in (
+        Picking(params, 5, 41),
+        Picking(params, 6, 40),
+        Picking(SamplingParams(0.7, 8, 0.95, 0.05), 5, 40),
+    ):
+        verdict = verdict_on(
+            Proposal(guesses, []), PickedRows(rows, picking, wrong), params, Keyed(5, 40)
+        )
+        assert verdict == alone
+    taken = verdict_on(
+        Proposal(guesses, []), PickedRows(rows, Picking(params, 5, 40), wrong), params, Keyed(5, 40)
+    )
+    assert taken.n_accepted == 0 and taken.next_token == wrong[0]
