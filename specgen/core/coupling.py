@@ -59,11 +59,23 @@ def _key(seed: int, position: int) -> int:
     return _mix_int(key ^ ((position & _MASK) * _POSITION_INT & _MASK))
 
 
+def _keys(seeds: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """``_key`` of many (seed, position) at once, on uint64 arrays (a row's each)."""
+    keys = _mix((seeds * np.uint64(2) + np.uint64(1)) * _GOLDEN)
+    return _mix(keys ^ (positions * _POSITION))
+
+
 def uniforms(seed: int, position: int, ids: np.ndarray) -> np.ndarray:
     """U_t(x) in (0, 1) for each token id of ``ids``, a function of (seed, position, id) only:
     the same for a token whichever support it is read in."""
+    return _keyed_uniforms(np.uint64(_key(seed, position)), ids)
+
+
+def _keyed_uniforms(keys: np.ndarray | np.uint64, ids: np.ndarray) -> np.ndarray:
+    """``uniforms`` of ``ids`` under the noise's key (``_key``), or each row's (``_keys``, a
+    column)."""
     tokens = np.asarray(ids, dtype=np.uint64) + np.uint64(1)
-    z = _mix(np.uint64(_key(seed, position)) + tokens * _GOLDEN)
+    z = _mix(keys + tokens * _GOLDEN)
     return ((z >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-53
 
 
@@ -214,10 +226,7 @@ def race_block(
 ) -> np.ndarray:
     """Each row's argmax_x weight(x) / E_t(x) (``gumbel_pick``'s race, weights proportional
     to p, 0 outside the support) with its own noise key (``seeds``, ``positions``: uint64)."""
-    keys = _mix((seeds * np.uint64(2) + np.uint64(1)) * _GOLDEN)
-    keys = _mix(keys ^ (positions * _POSITION))
-    z = _mix(keys[:, None] + (ids.astype(np.uint64) + np.uint64(1)) * _GOLDEN)
-    noise = np.maximum(-np.log(((z >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-53), _LEAST)
+    noise = np.maximum(-np.log(_keyed_uniforms(_keys(seeds, positions)[:, None], ids)), _LEAST)
     best = np.argmax(weights / noise, axis=1)
     return ids[np.arange(ids.shape[0]), best]
 

@@ -195,11 +195,16 @@ def _uniforms_in_arrays(seed: int, position: int, ids: np.ndarray) -> np.ndarray
 
 
 def test_the_keys_python_integers_are_the_arrays_bits() -> None:
+    from specgen.core.coupling import _key, _keys
+
     ids = np.array([0, 1, 5, 49151, 262143])
     for seed in (0, 1, 7, 2**32 - 1, 2**40 + 5):
         for position in (0, 1, 5, 1000, 2**33):
             got, want = uniforms(seed, position, ids), _uniforms_in_arrays(seed, position, ids)
             np.testing.assert_array_equal(got, want)
+            # A block's keys, one a row, are the scalar key's bits too.
+            keys = _keys(np.array([seed], dtype=np.uint64), np.array([position], dtype=np.uint64))
+            assert int(keys[0]) == _key(seed, position)
 
 
 def test_a_pick_among_few_candidates_is_the_arrays_pick() -> None:
