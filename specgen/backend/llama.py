@@ -361,10 +361,37 @@ class LlamaModel(Vocabulary):
         for (model, tokens, _), row in zip(items, rows, strict=True):
             model._decoded(tokens, row)
             model._even = even
+        if pickings is None and len(items) > 1:
+            steps = self._step_rows(items, firsts)
+            if steps is not None:
+                return [[row] for row in steps]
         picked = self._picked(items, firsts, pickings) if pickings is not None else {}
         for j, ((model, _, n_logits), first) in enumerate(zip(items, firsts, strict=True)):
             out.append(picked[j] if j in picked else model._rows_from(first, n_logits))
         return out
+
+    def _step_rows(
+        self, items: Sequence[tuple[Any, list[int], int]], firsts: list[int]
+    ) -> list[TopK] | None:
+        """The rows of several sequences' draft steps, one row each from one warped chain,
+        read in one loop (None: the items are not such steps). Their outputs come in batch
+        order, ``n_vocab`` apart (llama.cpp's output_reorder): the first's and the last's
+        addresses are asked of llama.cpp, the others' are their places between. Asked of each,
+        as a single row is, they cost every stream two calls into llama.cpp a step."""
+        chain = items[0][0]._rows
+        if chain.warped is None:
+            return None
+        for model, _, n_logits in items:
+            rows = model._rows
+            if n_logits != 1 or rows.k != chain.k:
+                return None
+            if rows.warped is not chain.warped and rows.warped != chain.warped:
+                return None
+        at_ids, at_logits = chain._addresses(firsts[0])
+        span = 4 * self.n_vocab * (len(items) - 1)
+        if items[-1][0]._rows._addresses(firsts[-1]) != (at_ids + span, at_logits + span):
+            return None
+        return chain.read(at_ids, at_logits, len(items))
 
     def _picked(
         self,

@@ -137,14 +137,19 @@ class TopKRows:
         """The last decode's ``n_logits`` rows from batch index ``first`` (default: the last
         ``n_logits`` rows): llama.cpp keeps them a row of ``n_vocab`` apart, in output order,
         the first ``k`` of each filled (copies: the buffer is reused)."""
-        k, n = self.k, self.n_vocab
         first = -n_logits if first is None else first
         at_ids, at_logits = self._addresses(first)
+        if self.warped is None and (self.k, n_logits) != (1, 1):  # a greedy argmax: no check
+            self._count(first)
+        return self.read(at_ids, at_logits, n_logits)
+
+    def read(self, at_ids: int, at_logits: int, n_logits: int) -> list[TopK]:
+        """``n_logits`` rows of this chain's from the addresses of the first one's candidates
+        and logits (``_addresses``), each row ``n_vocab`` after the one before."""
+        k, n = self.k, self.n_vocab
         # Each row read as Python numbers: the host warps a top-k's few candidates in Python
         # (``core.sampling.TopK``), and a verify reads its rows only as far as it keeps guesses.
         warped = self.warped
-        if warped is None and (k, n_logits) != (1, 1):  # a greedy draft step's argmax: no check
-            self._count(first)
         id_row, logit_row = self._row_types
         out = []
         for i in range(n_logits):  # llama.cpp keeps a whole row's room for each output

@@ -271,3 +271,68 @@ def test_a_pass_s_verifies_are_read_and_picked_in_one_block(tiny: dict[str, Path
     few = target.decode_together(items[3:], pickings[3:4] + [None] * 3)  # 9 rows, fewer than 16
     assert not any(isinstance(rows, PickedRows) for rows in few)
     target.close()
+
+
+def test_draft_steps_of_several_sequences_are_read_in_one_loop(
+    tiny: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Several sequences' draft steps in one decode (a row each from one warped chain, a first
+    step reading a kept guess too) are read together, llama.cpp asked for the first and the
+    last row's addresses alone: every row the one each sequence reads on its own from the same
+    decode. Where the chains differ (another warp, a top-k alone) each is read on its own."""
+    from specgen.backend import llama as backend
+    from specgen.backend import rows as reader
+
+    warm, cold = SamplingParams(0.9, 12, 0.9, 0.05), SamplingParams(0.5, 12, 1.0, 0.1)
+    options = ModelOptions(n_ctx=256, n_threads=1, backend_sampling=True, n_seq=4)
+    draft = LlamaModel(tiny["draft"], options)
+    sequences = [draft.sequence(i) for i in range(4)]
+    for i, sequence in enumerate(sequences):
+        sequence.rows_on_device = True
+        assert sequence.sample_top_k(12, warm) == 12
+        sequence.decode(PROMPT[i:], 0)
+    starts = [s.n_past for s in sequences]
+    asked = [0]
+    addresses = reader.TopKRows._addresses
+
+    def counted(self: reader.TopKRows, first: int) -> tuple[int, int]:
+        asked[0] += 1
+        return addresses(self, first)
+
+    monkeypatch.setattr(reader.TopKRows, "_addresses", counted)
+    together = backend.LlamaModel._step_rows
+
+    def read(items: list[tuple[LlamaModel, list[int], int]], one_loop: bool) -> list[TopK]:
+        """The batch decoded, its rows read together or each on its own; rolled back."""
+        asked[0] = 0
+        monkeypatch.setattr(
+            backend.LlamaModel, "_step_rows", together if one_loop else lambda *_: None
+        )
+        rows = draft.decode_together(items)
+        for sequence, start in zip(sequences, starts, strict=True):
+            sequence.rollback(start)
+        assert [len(got) for got in rows] == [1] * len(items)
+        return [got[0] for got in rows]
+
+    def same(got: list[TopK], want: list[TopK]) -> None:
+        for row, other in zip(got, want, strict=True):
+            assert isinstance(row, TopK) and row.lists() == other.lists()
+            assert (row.dist is None) == (other.dist is None)
+            if row.dist is not None and other.dist is not None:  # a warped row's q
+                assert row.dist.lists() == other.dist.lists()
+
+    for steps in ([5], [9], [77], [3]), ([5], [9, 40], [77], [3]), ([5, 6], [9], [1, 77], [3, 4]):
+        items = [(s, list(t), 1) for s, t in zip(sequences, steps, strict=True)]
+        want = read(items, one_loop=False)
+        assert asked[0] == 4
+        same(read(items, one_loop=True), want)
+        assert asked[0] == 2, "the first and the last row's addresses, asked of llama.cpp"
+    # One chain unlike the others: each read on its own.
+    for way in (cold, None):
+        sequences[2].sample_top_k(12, way)
+        items = [(s, [t], 1) for s, t in zip(sequences, [5, 9, 77, 3], strict=True)]
+        want = read(items, one_loop=False)
+        same(read(items, one_loop=True), want)
+        assert asked[0] == 4
+        sequences[2].sample_top_k(12, warm)
+    draft.close()
