@@ -20,6 +20,11 @@ the cost of a cycle of the loop at that many streams, where the whole run's figu
 start and its end in it (streams that end at different passes, a last pass with no cycle after
 it), and how many streams its passes held on average.
 
+Beside the wall time, the host's CPU time: the main thread's CPU time less its share inside
+llama.cpp's decodes and compactions (it computes in them too), per target pass. The time the
+shared machine takes from this one (steal) and other processes' runs between decodes enter
+the wall time, not this: a ratio of CPU times is steadier from round to round.
+
 ``--rounds R`` runs every stream count R times, the counts' order flipped each round, and
 prints each count's host ms against the first count's paired by round (the geometric mean of
 the rounds' ratios and its 95% interval, as ``server_duel.py`` reads servers): one run's ratio
@@ -56,6 +61,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from paired import paired_ratio  # noqa: E402
 
+import specgen.backend.llama as backend_llama  # noqa: E402
 from specgen.backend import LlamaModel, ModelOptions, decode_seconds  # noqa: E402
 from specgen.core.sampling import DEFAULT_SAMPLING, SamplingParams  # noqa: E402
 from specgen.drafters import ModelDrafter  # noqa: E402
@@ -77,6 +83,28 @@ PROMPTS = [
     "Q: What is the speed of light?\nA:",
     "Write a short story about a lighthouse keeper.",
 ]
+
+
+# The main thread's CPU seconds inside llama.cpp's decodes and compactions (``_count_inside``).
+_INSIDE = [0.0]
+
+
+def _count_inside() -> None:
+    """Count the main thread's CPU time in llama.cpp's decodes and compactions: the host's CPU
+    time is the rest of it."""
+
+    def counted(call):  # type: ignore[no-untyped-def]
+        def inside(*args, **kwargs):  # type: ignore[no-untyped-def]
+            began = time.thread_time()
+            try:
+                return call(*args, **kwargs)
+            finally:
+                _INSIDE[0] += time.thread_time() - began
+
+        return inside
+
+    backend_llama.decode = counted(backend_llama.decode)
+    LlamaModel.compact = counted(LlamaModel.compact)
 
 
 def run(target, draft, n: int, config: GenerationConfig) -> dict[str, float | None]:
@@ -104,6 +132,7 @@ def run(target, draft, n: int, config: GenerationConfig) -> dict[str, float | No
         prompt = target.tokenize(PROMPTS[i % len(PROMPTS)])
         streams.add(lambda e=engine, p=prompt: work(e, p))
     started, busy = time.perf_counter(), decode_seconds()
+    cpu, inside = time.thread_time(), _INSIDE[0]
     # Each target pass's cycle: the wall time since the last one ended, less the decodes and
     # compactions in it (the host's own time, as the whole run's figure counts it).
     cycles: list[tuple[float, int]] = []  # (host seconds, sequences in the pass)
@@ -120,6 +149,7 @@ def run(target, draft, n: int, config: GenerationConfig) -> dict[str, float | No
             mark = (now, decoded, stats.compact_seconds, stats.target_passes)
     seconds = time.perf_counter() - started
     decoding = decode_seconds() - busy
+    host_cpu = (time.thread_time() - cpu) - (_INSIDE[0] - inside)
     streams.close()
     stats = streams.stats
     passes = max(1, stats.target_passes)
@@ -135,6 +165,8 @@ def run(target, draft, n: int, config: GenerationConfig) -> dict[str, float | No
         # (llama.cpp's copies, printed apart): the scheduler, every stream's loop and the
         # reading of rows, as loop_cost.py counts it.
         "host_ms_per_pass": 1e3 * (seconds - decoding - stats.compact_seconds) / passes,
+        # The main thread's CPU time outside llama.cpp's decodes and compactions.
+        "host_cpu_ms_per_pass": 1e3 * host_cpu / passes,
         "compact_ms_per_pass": 1e3 * stats.compact_seconds / passes,
         # The scheduler's own count: its steps less the whole of decode_together (which
         # includes the batch's filling and the rows' reading).
@@ -177,6 +209,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path)
     parser.add_argument("--profile", type=Path, help="write a cProfile of the runs here")
     args = parser.parse_args()
+    _count_inside()
     if args.tiny_pair:
         from tests.tiny_models import LlamaShape, write_llama
 
@@ -222,6 +255,7 @@ def main() -> None:
                 run(target, draft, 1, config)  # warm-up: graphs built
                 host: dict[int, list[float | None]] = {n: [] for n in counts}
                 steady: dict[int, list[float | None]] = {n: [] for n in counts}
+                host_cpu: dict[int, list[float | None]] = {n: [] for n in counts}
                 for round_ in range(args.rounds):
                     for n in counts if round_ % 2 == 0 else counts[::-1]:
                         if profile is not None:
@@ -231,11 +265,13 @@ def main() -> None:
                             profile.disable()
                         host[n].append(got["host_ms_per_pass"])
                         steady[n].append(got["steady_host_ms"])
+                        host_cpu[n].append(got["host_cpu_ms_per_pass"])
                         row = {"rows": way, "k": k, "temperature": temperature, "streams": n}
                         rows.append({**row, "round": round_, **got})
                         print(
                             f"{way:8} K={k} T={temperature:<3} streams={n}  host "
-                            f"{got['host_ms_per_pass']:6.2f} ms/pass (steady "
+                            f"{got['host_ms_per_pass']:6.2f} ms/pass (CPU "
+                            f"{got['host_cpu_ms_per_pass']:5.2f}, steady "
                             f"{_ms(got['steady_host_ms'])} over {got['steady_passes']}, "
                             f"{got['streams_per_pass']:.2f} streams a pass, scheduler's "
                             f"{got['scheduler_ms_per_pass']:5.2f})  decode "
@@ -247,7 +283,11 @@ def main() -> None:
                         )
                 if args.rounds > 1:
                     for n in counts[1:]:
-                        for label, got_ms in (("host ms", host), ("steady host ms", steady)):
+                        for label, got_ms in (
+                            ("host ms", host),
+                            ("steady host ms", steady),
+                            ("host CPU ms", host_cpu),
+                        ):
                             # The rounds where both counts had a figure.
                             pairs = [
                                 (a, b)
