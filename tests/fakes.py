@@ -63,7 +63,7 @@ class FakeClock:
 
 def _picked(items, rows: list, pickings) -> list:
     """The items' rows, those that asked (``pickings``) picked together as the backend picks
-    them (``LlamaModel._picked``): by warp and k, where a group holds PICK_TOGETHER_ROWS."""
+    them (``backend.rows.pick_verifies``): by warp and k, where a group holds PICK_TOGETHER_ROWS."""
     groups: dict[tuple[SamplingParams, int], list[int]] = {}
     for j, picking in enumerate(pickings):
         got = rows[j]

@@ -36,18 +36,18 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import llama_cpp
 import numpy as np
 
 from specgen.backend.ggml import supports_gpu_offload
 from specgen.backend.grammar import tokenizer_for
-from specgen.backend.rows import BACKEND_SAMPLING, TopKRows, read_block
+from specgen.backend.rows import BACKEND_SAMPLING, TopKRows, pick_verifies, read_steps
 from specgen.backend.runtime import decode, init_backend
 from specgen.backend.vocab import Vocabulary
-from specgen.core.coupling import PICK_TOGETHER_ROWS, PickedRows, Picking, pick_block
-from specgen.core.sampling import Rows, SamplingParams, TopK
+from specgen.core.coupling import PickedRows, Picking
+from specgen.core.sampling import Rows, SamplingParams
 from specgen.errors import BackendError, ContextFull
 from specgen.host.machine import default_threads
 
@@ -334,7 +334,8 @@ class LlamaModel(Vocabulary):
         sequence's cache, and its last ``n_logits`` rows (as ``decode`` gives them). The items
         hold at most ``n_batch`` tokens, one item a sequence. ``pickings``: each item's, where
         its top-k rows may come with their Gumbel-max picks (``PickedRows``), read and picked
-        with the other items' in one block (``_picked``)."""
+        with the other items' in one block (``rows.pick_verifies``); several draft steps' rows
+        are read in one loop (``rows.read_steps``)."""
         fill, i, firsts, rows = self._fill, 0, [], []
         assert sum(len(t) for _, t, _ in items) <= self.n_batch, "one batch at most"
         token_at, pos_at, seq_at, logits_at = fill.token, fill.pos, fill.seq, fill.logits
@@ -362,84 +363,17 @@ class LlamaModel(Vocabulary):
             model._decoded(tokens, row)
             model._even = even
         if pickings is None and len(items) > 1:
-            steps = self._step_rows(items, firsts)
+            chains, counts = [model._rows for model, _, _ in items], [n for _, _, n in items]
+            steps = read_steps(chains, counts, firsts)
             if steps is not None:
                 return [[row] for row in steps]
-        picked = self._picked(items, firsts, pickings) if pickings is not None else {}
+        picked: dict[int, PickedRows] = {}
+        if pickings is not None:
+            chains, counts = [model._rows for model, _, _ in items], [n for _, _, n in items]
+            picked = pick_verifies(self._ctx, chains, counts, firsts, pickings)
         for j, ((model, _, n_logits), first) in enumerate(zip(items, firsts, strict=True)):
             out.append(picked[j] if j in picked else model._rows_from(first, n_logits))
         return out
-
-    def _step_rows(
-        self, items: Sequence[tuple[Any, list[int], int]], firsts: list[int]
-    ) -> list[TopK] | None:
-        """The rows of several sequences' draft steps, one row each from one warped chain,
-        read in one loop (None: the items are not such steps). Their outputs come in batch
-        order, ``n_vocab`` apart (llama.cpp's output_reorder): the first's and the last's
-        addresses are asked of llama.cpp, the others' are their places between. Asked of each,
-        as a single row is, they cost every stream two calls into llama.cpp a step."""
-        chain = items[0][0]._rows
-        if chain.warped is None:
-            return None
-        for model, _, n_logits in items:
-            rows = model._rows
-            if n_logits != 1 or rows.k != chain.k:
-                return None
-            if rows.warped is not chain.warped and rows.warped != chain.warped:
-                return None
-        at_ids, at_logits = chain._addresses(firsts[0])
-        span = 4 * self.n_vocab * (len(items) - 1)
-        if items[-1][0]._rows._addresses(firsts[-1]) != (at_ids + span, at_logits + span):
-            return None
-        return chain.read(at_ids, at_logits, len(items))
-
-    def _picked(
-        self,
-        items: Sequence[tuple[Any, list[int], int]],
-        firsts: list[int],
-        pickings: Sequence[Picking | None],
-    ) -> dict[int, PickedRows]:
-        """The last decode's rows of the items that asked for their picks, by item: the rows
-        of one warp (and one k) read from llama.cpp's buffer as one block and picked in one
-        pass over them all (``core.coupling.pick_block``), where they are at least
-        PICK_TOGETHER_ROWS rows; a row at a time, each sequence's rule costs every row again
-        and the loop's host time would grow with the streams."""
-        groups: dict[tuple[SamplingParams, int], list[int]] = {}
-        starts, outputs = [], 0
-        for j, ((model, _, n_logits), picking) in enumerate(zip(items, pickings, strict=True)):
-            starts.append(outputs)  # its first output row: outputs come in batch order
-            outputs += n_logits
-            rows = model._rows
-            if picking is not None and n_logits and rows.k and rows.warped is None:
-                groups.setdefault((picking.params, rows.k), []).append(j)
-        picked: dict[int, PickedRows] = {}
-        for (params, k), members in groups.items():
-            if sum(items[j][2] for j in members) < PICK_TOGETHER_ROWS:
-                continue
-            # Outputs are the flagged tokens in batch order, ``n_vocab`` apart (llama.cpp's
-            # output_reorder): where an item's rows lie elsewhere, each is read as before.
-            where = [items[j][0]._rows.check(firsts[j], items[j][2]) for j in members]
-            base, last = starts[members[0]], members[-1]
-            row_bytes = 4 * self.n_vocab
-            if any(
-                a != where[0] + row_bytes * (starts[j] - base)
-                for a, j in zip(where, members, strict=True)
-            ):
-                continue
-            span = starts[last] + items[last][2] - base
-            ids, logits = read_block(self._ctx, firsts[members[0]], span, k, self.n_vocab)
-            wanted = [r - base for j in members for r in range(starts[j], starts[j] + items[j][2])]
-            if len(wanted) < span:  # other items' rows between: left out
-                ids, logits = ids[wanted], logits[wanted]
-            asked = [(cast(Picking, pickings[j]), items[j][2]) for j in members]
-            picks = pick_block(ids, logits, params, asked)
-            id_lists, logit_lists = ids.tolist(), logits.tolist()
-            rows = [TopK(i, v, self.n_vocab) for i, v in zip(id_lists, logit_lists, strict=True)]
-            at = 0
-            for j, (picking, n), got in zip(members, asked, picks, strict=True):
-                picked[j] = PickedRows(rows[at : at + n], picking, got)
-                at += n
-        return picked
 
     def _step(self, token: int, n_logits: int) -> Rows:
         """``decode_together`` of this sequence's one token alone, in fewer steps: after each

@@ -1,18 +1,21 @@
 """A decode's rows as their top-k, taken in llama.cpp's graph by its backend sampling.
 
 On a GPU the whole row never leaves the device: each output row's k likeliest tokens and their
-logits come back as ``core.sampling.TopK`` rows.
+logits come back as ``core.sampling.TopK`` rows. A sequence's rows are read by its ``TopKRows``;
+a batch of several sequences' draft steps in one loop (``read_steps``), and its verifies'
+Gumbel-max picks in one block (``pick_verifies``).
 """
 
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, cast
 
 import llama_cpp
 import numpy as np
 
+from specgen.core.coupling import PICK_TOGETHER_ROWS, PickedRows, Picking, pick_block
 from specgen.core.sampling import SamplingParams, TopK
 from specgen.errors import BackendError
 
@@ -194,3 +197,77 @@ class TopKRows:
         if self._chain is not None:
             llama_cpp.llama_sampler_free(self._chain)
             self._chain = None
+
+
+def read_steps(
+    chains: Sequence[TopKRows], counts: Sequence[int], firsts: Sequence[int]
+) -> list[TopK] | None:
+    """The rows of several sequences' draft steps in one decode (their ``chains``, the rows
+    each asked for, from which batch index): one row each from one warped chain, read in one
+    loop (None: the items are not such steps). Their outputs come in batch order, ``n_vocab``
+    apart (llama.cpp's output_reorder): the first's and the last's addresses are asked of
+    llama.cpp, the others' are their places between. Asked of each, as a single row is, they
+    cost every stream two calls into llama.cpp a step."""
+    chain = chains[0]
+    if chain.warped is None:
+        return None
+    for rows, n_logits in zip(chains, counts, strict=True):
+        if n_logits != 1 or rows.k != chain.k:
+            return None
+        if rows.warped is not chain.warped and rows.warped != chain.warped:
+            return None
+    at_ids, at_logits = chain._addresses(firsts[0])
+    span = 4 * chain.n_vocab * (len(chains) - 1)
+    if chains[-1]._addresses(firsts[-1]) != (at_ids + span, at_logits + span):
+        return None
+    return chain.read(at_ids, at_logits, len(chains))
+
+
+def pick_verifies(
+    ctx: llama_cpp.llama_context_p,
+    chains: Sequence[TopKRows],
+    counts: Sequence[int],
+    firsts: Sequence[int],
+    pickings: Sequence[Picking | None],
+) -> dict[int, PickedRows]:
+    """The last decode's rows of the items that asked for their picks (``pickings``), by item:
+    the rows of one warp (and one k) read from llama.cpp's buffer as one block and picked in
+    one pass over them all (``core.coupling.pick_block``), where they are at least
+    PICK_TOGETHER_ROWS rows; a row at a time, each sequence's rule costs every row again and
+    the loop's host time would grow with the streams. ``chains``, ``counts``, ``firsts``: each
+    item's rows, how many it asked for, from which batch index."""
+    groups: dict[tuple[SamplingParams, int], list[int]] = {}
+    starts, outputs = [], 0
+    for j, (rows, n_logits, picking) in enumerate(zip(chains, counts, pickings, strict=True)):
+        starts.append(outputs)  # its first output row: outputs come in batch order
+        outputs += n_logits
+        if picking is not None and n_logits and rows.k and rows.warped is None:
+            groups.setdefault((picking.params, rows.k), []).append(j)
+    picked: dict[int, PickedRows] = {}
+    for (params, k), members in groups.items():
+        if sum(counts[j] for j in members) < PICK_TOGETHER_ROWS:
+            continue
+        n_vocab = chains[members[0]].n_vocab
+        # Outputs are the flagged tokens in batch order, ``n_vocab`` apart (llama.cpp's
+        # output_reorder): where an item's rows lie elsewhere, each is read as before.
+        where = [chains[j].check(firsts[j], counts[j]) for j in members]
+        base, last = starts[members[0]], members[-1]
+        if any(
+            a != where[0] + 4 * n_vocab * (starts[j] - base)
+            for a, j in zip(where, members, strict=True)
+        ):
+            continue
+        span = starts[last] + counts[last] - base
+        ids, logits = read_block(ctx, firsts[members[0]], span, k, n_vocab)
+        wanted = [r - base for j in members for r in range(starts[j], starts[j] + counts[j])]
+        if len(wanted) < span:  # other items' rows between: left out
+            ids, logits = ids[wanted], logits[wanted]
+        asked = [(cast(Picking, pickings[j]), counts[j]) for j in members]
+        picks = pick_block(ids, logits, params, asked)
+        id_lists, logit_lists = ids.tolist(), logits.tolist()
+        read = [TopK(i, v, n_vocab) for i, v in zip(id_lists, logit_lists, strict=True)]
+        at = 0
+        for j, (picking, n), got in zip(members, asked, picks, strict=True):
+            picked[j] = PickedRows(read[at : at + n], picking, got)
+            at += n
+    return picked

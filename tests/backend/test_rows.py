@@ -300,14 +300,12 @@ def test_draft_steps_of_several_sequences_are_read_in_one_loop(
         return addresses(self, first)
 
     monkeypatch.setattr(reader.TopKRows, "_addresses", counted)
-    together = backend.LlamaModel._step_rows
+    together = backend.read_steps
 
     def read(items: list[tuple[LlamaModel, list[int], int]], one_loop: bool) -> list[TopK]:
         """The batch decoded, its rows read together or each on its own; rolled back."""
         asked[0] = 0
-        monkeypatch.setattr(
-            backend.LlamaModel, "_step_rows", together if one_loop else lambda *_: None
-        )
+        monkeypatch.setattr(backend, "read_steps", together if one_loop else lambda *_: None)
         rows = draft.decode_together(items)
         for sequence, start in zip(sequences, starts, strict=True):
             sequence.rollback(start)
