@@ -362,15 +362,13 @@ class LlamaModel(Vocabulary):
         for (model, tokens, _), row in zip(items, rows, strict=True):
             model._decoded(tokens, row)
             model._even = even
-        if pickings is None and len(items) > 1:
-            chains, counts = [model._rows for model, _, _ in items], [n for _, _, n in items]
-            steps = read_steps(chains, counts, firsts)
-            if steps is not None:
-                return [[row] for row in steps]
         picked: dict[int, PickedRows] = {}
-        if pickings is not None:
+        if pickings is not None or len(items) > 1:  # rows read together (``backend.rows``)
             chains, counts = [model._rows for model, _, _ in items], [n for _, _, n in items]
-            picked = pick_verifies(self._ctx, chains, counts, firsts, pickings)
+            if pickings is not None:
+                picked = pick_verifies(self._ctx, chains, counts, firsts, pickings)
+            elif (steps := read_steps(chains, counts, firsts)) is not None:
+                return [[row] for row in steps]
         for j, ((model, _, n_logits), first) in enumerate(zip(items, firsts, strict=True)):
             out.append(picked[j] if j in picked else model._rows_from(first, n_logits))
         return out

@@ -213,6 +213,20 @@ def test_a_warped_row_reads_the_same_support_sorted_or_not(monkeypatch: pytest.M
         assert warp(row, params).lists() == want.dist.lists()
 
 
+def several(
+    path: Path, n: int, warped: SamplingParams | None, n_logits: int
+) -> tuple[LlamaModel, list[LlamaModel]]:
+    """A context of ``n`` sequences, each reading its rows' top-12 from the backend (``warped``
+    by its chain where given), each having decoded a prompt of its own."""
+    model = LlamaModel(path, ModelOptions(n_ctx=256, n_threads=1, backend_sampling=True, n_seq=n))
+    sequences = [model.sequence(i) for i in range(n)]
+    for i, sequence in enumerate(sequences):
+        sequence.rows_on_device = True
+        assert sequence.sample_top_k(12, warped) == 12
+        sequence.decode(PROMPT[i:], n_logits)
+    return model, sequences
+
+
 def test_a_pass_s_verifies_are_read_and_picked_in_one_block(tiny: dict[str, Path]) -> None:
     """Sequences' verifies in one decode, each asking for its rows' Gumbel-max picks
     (``Picking``), come back as ``PickedRows``: the rows that decode gives read row by row, and
@@ -220,13 +234,7 @@ def test_a_pass_s_verifies_are_read_and_picked_in_one_block(tiny: dict[str, Path
     other sequences' that asked nothing (a prompt's chunk first and last, a chunk that reads no
     row between), a seed past 2^64 among them. Too few rows are left to each rule."""
     warm, cold = SamplingParams(0.9, 12, 0.9, 0.05), SamplingParams(0.5, 12, 1.0, 0.1)
-    options = ModelOptions(n_ctx=256, n_threads=1, backend_sampling=True, n_seq=7)
-    target = LlamaModel(tiny["target"], options)
-    sequences = [target.sequence(i) for i in range(7)]
-    for i, sequence in enumerate(sequences):
-        sequence.rows_on_device = True
-        assert sequence.sample_top_k(12) == 12
-        sequence.decode(PROMPT[i:], 1)
+    target, sequences = several(tiny["target"], 7, None, n_logits=1)
     items = [
         (sequences[0], [21, 22, 23], 1),  # a prompt's chunk: no picks asked
         (sequences[1], [5, 9, 14, 3, 77, 8, 2, 40, 11], 9),
@@ -284,13 +292,7 @@ def test_draft_steps_of_several_sequences_are_read_in_one_loop(
     from specgen.backend import rows as reader
 
     warm, cold = SamplingParams(0.9, 12, 0.9, 0.05), SamplingParams(0.5, 12, 1.0, 0.1)
-    options = ModelOptions(n_ctx=256, n_threads=1, backend_sampling=True, n_seq=4)
-    draft = LlamaModel(tiny["draft"], options)
-    sequences = [draft.sequence(i) for i in range(4)]
-    for i, sequence in enumerate(sequences):
-        sequence.rows_on_device = True
-        assert sequence.sample_top_k(12, warm) == 12
-        sequence.decode(PROMPT[i:], 0)
+    draft, sequences = several(tiny["draft"], 4, warm, n_logits=0)
     starts = [s.n_past for s in sequences]
     asked = [0]
     addresses = reader.TopKRows._addresses
