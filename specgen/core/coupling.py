@@ -98,13 +98,22 @@ def gumbel_pick(dist: Dist, seed: int, position: int) -> int:
     if len(dist) > FEW:
         scores = dist.probs / np.maximum(-np.log(uniforms(seed, position, dist.ids)), _LEAST)
         return int(dist.ids[int(np.argmax(scores))])
-    # A few candidates (a warped row's support): the same noise, in Python numbers.
+    # A few candidates (a warped row's support): the same noise, in Python numbers, inlined
+    # (``_race_noise``'s): a pick after each draft step costs its candidates' arithmetic alone.
     key = _key(seed, position)
+    mask, golden, mix1, mix2 = _MASK, _GOLDEN_INT, _MIX1_INT, _MIX2_INT
+    least, log = _LEAST, math.log
     held = dist.logits()
     if held is not None:  # softmax(v): the race in logarithms, v - log E (no exp a token)
         best, best_log = -1, -math.inf
         for token, v in zip(*held, strict=True):
-            score = v - math.log(_race_noise(key, token))
+            z = (key + (token + 1) * golden) & mask
+            z ^= z >> 30
+            z = (z * mix1) & mask
+            z ^= z >> 27
+            z = (z * mix2) & mask
+            noise = -log((((z ^ (z >> 31)) >> 11) + 0.5) * 2.0**-53)
+            score = v - log(noise if noise > least else least)
             if score > best_log:
                 best, best_log = token, score
         return best
