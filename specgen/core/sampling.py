@@ -240,8 +240,9 @@ class TopK:
     ``warped``: the backend ran the rest of the warp too, with these parameters (top-p, min-p
     and temperature in llama.cpp's sampler chain, ``final``): ``ids`` are then the support,
     ``logits`` its final logits and ``dist`` the distribution. A draft's rows may come so (its
-    q is whatever its guesses are drawn from); a target's never do, so p is the host's warp on
-    every build.
+    q is whatever its guesses are drawn from), and a target's under the min(1, p/q) rule (p
+    up to float rounding); under the Gumbel-max rule a target's p is the host's warp on every
+    build, so that a seed writes the same tokens whichever way rows are read.
 
     A row read from the backend holds Python lists (``of_lists``, ``final``) and makes the
     arrays only when they are read: the host warps a few candidates in Python numbers

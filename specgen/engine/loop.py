@@ -213,7 +213,10 @@ class _Generation:
         if self.drafter is not None:
             self.drafter.constrain(self.constraint, self.bias, self.penalties)
         # Rows whole where something reads the whole vocabulary, else their top-k (on the
-        # backend where the model can): the same p either way.
+        # backend where the model can). Under the Gumbel-max rule p is the host's warp of
+        # either (a seed writes the same tokens whichever way rows are read); under the
+        # min(1, p/q) rule the backend warps too, as a draft's q is warped (``TopK.warped``):
+        # the same distribution up to float rounding, and no warp a row on the host.
         whole = (
             self.constraint is not None
             or self.bias is not None
@@ -221,7 +224,8 @@ class _Generation:
             or config.logprobs is not None
         )
         stats.row_top_k = self.target.sample_top_k(
-            row_top_k(self.sampling, whole, self.target.rows_on_device)
+            row_top_k(self.sampling, whole, self.target.rows_on_device),
+            None if self.keyed or whole else self.sampling,
         )
         if engine.busy is not None:
             stats.host_seconds = 0.0

@@ -80,8 +80,9 @@ def test_guesses_from_backend_warped_rows_keep_the_target_distribution(
     tiny: dict[str, Path], coupling: str
 ) -> None:
     """Chi-square over fixed seeds on the first two tokens, the draft's q from its rows warped
-    in llama.cpp's chain, the target's p from its top-k warped on the host: their joint law
-    must be p(x1) p(x2 | x1), computed from the target's whole rows."""
+    in llama.cpp's chain, the target's p from its top-k warped on the host (the Gumbel-max
+    rule: a seed's tokens whichever way rows are read) or in its chain too (min(1, p/q)):
+    their joint law must be p(x1) p(x2 | x1), computed from the target's whole rows."""
     sampling = SamplingParams(temperature=1.0, top_k=12, top_p=0.9, min_p=0.02)
     target, draft = load(tiny["target"]), load(tiny["draft"])
     p1 = warp(target.decode(PROMPT, 1)[0].copy(), sampling)
@@ -97,6 +98,8 @@ def test_guesses_from_backend_warped_rows_keep_the_target_distribution(
     config = GenerationConfig(lookahead=2, sampling=sampling, seed=0, coupling=coupling)
     counts, rejected = first_two_tally(engine, config, PROMPT, ids, "model", n)
     assert draft._rows.warped == sampling, "the draft's rows were warped on the backend"
+    # The target's too, where no seed asks its p to be the host's warp of its rows.
+    assert target._rows.warped == (sampling if coupling == "residual" else None)
     assert n / 8 < rejected < n - n / 8, "guesses are kept and rejected: the residual is used"
     assert pooled_chisquare_pvalue(counts, expected * n) > 1e-3
     target.close()
