@@ -197,11 +197,13 @@ class AdaptiveLookahead:
             )
         expected = expected_tokens_by_position(rates)
         setup = self._setup_seconds(candidate)
+        seconds = self._cycle_seconds(limit, guess, measured, candidate.source)
+        others = self._others.tokens if self.load is not None else 0.0
         best_k, best_rate = 0, 0.0
         for k in range(1, limit + 1):
             # A first read the source needs, shared over the cycles the budget leaves.
             share = setup / max(1.0, budget / expected[k])
-            rate = self._rate(expected[k], k, guess, measured, candidate.source, share)
+            rate = (others + expected[k]) / max(seconds[k] + share, SHORTEST)
             if rate > best_rate:
                 best_k, best_rate = k, rate
         return best_k, best_rate
@@ -217,7 +219,7 @@ class AdaptiveLookahead:
         if not self.load.ready:
             return None
         self._others = self.load.others(self.slot, self.profile)
-        return self._rate(1.0, 0, 0.0, None)
+        return (self._others.tokens + 1.0) / max(self._cycle_seconds(0, 0.0, None)[0], SHORTEST)
 
     def _setup_seconds(self, candidate: Candidate) -> float:
         """In a batch, the seconds of the read a source needs before its first guess (every
@@ -234,36 +236,35 @@ class AdaptiveLookahead:
         step = self.profile.guess(candidate.source)
         return candidate.setup * step if step is not None else 0.0
 
-    def _rate(
-        self,
-        tokens: float,
-        k: int,
-        guess: float,
-        measured: int | None,
-        source: str | None = None,
-        setup: float = 0.0,
-    ) -> float:
-        """Tokens per second of a cycle that gives ``tokens`` from ``k`` guesses of ``source``
-        at ``guess`` seconds each (a pass no longer than ``measured`` where given), and
-        ``setup`` seconds of the source's first read; in a batch, the batch's, the others as
-        they were (``lookahead.batch``)."""
-        others = self._others if self.load is not None else Others()
-        n = others.verify_tokens + k + 1
-        verify = self.profile.verify(n if measured is None else min(n, measured))
-        assert verify is not None, "a pass was timed, so every length has an estimate"
-        own = draft_cost(source, k, guess)
-        # Heads draft one sequence after another; a draft model's steps for all at once.
-        draft = (
-            others.draft_seconds + own if source in HEAD_SOURCES else max(own, others.draft_seconds)
-        )
-        if self.load is not None:  # the draft model's steps as batched, where timed
-            model = k if source == "model" else 0
-            batched = self.load.draft_seconds(model, others.drafts)
+    def _cycle_seconds(
+        self, limit: int, guess: float, measured: int | None, source: str | None = None
+    ) -> list[float]:
+        """Seconds of a cycle where this sequence drafts k = 0..``limit`` guesses of ``source``
+        at ``guess`` seconds each (a pass no longer than ``measured`` where given), all but a
+        first read's; in a batch, the batch's, the others as they were (``lookahead.batch``).
+        Every K of a plan priced in one go: the curves are looked up once, not once a K."""
+        load = self.load
+        others = self._others if load is not None else Others()
+        curve = self.profile.verify_curve()
+        assert curve is not None, "a pass was timed, so every length has an estimate"
+        # The draft model's steps as batched, where timed; heads draft one sequence after
+        # another, a draft model's steps for all at once.
+        model = limit if source == "model" else 0
+        batched = load.draft_seconds_by_k(model, others.drafts) if load is not None else None
+        host = load.host_seconds() if load is not None else 0.0
+        out = []
+        for k in range(limit + 1):
+            n = others.verify_tokens + k + 1
+            verify = curve.at(n if measured is None else min(n, measured))
             if batched is not None:
-                draft = batched + draft_cost(source, k - model, guess)
-        draft += others.head_seconds
-        host = self.load.host_seconds() if self.load is not None else 0.0
-        return (others.tokens + tokens) / max(draft + setup + verify + host, SHORTEST)
+                mine = k if source == "model" else 0
+                draft = batched[mine] + draft_cost(source, k - mine, guess)
+            elif source in HEAD_SOURCES:
+                draft = others.draft_seconds + draft_cost(source, k, guess)
+            else:
+                draft = max(draft_cost(source, k, guess), others.draft_seconds)
+            out.append(draft + others.head_seconds + verify + host)
+        return out
 
     def _source_prior(self, source: str) -> float:
         """The source's pooled rate over all its keys (n-gram matches of every length)."""

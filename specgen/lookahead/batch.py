@@ -336,15 +336,34 @@ class BatchLoad:
         """Seconds of a cycle's draft-model steps where this sequence drafts ``k`` guesses and
         the others ``others``: a step per guess of the longest, each over the sequences still
         drafting (None until a draft pass was timed here)."""
+        by_k = self.draft_seconds_by_k(k, others)
+        return None if by_k is None else by_k[k]
+
+    def draft_seconds_by_k(self, limit: int, others: tuple[int, ...]) -> list[float] | None:
+        """``draft_seconds`` for every k from 0 to ``limit`` (a plan prices them all): each
+        step's pass priced once with this sequence's guess in it and once without."""
         fit = self._fitted_draft()
         if fit is None:
             return None
-        seconds = 0.0
-        for step in range(1, max(k, *others, 0) + 1):
-            drafting = sum(1 for n in others if n >= step) + (1 if k >= step else 0)
-            tokens = drafting * (FIRST_STEP_TOKENS if step == 1 else 1)
-            seconds += fit.at(tokens)
-        return seconds
+        longest = max(others, default=0)
+        with_mine, without = [], []  # step s + 1's pass
+        for step in range(1, max(limit, longest) + 1):
+            drafting = sum(1 for n in others if n >= step)
+            width = FIRST_STEP_TOKENS if step == 1 else 1
+            if step <= limit:
+                with_mine.append(fit.at((drafting + 1) * width))
+            without.append(fit.at(drafting * width) if drafting else 0.0)
+        # This sequence's k guesses put it in the first k steps; the others' run to the
+        # longest of theirs.
+        tail = [0.0] * (max(limit, longest) + 1)
+        for step in range(longest - 1, -1, -1):
+            tail[step] = tail[step + 1] + without[step]
+        by_k, mine = [], 0.0
+        for k in range(limit + 1):
+            by_k.append(mine + tail[k])
+            if k < limit:
+                mine += with_mine[k]
+        return by_k
 
     @property
     def ready(self) -> bool:

@@ -269,13 +269,19 @@ class PairProfile:
         would keep ``auto`` off that length, and off the ones below a cheaper-looking longer
         pass: nothing corrects a length ``auto`` never picks.
         """
+        fit = self.verify_curve()
+        return None if fit is None else fit.at(n)
+
+    def verify_curve(self) -> Fit | None:
+        """The curve ``verify`` reads (None until anything was seen): for a plan that prices
+        many lengths at once."""
         if not self.verify_by_n:
             return None
         if self._fit is None or refit_due(self._passes_since_fit, len(self.verify_by_n)):
             self._speed = None
             self._fit = self._fit_verify()
             self._passes_since_fit = 0
-        return self._fit.at(n)
+        return self._fit
 
     def _fit_verify(self) -> Fit:
         points = {m: self._verify_mean(timing) for m, timing in self.verify_by_n.items()}

@@ -167,6 +167,35 @@ def test_the_draft_steps_of_a_batch_are_priced_by_the_sequences_still_drafting()
     assert load.draft_seconds(0, ()) == 0.0
 
 
+def test_every_k_s_draft_steps_priced_at_once_are_each_k_s_steps() -> None:
+    """A plan prices every K in one go (``draft_seconds_by_k``): each the sum, step by step,
+    of the passes over the sequences still drafting, whatever the others drafted."""
+    import random
+
+    load = BatchLoad(CostBook())
+    for n, seconds in ((1, 0.010), (2, 0.013), (3, 0.017), (5, 0.022), (8, 0.040)):
+        for _ in range(3):
+            load.observe_draft(seconds, n, False, "model", 1)
+    fit = load._fitted_draft()
+    assert fit is not None
+
+    def by_steps(k: int, others: tuple[int, ...]) -> float:
+        total = 0.0
+        for step in range(1, max(k, *others, 0) + 1):
+            drafting = sum(1 for n in others if n >= step) + (1 if k >= step else 0)
+            total += fit.at(drafting * (2 if step == 1 else 1))
+        return total
+
+    rng = random.Random(5)
+    for _ in range(200):
+        others = tuple(rng.randrange(0, 12) for _ in range(rng.randrange(0, 4)))
+        others = tuple(n for n in others if n)
+        limit = rng.randrange(0, 20)
+        got = load.draft_seconds_by_k(limit, others)
+        assert got is not None and len(got) == limit + 1
+        assert got == pytest.approx([by_steps(k, others) for k in range(limit + 1)], rel=1e-12)
+
+
 def test_a_step_for_several_sequences_is_not_one_guess_s_cost() -> None:
     """The profile's cost of a guess is one sequence's step: a single stream, and the next
     process, price the draft model by it. A batched step over eight costs several of one, and
