@@ -216,7 +216,7 @@ class _Generation:
         # backend where the model can). Under the Gumbel-max rule p is the host's warp of
         # either (a seed writes the same tokens whichever way rows are read); under the
         # min(1, p/q) rule the backend warps too, as a draft's q is warped (``TopK.warped``):
-        # the same distribution up to float rounding, and no warp a row on the host.
+        # the same distribution up to float rounding, and no row warped on the host.
         whole = (
             self.constraint is not None
             or self.bias is not None
