@@ -146,7 +146,7 @@ class AdaptiveLookahead:
 
     def _timed(self, source: str) -> bool:
         """Whether a guess of ``source`` has a cost to trust: its own, or in a batch that timed
-        the draft model's batched steps, theirs (``BatchLoad.draft_seconds`` prices it)."""
+        the draft model's batched steps, theirs (``BatchLoad.draft_seconds_by_k`` prices it)."""
         if self.profile.guess_timed(source):
             return True
         return source == "model" and self.load is not None and self.load.draft_timed()

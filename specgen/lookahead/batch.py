@@ -332,16 +332,12 @@ class BatchLoad:
                 self._draft_passes_since_fit = 0
         return self._draft_fit
 
-    def draft_seconds(self, k: int, others: tuple[int, ...]) -> float | None:
-        """Seconds of a cycle's draft-model steps where this sequence drafts ``k`` guesses and
-        the others ``others``: a step per guess of the longest, each over the sequences still
-        drafting (None until a draft pass was timed here)."""
-        by_k = self.draft_seconds_by_k(k, others)
-        return None if by_k is None else by_k[k]
-
     def draft_seconds_by_k(self, limit: int, others: tuple[int, ...]) -> list[float] | None:
-        """``draft_seconds`` for every k from 0 to ``limit`` (a plan prices them all): each
-        step's pass priced once with this sequence's guess in it and once without."""
+        """Seconds of a cycle's draft-model steps where this sequence drafts k guesses and the
+        others ``others``, for every k from 0 to ``limit`` (a plan prices them all): a step per
+        guess of the longest, each over the sequences still drafting, each step's pass priced
+        once with this sequence's guess in it and once without (None until a draft pass was
+        timed here)."""
         fit = self._fitted_draft()
         if fit is None:
             return None
@@ -494,7 +490,7 @@ class BatchLoad:
 
     def draft_timed(self) -> bool:
         """Whether this batch timed the draft model's steps (twice: the first runs cold), so
-        that its guesses are priced by the batched steps (``draft_seconds``) without a single
+        that its guesses are priced by the batched steps (``draft_seconds_by_k``) without a single
         sequence's guess ever timed."""
         return self.draft_steps >= 2
 

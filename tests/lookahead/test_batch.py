@@ -157,14 +157,15 @@ def test_the_draft_steps_of_a_batch_are_priced_by_the_sequences_still_drafting()
     """A cycle's draft seconds: a step per guess of the longest drafter, each over the
     sequences still drafting, the first step reading two tokens of each."""
     load = BatchLoad(CostBook())
-    assert load.draft_seconds(3, ()) is None  # nothing timed yet
+    assert load.draft_seconds_by_k(3, ()) is None  # nothing timed yet
     for n in (1, 2, 3, 4, 6, 8):
         for _ in range(3):
             load.observe_draft(0.01 * n, n, False, "model", 1)
     # This sequence 3 guesses, the others 1 and 4: steps over (2+2+2), (2), (2), (1) sequences.
-    seconds = load.draft_seconds(3, (1, 4))
-    assert seconds == pytest.approx(0.06 + 0.02 + 0.02 + 0.01)
-    assert load.draft_seconds(0, ()) == 0.0
+    seconds = load.draft_seconds_by_k(3, (1, 4))
+    assert seconds is not None
+    assert seconds[3] == pytest.approx(0.06 + 0.02 + 0.02 + 0.01)
+    assert load.draft_seconds_by_k(0, ()) == [0.0]
 
 
 def test_every_k_s_draft_steps_priced_at_once_are_each_k_s_steps() -> None:
