@@ -40,6 +40,11 @@ guesses is (a draft that must catch up on what it missed, a slow quantized draft
 a source that costs (a draft model, a head) drafted are measured the same way against the
 others (plain, or prompt lookup's free guesses alone): where they measured slower, only free
 guesses are made at that size (retried alike), and a draft's read must pay by that measure.
+These rates are kept apart by mode (greedy guesses survive far more often than sampled ones)
+and outlive the process (``PairProfile.batch_rates``, in the costs file): a server started
+again begins each size and mode from the last verdict, weighed as one cycle, and retries it as
+the last process would have, instead of paying again to learn it (on a CPU a fresh server's
+first cycles of a draft model's guesses at each size cost several percent of a short run).
 
 A batch that nothing will join (``closed``: the last prompts of a file) takes as long as its
 longest sequence: there a sequence ahead of another plans no guesses while, going plainly, it
@@ -136,6 +141,31 @@ class _Measured:
         ``plain`` tokens per second would have taken for its tokens."""
         return self.run_seconds - self.run_tokens / plain if plain > 0 else 0.0
 
+    @property
+    def trusted(self) -> bool:
+        """Whether both kinds of cycle were measured often enough to trust."""
+        return min(self.guessed.cycles, self.plain.cycles) >= TRUST_AFTER
+
+    def verdict(self) -> tuple[float, float, float] | None:
+        """What a later process starts from (``remembered``): tokens a second with the kind of
+        guess and without it, and the seconds its last run lost (None: not trusted yet)."""
+        if not self.trusted:
+            return None
+        plain = self.plain.rate
+        return self.guessed.rate, plain, max(0.0, self.lost(plain))
+
+    @classmethod
+    def remembered(cls, verdict: tuple[float, float, float], size: int) -> _Measured:
+        """Rates an earlier process measured at a batch of ``size``, trusted at once but
+        weighing one cycle each (of a token a sequence), so that this process's own soon
+        outweigh them; a retry of a kind that lost waits as one after that last run would."""
+        with_it, without, lost = verdict
+        measured = cls(run_seconds=lost)
+        for rate, into in ((with_it, measured.guessed), (without, measured.plain)):
+            seconds = size / max(rate, 1e-9)
+            into.tokens, into.seconds, into.cycles = rate * seconds, seconds, TRUST_AFTER
+        return measured
+
 
 @dataclass
 class _Cycle:
@@ -144,6 +174,7 @@ class _Cycle:
 
     seconds: float
     size: int
+    mode: bool | None  # the sequences' (greedy or sampled; None: both)
     tokens: float = 0.0
     guessed: bool = False
     drafted: bool = False  # a source that costs (a draft model, a head) guessed in it
@@ -183,10 +214,13 @@ class BatchLoad:
     target_passes: int = 0
     # The draft context's passes, seconds by tokens in them (every sequence's, batched).
     draft_by_n: dict[int, Timing] = field(default_factory=dict)
-    measured: dict[int, _Measured] = field(default_factory=dict)  # by batch size
-    # By batch size too: cycles where a source that costs drafted, against the others (plain,
-    # or free guesses alone).
-    drafting: dict[int, _Measured] = field(default_factory=dict)
+    # By batch size and mode (greedy or sampled; None: both in the batch): guesses survive far
+    # more often greedy. Each starts from what an earlier process measured of that mode
+    # (``PairProfile.batch_rates``) and leaves it what this one measures.
+    measured: dict[tuple[int, bool | None], _Measured] = field(default_factory=dict)
+    # Alike: cycles where a source that costs drafted, against the others (plain, or free
+    # guesses alone).
+    drafting: dict[tuple[int, bool | None], _Measured] = field(default_factory=dict)
     draft_steps: int = 0  # the draft model's steps timed here
     _draft_fit: Fit | None = field(default=None, init=False, repr=False)
     _draft_passes_since_fit: int = field(default=0, init=False, repr=False)
@@ -386,6 +420,23 @@ class BatchLoad:
         modes = {s.greedy for s in self.slots.values()}
         return [self.costs.of(greedy) for greedy in sorted(modes)]
 
+    def _mode(self) -> bool | None:
+        """Whether the batch's sequences decode greedily (None: some do, some sample)."""
+        modes = {s.greedy for s in self.slots.values()}
+        return modes.pop() if len(modes) == 1 else None
+
+    def _measured(self, kind: str, size: int, mode: bool | None) -> _Measured:
+        """The rates of ``kind`` ("guessing" or "drafting") at a batch of ``size`` in ``mode``:
+        from what an earlier process kept of that mode where this one has measured none."""
+        table = self.measured if kind == "guessing" else self.drafting
+        found = table.get((size, mode))
+        if found is None:
+            kept = None if mode is None else self.costs.of(mode).batch_rates.get(kind, {})
+            verdict = kept.get(size) if kept else None
+            found = _Measured() if verdict is None else _Measured.remembered(verdict, size)
+            table[size, mode] = found
+        return found
+
     def observe_target(
         self, seconds: float, n_tokens: int, verifies: bool = True, ended: float | None = None
     ) -> None:
@@ -412,7 +463,7 @@ class BatchLoad:
             self._pending_host = (len(self.slots), max(0.0, host))
         if verifies and len(self.slots) > 1:
             cycle = max(seconds, wall) if wall is not None else self._drafting + seconds
-            self._cycle = _Cycle(cycle, len(self.slots), read=self._reading)
+            self._cycle = _Cycle(cycle, len(self.slots), self._mode(), read=self._reading)
         self._drafting = self._reading = 0.0
         self._last_end = ended
 
@@ -428,19 +479,19 @@ class BatchLoad:
         cycle, self._cycle = self._cycle, None
         if cycle is None or not cycle.tokens:
             return
-        self.measured.setdefault(cycle.size, _Measured()).add(
-            cycle.guessed, cycle.tokens, cycle.seconds, cycle.read
-        )
-        self.drafting.setdefault(cycle.size, _Measured()).add(
-            cycle.drafted, cycle.tokens, cycle.seconds, cycle.read
-        )
+        for kind, with_it in (("guessing", cycle.guessed), ("drafting", cycle.drafted)):
+            measured = self._measured(kind, cycle.size, cycle.mode)
+            measured.add(with_it, cycle.tokens, cycle.seconds, cycle.read)
+            verdict = measured.verdict()
+            if verdict is not None and cycle.mode is not None:  # for the next process
+                self.costs.of(cycle.mode).batch_rates.setdefault(kind, {})[cycle.size] = verdict
 
     def guessing_loses(self) -> bool:
         """Whether, at the batch's size now, cycles with guesses measured fewer tokens per
         second than cycles without (then none guesses, but for a retry now and then)."""
         # Without guesses, before that was measured (a batch that guessed from its first
         # cycles): as the target's measured pass over one token a sequence gives it.
-        return _loses(self.measured.get(len(self.slots)), self.plain_rate)
+        return _loses(self._measured("guessing", len(self.slots), self._mode()), self.plain_rate)
 
     def drafting_loses(self) -> bool:
         """Whether, at the batch's size now, cycles where a source that costs (a draft model,
@@ -448,7 +499,7 @@ class BatchLoad:
         free guesses alone): then none drafts with one, but for a retry now and then, as
         ``guessing_loses``. On a CPU a draft model's batched step can cost as much as the
         target's pass, while prompt lookup's guesses cost nothing."""
-        return _loses(self.drafting.get(len(self.slots)), None)
+        return _loses(self._measured("drafting", len(self.slots), self._mode()), None)
 
     def read_pays(self, setup: int, budget: int) -> bool:
         """Whether a draft's read of ``setup`` tokens before its first guess (every sequence
@@ -457,8 +508,8 @@ class BatchLoad:
         tokens come out at 1/N of the batch's rate, so drafting saves the batch
         ``budget * N * (1/without - 1/drafted)`` seconds. True until both rates are trusted
         (the formula's price of the read decides alone)."""
-        measured = self.drafting.get(len(self.slots))
-        if measured is None or min(measured.guessed.cycles, measured.plain.cycles) < TRUST_AFTER:
+        measured = self._measured("drafting", len(self.slots), self._mode())
+        if not measured.trusted:
             return True
         if measured.retry_left:  # a retry of drafting reads what it must
             return True
@@ -495,12 +546,12 @@ class BatchLoad:
         return self.draft_steps >= 2
 
 
-def _loses(measured: _Measured | None, before: Callable[[], float] | None) -> bool:
+def _loses(measured: _Measured, before: Callable[[], float] | None) -> bool:
     """Whether the cycles ``measured`` with a kind of guess ran fewer tokens per second than
     the cycles without it (``before``: their rate until those are trusted; None: not known
     then), and no retry is due: a retry runs RETRY_FOR cycles once the cycles without it since
     the last run took 1 / RETRY_SHARE times what that run lost."""
-    if measured is None or measured.retry_left:
+    if measured.retry_left:
         return False
     if measured.guessed.cycles < TRUST_AFTER:
         return False

@@ -123,6 +123,11 @@ class PairProfile:
     # The loop's own host work as a share of each cycle (outside the models' decodes): what
     # ``doctor`` reports, and what limits the speedup where a target step is short.
     host_share: Timing | None = None
+    # What batches measured of guessing, by kind ("guessing": any guess; "drafting": a source
+    # that costs) and batch size: (tokens a second with it, without it, seconds its last run
+    # lost), kept where both were trusted (``lookahead.batch``), so that a new process (a
+    # server restarted) starts from its verdict instead of paying to learn it again.
+    batch_rates: dict[str, dict[int, tuple[float, float, float]]] = field(default_factory=dict)
 
     # The verify costs fitted (seconds by each n seen, never falling as n grows; and the line
     # through them: intercept, slope), kept until the next observation: ``auto`` asks for them
@@ -142,6 +147,10 @@ class PairProfile:
             "typical": {key: [a.kept, a.reached] for key, a in self.typical.items()},
             "unchecked": dict(self.left_off_untimed),
             **({"host_share": self.host_share.mean} if self.host_share else {}),
+            "batch_rates": {
+                kind: {str(size): list(rates) for size, rates in sizes.items()}
+                for kind, sizes in self.batch_rates.items()
+            },
         }
 
     @classmethod
@@ -163,6 +172,11 @@ class PairProfile:
         profile.left_off_untimed = {s: int(n) for s, n in snapshot.get("unchecked", {}).items()}
         if "host_share" in snapshot:
             profile.host_share = Timing.remembered(COST_MEMORY, float(snapshot["host_share"]))
+        for kind, sizes in snapshot.get("batch_rates", {}).items():
+            profile.batch_rates[kind] = {
+                int(size): (float(with_it), float(without), float(lost))
+                for size, (with_it, without, lost) in sizes.items()
+            }
         return profile
 
     def observe_host(self, host_seconds: float, cycle_seconds: float) -> None:

@@ -3,6 +3,7 @@ context, against worlds of known batched costs and acceptance."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 
 import numpy as np
@@ -332,10 +333,76 @@ def test_a_batch_measures_its_cycles_by_the_wall_clock_less_the_draft_s_reads() 
     cycle(0.2, 0.1, 3, read=5.0)  # the read first, then guesses: 6 tokens in 0.3 s
     for _ in range(TRUST_AFTER):
         cycle(0.2, 0.1, 3)
-    measured = load.measured[2]
+    measured = load.measured[2, True]
     assert measured.plain.rate == pytest.approx(2 / 0.3)
     assert measured.guessed.rate == pytest.approx(6 / 0.3)
     assert not load.guessing_loses()
+
+
+def _restarted(load: BatchLoad, greedy: bool = True) -> BatchLoad:
+    """A batch of two in a new process (a server restarted), from the costs ``load``'s left
+    in the file."""
+    costs = CostBook.restore(json.loads(json.dumps(load.costs.snapshot())))
+    restarted = BatchLoad(costs)
+    for slot in (0, 1):
+        restarted.join(slot, greedy)
+    return restarted
+
+
+def test_what_a_batch_measured_of_guessing_outlives_its_process_for_its_mode() -> None:
+    """A batch of two that measured guessing slower leaves that verdict in the costs file: the
+    next process's batch of two in that mode guesses nothing from its first cycle, and retries
+    as late as the first process would have; the other mode, another size and a batch of both
+    modes start with nothing measured."""
+    load = BatchLoad(CostBook())
+    for slot in (0, 1):
+        load.join(slot, True)
+    _cycles(load, 2, 0.2, guessed=False)
+    _cycles(load, TRUST_AFTER, 1.0, guessed=True)  # 2 tokens a second
+    _cycles(load, TRUST_AFTER, 0.2, guessed=False)  # 10 tokens a second
+    load.observe_target(0.2, 2)
+    assert load.guessing_loses() and load.drafting_loses()
+    restarted = _restarted(load)
+    assert restarted.guessing_loses() and restarted.drafting_loses(), "from the first cycle"
+    lost = TRUST_AFTER * 1.0 - 2 * TRUST_AFTER / 10.0  # the run's seconds, less plain's
+    _cycles(restarted, round(0.9 * lost / RETRY_SHARE / 0.2), 0.2, guessed=False)
+    assert restarted.guessing_loses(), "the wait is not yet 1 / RETRY_SHARE times the loss"
+    _cycles(restarted, round(0.2 * lost / RETRY_SHARE / 0.2), 0.2, guessed=False)
+    assert not restarted.guessing_loses(), "a retry"
+    sampled = _restarted(load, greedy=False)
+    assert not sampled.guessing_loses() and not sampled.drafting_loses()
+    mixed = _restarted(load)
+    mixed.join(2, False)
+    assert not mixed.guessing_loses()
+    mixed.leave(2)
+    mixed.observe_target(0.2, 2)
+    assert mixed.guessing_loses(), "the batch of two greedy sequences again"
+    bigger = _restarted(load)
+    bigger.join(2, True)
+    assert not bigger.guessing_loses()
+
+
+def test_a_remembered_verdict_gives_way_to_what_this_process_measures() -> None:
+    """Rates remembered from an earlier process weigh a few cycles: where guessing now measures
+    faster (other texts, another load on the machine), the batch guesses again soon."""
+    load = BatchLoad(CostBook())
+    for slot in (0, 1):
+        load.join(slot, True)
+    _cycles(load, 2, 0.2, guessed=False)
+    _cycles(load, TRUST_AFTER, 1.0, guessed=True)
+    _cycles(load, 20 * TRUST_AFTER, 0.2, guessed=False)  # trusted over many cycles
+    restarted = _restarted(load)
+    assert restarted.guessing_loses()
+    measured = restarted.measured[2, True]
+    assert measured.guessed.rate == pytest.approx(2.0)
+    measured.retry_left = RETRY_FOR  # a retry, as the wait above gives one
+    _cycles(restarted, 2 * TRUST_AFTER, 0.1, guessed=True)  # now 20 tokens a second
+    _cycles(restarted, 1, 0.2, guessed=False)
+    assert measured.guessed.rate > measured.plain.rate
+    assert not restarted.guessing_loses()
+    kept = CostBook.restore(json.loads(json.dumps(restarted.costs.snapshot())))
+    with_it, without, _ = kept.greedy.batch_rates["guessing"][2]
+    assert with_it > without, "the new verdict is what the next process starts from"
 
 
 def test_a_draft_s_read_pays_where_what_guessing_measured_saves_more_than_it() -> None:
@@ -351,7 +418,7 @@ def test_a_draft_s_read_pays_where_what_guessing_measured_saves_more_than_it() -
     _cycles(load, 2 + TRUST_AFTER, 0.2, guessed=False)  # 10 tokens a second
     guessed = 2 / 0.18  # each cycle with guesses 0.18 s: about 11 tokens a second
     _cycles(load, TRUST_AFTER + 1, 0.18, guessed=True)
-    assert load.measured[2].guessed.rate == pytest.approx(guessed)
+    assert load.measured[2, True].guessed.rate == pytest.approx(guessed)
     saved_a_token = 2 * (1 / 10 - 1 / guessed)  # the batch's seconds per token of this budget
     assert not load.read_pays(100, int(0.9 * 0.2 / saved_a_token))
     assert load.read_pays(100, int(1.1 * 0.2 / saved_a_token) + 1)
@@ -390,7 +457,7 @@ def test_a_read_the_formula_would_pay_waits_where_drafting_measured_little_gain(
     load, policy = _two_sequences_learned((1, 2, 3, 4, 8, 16, 64))
     read = Candidate("model", "model", 10_000, setup=20)
     assert policy.plan([read], 64).lookahead > 0  # nothing measured: the formula's choice
-    measured = load.drafting.setdefault(2, _Measured())
+    measured = load.drafting.setdefault((2, True), _Measured())
     for _ in range(TRUST_AFTER):
         measured.add(False, 2.0, 1.0)  # 2 tokens a second without a draft's guesses
         measured.add(True, 2.02, 1.0)  # 1% more with them
@@ -428,7 +495,7 @@ def test_a_batch_that_measures_a_draft_model_slower_than_going_without_drafts_no
         plan = policy.plan([MODEL, ngram], 10_000)
         assert plan.candidate != MODEL, plan
     assert policy.plan([MODEL], 10_000) == Plan(None, 0)
-    measured = load.drafting[2]
+    measured = load.drafting[2, True]
     measured.waited = measured.lost(measured.plain.rate) / RETRY_SHARE  # the retry is due
     assert not load.drafting_loses()
     assert load.read_pays(1, 10_000), "a retry reads what it must, or it never drafts"
@@ -444,7 +511,7 @@ def test_a_retry_counts_the_draft_s_reads_in_what_it_lost() -> None:
     load.observe_draft(0.5, 40, False, "model", 1)  # a read before the next cycle
     _kind_cycles(load, 2, 0.1, kept=2, source="model")
     load.observe_target(0.1, 2)
-    measured = load.drafting[2]
+    measured = load.drafting[2, True]
     assert measured.guessed.rate == pytest.approx(4 / 0.1)
     assert measured.run_seconds == pytest.approx(0.2 + 0.5)
 
