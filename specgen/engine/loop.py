@@ -324,6 +324,9 @@ class _Generation:
             return _Guesses(plan, Proposal(forced, one_hot), forced=True)
         candidates = drafter.candidates(self.tokens) if drafter is not None and budget > 0 else []
         plan = self.policy.plan(candidates, budget)
+        if self.engine.load is not None:
+            source = plan.candidate.source if plan.candidate else None
+            self.engine.load.planned(self.engine.slot, plan.lookahead, source)
         proposal = (
             drafter.propose(
                 self.tokens, plan.candidate, plan.lookahead, self.sampling, self.draws()

@@ -187,6 +187,9 @@ class _Slot:
 
     greedy: bool
     tokens: Timing = field(default_factory=lambda: Timing(COST_MEMORY))
+    # Kept in its cycles with guesses: what it gives a cycle where it guesses (a plain cycle
+    # gives one), whatever share of its cycles guessed lately.
+    guessed_tokens: Timing = field(default_factory=lambda: Timing(COST_MEMORY))
     verify_tokens: int = 1
     paid: int = 0
     source: str | None = None  # of the paid guesses
@@ -327,7 +330,21 @@ class BatchLoad:
         if verify_tokens > 1:  # a cycle with guesses: its host time is not every cycle's
             self._pending_host = None
         found.tokens.add(float(kept))
+        if verify_tokens > 1:
+            found.guessed_tokens.add(float(kept))
         found.verify_tokens, found.paid, found.source = verify_tokens, paid, source
+
+    def planned(self, slot: int, lookahead: int, source: str | None) -> None:
+        """``slot`` plans ``lookahead`` guesses of ``source`` this cycle: the sequences that plan
+        after it in the cycle price theirs with this plan, not its last cycle's (a sequence
+        whose guesses ride on the draft steps another pays for sees them paid), so the batch
+        does not swing between cycles where one drafts and cycles where the other does."""
+        found = self.slots.get(slot)
+        if found is None:
+            return
+        costs = source == "model" or source in HEAD_SOURCES
+        found.verify_tokens = lookahead + 1
+        found.paid, found.source = (lookahead, source) if costs and lookahead else (0, None)
 
     def others(self, slot: int, profile: PairProfile) -> Others:
         """What the sequences other than ``slot`` give and cost a cycle, their guesses priced
@@ -346,7 +363,7 @@ class BatchLoad:
             if s.source in HEAD_SOURCES
         )
         return Others(
-            sum(s.tokens.mean if s.tokens.weight else 1.0 for s in rest),
+            sum(_gives(s) for s in rest),
             sum(s.verify_tokens for s in rest),
             max(drafts, default=0.0),
             tuple(s.paid for s in rest if s.source == "model" and s.paid),
@@ -394,6 +411,21 @@ class BatchLoad:
             if k < limit:
                 mine += with_mine[k]
         return by_k
+
+    def joint_seconds(self, limit: int, profile: PairProfile) -> list[float] | None:
+        """Seconds of a cycle where every sequence drafts k guesses of the draft model, for k
+        from 0 to ``limit``: k batched steps over all of them, the pass over all their tokens
+        and the host's time (None until a draft pass was timed here)."""
+        fit, curve = self._fitted_draft(), profile.verify_curve()
+        if fit is None or curve is None:
+            return None
+        n, host = len(self.slots), self.host_seconds()
+        out, steps = [], 0.0
+        for k in range(limit + 1):
+            if k:
+                steps += fit.at(n * (FIRST_STEP_TOKENS if k == 1 else 1))
+            out.append(steps + curve.at(n * (k + 1)) + host)
+        return out
 
     @property
     def ready(self) -> bool:
@@ -544,6 +576,17 @@ class BatchLoad:
         that its guesses are priced by the batched steps (``draft_seconds_by_k``) without a single
         sequence's guess ever timed."""
         return self.draft_steps >= 2
+
+
+def _gives(slot: _Slot) -> float:
+    """Tokens ``slot`` gives a cycle as it goes now: one plain, else what its cycles with
+    guesses kept (its mean over all cycles would price a sequence that just stopped guessing
+    by the cycles it guessed, and the batch would swing: the one that looks alone at such a
+    batch sees no cost in the other's guesses that its tokens came from, and stops too)."""
+    if slot.verify_tokens <= 1:
+        return 1.0
+    timing = slot.guessed_tokens if slot.guessed_tokens.weight else slot.tokens
+    return timing.mean if timing.weight else 1.0
 
 
 def _loses(measured: _Measured, before: Callable[[], float] | None) -> bool:

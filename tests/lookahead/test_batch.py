@@ -52,7 +52,10 @@ def simulate_batch(
     tokens = seconds = 0.0
     chosen: dict[int, int] = {}
     for _ in range(cycles):
-        plans = [policy.plan([MODEL], 10_000) for policy in policies]
+        plans = []
+        for i, policy in enumerate(policies):  # as the engine's sequences plan, one by one
+            plans.append(policy.plan([MODEL], 10_000))
+            load.planned(i, plans[-1].lookahead, "model" if plans[-1].lookahead else None)
         ks = [plan.lookahead for plan in plans]
         for step in range(1, max(ks, default=0) + 1):
             widths = [(2 if full[i] and step == 1 else 1) for i, k in enumerate(ks) if k >= step]
@@ -135,6 +138,44 @@ def test_one_or_two_cpu_sequences_still_draft_where_it_pays(n: int) -> None:
     assert best > 1.2 * plain, "the world is one where drafting pays"
     rate, chosen = simulate_batch(n, 0.95, draft, cpu_target)
     assert rate >= 0.85 * best, (rate, best, chosen)
+
+
+def test_two_sequences_whose_drafts_pay_only_together_draft_together() -> None:
+    """A draft whose step alone is a third of the target's, and dearer per sequence batched: one
+    sequence drafting while the other waits barely pays, both drafting pays well. Each prices
+    the other by what it gives as it goes now (one token a plain cycle), not by its mean over
+    the cycles it drafted: priced so, the one that looks at a batch whose other just stopped
+    sees that one's tokens without its draft steps, stops too, and the two take turns (here
+    0.84x of the best fixed K; 0.95x at least now)."""
+    draft = lambda m: 0.3 + 0.15 * (m - 1)  # noqa: E731
+    verify = lambda m: 1.0 + 0.1 * (m - 1)  # noqa: E731
+    best = max(fixed_rate(2, 0.95, k, draft, verify) for k in range(1, 17))
+    assert best > 1.2 * fixed_rate(2, 0.95, 0, draft, verify), "the world is one where it pays"
+    assert fixed_rate(1, 0.95, 5, draft, verify) > fixed_rate(1, 0.95, 0, draft, verify)
+    rate, chosen = simulate_batch(2, 0.95, draft, verify)
+    assert rate >= 0.95 * best, (rate, best, chosen)
+
+
+def test_the_others_are_priced_by_what_they_give_as_they_go_now() -> None:
+    """A sequence that guessed and kept five tokens a cycle, then went plain, gives the others'
+    plans one token a cycle; once it plans guesses again in this cycle (``planned``), the ones
+    that plan after it see those guesses, their draft steps and the five tokens again."""
+    load = BatchLoad(CostBook())
+    for slot in (0, 1):
+        load.join(slot, True)
+    profile = load.costs.of(True)
+    for _ in range(6):
+        load.report(1, 5, 8, 7, "model")
+    assert load.others(0, profile).tokens == pytest.approx(5.0)
+    load.report(1, 1, 1, 0, None)
+    assert load.others(0, profile).tokens == 1.0
+    load.planned(1, 6, "model")
+    others = load.others(0, profile)
+    assert others.tokens == pytest.approx(5.0)
+    assert others.drafts == (6,) and others.verify_tokens == 7
+    load.planned(1, 3, "ngram")  # free guesses: no draft step to ride on
+    others = load.others(0, profile)
+    assert others.drafts == () and others.verify_tokens == 4
 
 
 def test_a_host_cost_every_cycle_pays_is_priced_so_fewer_longer_cycles_win() -> None:
