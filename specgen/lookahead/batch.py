@@ -8,9 +8,11 @@ sequence's K is worth what it adds to the batch's tokens per second, given what 
 
     rate(K) = (E_others + E(K)) / (D(n_1) + ... + D(n_max(K, K_others)) + V(N_others + K + 1) + H)
 
-E(K) is this sequence's expected tokens per cycle at K (``core.speculative``), E_others the
-others' tokens per cycle lately, N_others the tokens they put in the pass, K_others the most
-guesses any of them drafted; the draft model's step j decodes one token for each sequence still
+E(K) is this sequence's expected tokens per cycle at K (``core.speculative``), E_others what
+the others give a cycle as each goes now (one token where it goes plainly, what its cycles with
+guesses kept where it guesses), N_others the tokens they put in the pass, K_others the most
+guesses any of them drafts; "now" is the plan a sequence made in this cycle where it planned
+before this one (``planned``), else its last cycle's; the draft model's step j decodes one token for each sequence still
 drafting (n_j of them; the first step also reads each one's last kept guess, so it counts two),
 D is the draft context's pass by its tokens, measured in this batch as V is (a draft
 model's step over four sequences costs several of one: on a CPU a small draft's batched step
