@@ -17,6 +17,10 @@ passes and mean guesses a sequence, by the sequences in a pass).
 
 ``--common "--lookup-cache off"`` keeps the suffix cache from learning the workload's answers
 across rounds (a warm server would otherwise guess its repeated answers whole).
+
+``--fresh``: each workload runs on a server started for it and stopped after (as
+``concurrency.py``'s figures do), each server keeping its own cache from one start to the next,
+as a user's restarted server does: what a process learns that the next one starts from.
 """
 
 from __future__ import annotations
@@ -53,23 +57,35 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
     parser.add_argument("--common", default="", help="flags every server gets")
     parser.add_argument("--cache", type=Path, help="a specgen cache each server starts from")
+    parser.add_argument(
+        "--fresh", action="store_true", help="a server started for each workload, its cache kept"
+    )
     args = parser.parse_args()
     counts = [int(c) for c in args.clients.split(",")]
     if len(args.server) < 2:
         parser.error("give --server twice or more")
     scratch = Path(tempfile.mkdtemp(prefix="specgen-duel-"))
     servers: dict[str, tuple[subprocess.Popen[bytes], str]] = {}
+    specs = {spec.partition("=")[0].partition("@")[0]: spec for spec in args.server}
     try:
-        for spec in args.server:
-            name, url, process = start(spec, max(counts), args, scratch)
-            servers[name] = (process, url)
-        names = list(servers)
+        if not args.fresh:
+            for spec in args.server:
+                name, url, process = start(spec, max(counts), args, scratch)
+                servers[name] = (process, url)
+        names = list(specs)
         rates: dict[tuple[str, int], list[float]] = {(s, c): [] for s in names for c in counts}
         for round_ in range(args.rounds + 1):
             order = names if round_ % 2 else names[::-1]
             for clients in counts:
                 for name in order:
-                    row = workload(servers[name][1], clients, args)
+                    if args.fresh:
+                        _, url, process = start(specs[name], max(counts), args, scratch)
+                        try:
+                            row = workload(url, clients, args)
+                        finally:
+                            stop(process)
+                    else:
+                        row = workload(servers[name][1], clients, args)
                     if "error" in row:
                         sys.exit(f"{name} at {clients} clients: {row['error']}")
                     if round_:
@@ -94,7 +110,7 @@ def main() -> None:
                 for n in names[1:]
             )
             print(f"{clients} clients, paired by round (/ {names[0]}, 95% interval): {paired}")
-        for name in names:
+        for name in servers:
             print(f"{name}: {batches(servers[name][1])}")
     finally:
         for process, _ in servers.values():
@@ -109,8 +125,10 @@ def start(
     head, _, flags = spec.partition("=")
     name, _, tree = head.partition("@")
     root = Path(tree).resolve() if tree else HERE
-    cache = scratch / f"cache-{name}"
-    if args.cache is not None:
+    cache = scratch / f"cache-{name}"  # kept from one start to the next (``--fresh``)
+    if cache.exists():
+        pass
+    elif args.cache is not None:
         shutil.copytree(args.cache, cache)
     else:
         cache.mkdir()
