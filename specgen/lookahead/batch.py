@@ -12,14 +12,14 @@ E(K) is this sequence's expected tokens per cycle at K (``core.speculative``), E
 the others give a cycle as each goes now (one token where it goes plainly, what its cycles with
 guesses kept where it guesses), N_others the tokens they put in the pass, K_others the most
 guesses any of them drafts; "now" is the plan a sequence made in this cycle where it planned
-before this one (``planned``), else its last cycle's; the draft model's step j decodes one token for each sequence still
-drafting (n_j of them; the first step also reads each one's last kept guess, so it counts two),
-D is the draft context's pass by its tokens, measured in this batch as V is (a draft
-model's step over four sequences costs several of one: on a CPU a small draft's batched step
-can cost as much as the target's), and H the host's seconds a cycle outside the passes (the
-loop's work, a server's hand-offs), measured on this batch size's plain cycles: every cycle
-pays it, so fewer, longer cycles pay it less often. Each sequence, choosing the K
-that maximises this with the others held, raises the batch's rate (a coordinate ascent); where
+before this one (``planned``), else its last cycle's; the draft model's step j decodes one
+token for each sequence still drafting (n_j of them; the first step also reads each one's last
+kept guess, so it counts two), D is the draft context's pass by its tokens, measured in this
+batch as V is (a draft model's step over four sequences costs several of one: on a CPU a small
+draft's batched step can cost as much as the target's), and H the host's seconds a cycle
+outside the passes (the loop's work, a server's hand-offs), measured on this batch size's plain
+cycles: every cycle pays it, so fewer, longer cycles pay it less often. Each sequence, choosing
+the K that maximises this with the others held, raises the batch's rate (a coordinate ascent); where
 the target's batched pass grows with every token (a CPU, several streams), guesses that are
 not nearly sure to survive cost more than they give and K falls, to 0 for all where plain
 batching wins. V is the pair's own verify curve (``costs.PairProfile.verify``): a pass over N
