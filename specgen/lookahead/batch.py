@@ -414,21 +414,6 @@ class BatchLoad:
                 mine += with_mine[k]
         return by_k
 
-    def joint_seconds(self, limit: int, profile: PairProfile) -> list[float] | None:
-        """Seconds of a cycle where every sequence drafts k guesses of the draft model, for k
-        from 0 to ``limit``: k batched steps over all of them, the pass over all their tokens
-        and the host's time (None until a draft pass was timed here)."""
-        fit, curve = self._fitted_draft(), profile.verify_curve()
-        if fit is None or curve is None:
-            return None
-        n, host = len(self.slots), self.host_seconds()
-        out, steps = [], 0.0
-        for k in range(limit + 1):
-            if k:
-                steps += fit.at(n * (FIRST_STEP_TOKENS if k == 1 else 1))
-            out.append(steps + curve.at(n * (k + 1)) + host)
-        return out
-
     @property
     def ready(self) -> bool:
         """Whether batched passes were timed here: the first two run cold."""
