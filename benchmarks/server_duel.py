@@ -126,12 +126,9 @@ def start(
     name, _, tree = head.partition("@")
     root = Path(tree).resolve() if tree else HERE
     cache = scratch / f"cache-{name}"  # kept from one start to the next (``--fresh``)
-    if cache.exists():
-        pass
-    elif args.cache is not None:
+    if not cache.exists() and args.cache is not None:
         shutil.copytree(args.cache, cache)
-    else:
-        cache.mkdir()
+    cache.mkdir(exist_ok=True)
     port = free_port()
     env = {**os.environ, "SPECGEN_CACHE": str(cache), "PYTHONPATH": str(root)}
     program = [sys.executable, "-m", "specgen", "serve", "--target", args.target]

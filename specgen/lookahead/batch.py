@@ -435,13 +435,15 @@ class BatchLoad:
         timed."""
         return self._host_median.get(len(self.slots), 0.0)
 
+    def _modes(self) -> set[bool]:
+        return {s.greedy for s in self.slots.values()}
+
     def _profiles(self) -> list[PairProfile]:
-        modes = {s.greedy for s in self.slots.values()}
-        return [self.costs.of(greedy) for greedy in sorted(modes)]
+        return [self.costs.of(greedy) for greedy in sorted(self._modes())]
 
     def _mode(self) -> bool | None:
         """Whether the batch's sequences decode greedily (None: some do, some sample)."""
-        modes = {s.greedy for s in self.slots.values()}
+        modes = self._modes()
         return modes.pop() if len(modes) == 1 else None
 
     def _measured(self, kind: str, size: int, mode: bool | None) -> _Measured:
@@ -450,8 +452,8 @@ class BatchLoad:
         table = self.measured if kind == "guessing" else self.drafting
         found = table.get((size, mode))
         if found is None:
-            kept = None if mode is None else self.costs.of(mode).batch_rates.get(kind, {})
-            verdict = kept.get(size) if kept else None
+            kept = {} if mode is None else self.costs.of(mode).batch_rates.get(kind, {})
+            verdict = kept.get(size)
             found = _Measured() if verdict is None else _Measured.remembered(verdict, size)
             table[size, mode] = found
         return found

@@ -315,15 +315,23 @@ def _cycles(load: BatchLoad, count: int, seconds: float, guessed: bool) -> None:
             load.report(slot, 1, width, width - 1, "model" if guessed else None)
 
 
-def test_guessing_that_lost_is_retried_once_plain_cycles_took_many_times_its_loss() -> None:
-    """After a run of cycles with guesses measured slower, none guesses until the plain cycles
-    since took 1 / RETRY_SHARE times what that run lost; then RETRY_FOR cycles guess again."""
+def _guessing_lost(plain_cycles: int = TRUST_AFTER) -> BatchLoad:
+    """A batch of two greedy sequences that measured guessing slower: after two plain cycles,
+    TRUST_AFTER cycles with guesses at 2 tokens a second, then ``plain_cycles`` plain ones at
+    10 tokens a second."""
     load = BatchLoad(CostBook())
     for slot in (0, 1):
         load.join(slot, True)
     _cycles(load, 2, 0.2, guessed=False)
     _cycles(load, TRUST_AFTER, 1.0, guessed=True)  # 2 tokens a second
-    _cycles(load, TRUST_AFTER, 0.2, guessed=False)  # 10 tokens a second
+    _cycles(load, plain_cycles, 0.2, guessed=False)  # 10 tokens a second
+    return load
+
+
+def test_guessing_that_lost_is_retried_once_plain_cycles_took_many_times_its_loss() -> None:
+    """After a run of cycles with guesses measured slower, none guesses until the plain cycles
+    since took 1 / RETRY_SHARE times what that run lost; then RETRY_FOR cycles guess again."""
+    load = _guessing_lost()
     assert load.guessing_loses()
     lost = TRUST_AFTER * 1.0 - 2 * TRUST_AFTER / 10.0  # the run's seconds, less plain's
     plain_cycles = round(lost / RETRY_SHARE / 0.2)
@@ -395,12 +403,7 @@ def test_what_a_batch_measured_of_guessing_outlives_its_process_for_its_mode() -
     next process's batch of two in that mode guesses nothing from its first cycle, and retries
     as late as the first process would have; the other mode, another size and a batch of both
     modes start with nothing measured."""
-    load = BatchLoad(CostBook())
-    for slot in (0, 1):
-        load.join(slot, True)
-    _cycles(load, 2, 0.2, guessed=False)
-    _cycles(load, TRUST_AFTER, 1.0, guessed=True)  # 2 tokens a second
-    _cycles(load, TRUST_AFTER, 0.2, guessed=False)  # 10 tokens a second
+    load = _guessing_lost()
     load.observe_target(0.2, 2)
     assert load.guessing_loses() and load.drafting_loses()
     restarted = _restarted(load)
@@ -426,12 +429,7 @@ def test_what_a_batch_measured_of_guessing_outlives_its_process_for_its_mode() -
 def test_a_remembered_verdict_gives_way_to_what_this_process_measures() -> None:
     """Rates remembered from an earlier process weigh a few cycles: where guessing now measures
     faster (other texts, another load on the machine), the batch guesses again soon."""
-    load = BatchLoad(CostBook())
-    for slot in (0, 1):
-        load.join(slot, True)
-    _cycles(load, 2, 0.2, guessed=False)
-    _cycles(load, TRUST_AFTER, 1.0, guessed=True)
-    _cycles(load, 20 * TRUST_AFTER, 0.2, guessed=False)  # trusted over many cycles
+    load = _guessing_lost(20 * TRUST_AFTER)  # trusted over many cycles
     restarted = _restarted(load)
     assert restarted.guessing_loses()
     measured = restarted.measured[2, True]
@@ -560,12 +558,7 @@ def test_a_retry_counts_the_draft_s_reads_in_what_it_lost() -> None:
 def test_a_request_that_takes_a_leaver_s_place_keeps_the_batch_s_size() -> None:
     """A slot that ends is counted until the next target pass, so the others' plans in between
     price the batch the next request joins, not a batch of one; a newcomer takes its place."""
-    load = BatchLoad(CostBook())
-    for slot in (0, 1):
-        load.join(slot, True)
-    _cycles(load, 2, 0.2, guessed=False)
-    _cycles(load, TRUST_AFTER, 1.0, guessed=True)
-    _cycles(load, TRUST_AFTER, 0.2, guessed=False)
+    load = _guessing_lost()
     assert load.guessing_loses()
     load.leave(1)
     assert len(load.slots) == 2 and load.guessing_loses(), "still the batch of two"
