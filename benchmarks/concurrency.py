@@ -4,7 +4,9 @@
 without it, each take C clients sharing one fixed workload of R distinct `/v1/completions`
 requests (non-streaming; client i sends requests i, i+C, i+2C, ... one after another). Each
 figure is measured on a fresh server: the sum of `usage.completion_tokens` over the wall time
-from the first request sent to the last answer received, and the mean request latency.
+from the first request sent to the last answer received, and the mean request latency. The table
+names each side's llama.cpp build (the CPU features of llama-cpp-python's, the CMake flags of
+llama-server's): compare servers of the same build, or say so.
 
     python benchmarks/concurrency.py --target T.gguf --draft D.gguf --clients 1,2,4,8 -n 128
 """
@@ -81,12 +83,20 @@ def main() -> None:
     if not parallel and any(s.startswith("specgen") for s in servers):
         print("note: `specgen serve` has no --parallel; running without it", file=sys.stderr)
     label = args.label or f"{Path(args.target).stem} / {Path(args.draft).stem}"
+    # The builds compared: on one CPU, flags change a decode by more than the rounds' spread
+    # (an AVX-512 build against an AVX2 one, each way by how many tokens a pass holds).
+    builds: dict[str, str | None] = {}
+    if any(s.startswith("specgen") for s in servers):
+        builds["specgen"] = specgen_build()
+    if llama and any(s in LLAMA for s in servers):
+        builds["llama-server"] = llama_build(llama)
     rows = []
     for c in clients:  # every server at one client count, then the next: drift hits all alike
         for name in servers:
             program, flags = command(name, c, args, parallel, llama)
             print(f"{name}, {c} clients: {shlex.join(flags)}", file=sys.stderr)
             row = dict(pair=label, server=name, flags=shlex.join(flags), clients=c, agg_tps=None)
+            row["build"] = builds.get("specgen" if name.startswith("specgen") else "llama-server")
             rows.append(row := {**row, "mean_latency_s": None, **measure(program, flags, c, args)})
             print(
                 f"  {row.get('completion_tokens')} tokens, {fmt(row['agg_tps'])} tok/s",
@@ -95,7 +105,7 @@ def main() -> None:
     tps = {(r["server"], r["clients"]): r["agg_tps"] for r in rows}
     for row in rows:
         row["ratio_to_llama"] = ratio(row["agg_tps"], best_llama(tps, row["clients"]))
-    report(rows, clients, args)
+    report(rows, clients, args, builds)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
 
@@ -114,6 +124,36 @@ def peer_server() -> str | None:
         out.seek(0)
         path = (out.read().decode().strip().splitlines() or [""])[-1]
     return path if done.returncode == 0 and os.access(path, os.X_OK) else None
+
+
+def specgen_build() -> str:
+    """The CPU features llama-cpp-python's llama.cpp was built with (its system info)."""
+    script = "import llama_cpp; print(llama_cpp.llama_print_system_info().decode())"
+    found = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    return cpu_features(found.stdout) or "unknown"
+
+
+def cpu_features(info: str) -> str:
+    """``AVX2 FMA ...`` from llama.cpp's ``CPU : SSE3 = 1 | AVX = 1 | ...`` (those set)."""
+    line = next((part for part in info.split("\n") if "CPU :" in part), "")
+    pairs = (item.split("=") for item in line.split("CPU :", 1)[-1].split("|") if "=" in item)
+    return " ".join(name.strip() for name, value in pairs if value.strip() == "1")
+
+
+def llama_build(server: str) -> str | None:
+    """How llama-server was configured (its build folder's CMake cache): native or not, and the
+    CPU features turned on."""
+    cache = Path(server).resolve().parents[1] / "CMakeCache.txt"
+    if not cache.is_file():
+        return None
+    flags: dict[str, str] = {}
+    for line in cache.read_text(errors="replace").splitlines():
+        name, _, value = line.partition("=")
+        key = name.split(":")[0]
+        if key == "GGML_NATIVE" or key.startswith(("GGML_AVX", "GGML_FMA", "GGML_F16C")):
+            flags[key.removeprefix("GGML_")] = value
+    native = "native" if flags.pop("NATIVE", "OFF") == "ON" else "not native"
+    return f"{native}; " + (" ".join(k for k, v in sorted(flags.items()) if v == "ON") or "-")
 
 
 def supports_parallel() -> bool:
@@ -261,15 +301,20 @@ def table(header: list[str], lines: list[list[object]]) -> None:
         print("| " + " | ".join(str(cell) for cell in cells) + " |")
 
 
-def report(rows: list[dict], clients: list[int], args: argparse.Namespace) -> None:
+def report(
+    rows: list[dict], clients: list[int], args: argparse.Namespace, builds: dict[str, str | None]
+) -> None:
     sampling = f"temperature {args.temperature}"
     if args.temperature > 0:
         sampling += ", top_k 40, top_p 0.95, min_p 0.05, seed = request index"
     print(
         f"{args.requests} distinct /v1/completions requests per figure, max_tokens "
         f"{args.max_tokens}, {sampling}; non-streaming; a fresh server per figure; "
-        "flags: all but the model paths and --port\n"
+        "flags: all but the model paths and --port"
     )
+    for side, build in builds.items():
+        print(f"- {side}'s llama.cpp build: {build or 'unknown'}")
+    print()
     header = ["pair", "server", "flags", "clients", "agg tok/s", "mean latency s"]
     cells = [[r["pair"], r["server"], f"`{r['flags']}`", r["clients"]] for r in rows]
     for r, line in zip(rows, cells):

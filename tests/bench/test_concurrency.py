@@ -1,0 +1,55 @@
+"""``benchmarks/concurrency.py``'s build lines: which llama.cpp each side of a table ran."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+@pytest.fixture(scope="module")
+def concurrency() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("concurrency", BENCHMARKS / "concurrency.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_features_a_build_has_are_those_set_to_one(concurrency: ModuleType) -> None:
+    info = "CPU : SSE3 = 1 | AVX = 1 | AVX2 = 1 | AVX512 = 0 | FMA = 1 | OPENMP = 1 | \n"
+    assert concurrency.cpu_features("Metal : EMBED_LIBRARY = 1 | \n" + info) == (
+        "SSE3 AVX AVX2 FMA OPENMP"
+    )
+    assert concurrency.cpu_features("no CPU line") == ""
+
+
+def test_this_builds_features_are_read_from_its_own_llama_cpp(concurrency: ModuleType) -> None:
+    """A child process of this interpreter imports llama_cpp and reports its CPU features."""
+    import llama_cpp
+
+    own = llama_cpp.llama_print_system_info().decode()
+    found = concurrency.specgen_build()
+    assert found != "unknown" and found.split()
+    assert found == concurrency.cpu_features(own)
+
+
+def test_llama_servers_build_is_read_from_its_cmake_cache(
+    concurrency: ModuleType, tmp_path: Path
+) -> None:
+    """The binary sits in build/bin; the cache one folder up says how it was configured."""
+    (tmp_path / "bin").mkdir()
+    server = tmp_path / "bin" / "llama-server"
+    server.write_text("")
+    assert concurrency.llama_build(str(server)) is None  # no cache: not known
+    (tmp_path / "CMakeCache.txt").write_text(
+        "GGML_NATIVE:BOOL=OFF\nGGML_AVX:BOOL=ON\nGGML_AVX2:BOOL=ON\nGGML_AVX512:BOOL=OFF\n"
+        "GGML_FMA:BOOL=ON\nGGML_F16C:BOOL=ON\nGGML_OPENMP:BOOL=ON\nLLAMA_CURL:BOOL=OFF\n"
+    )
+    assert concurrency.llama_build(str(server)) == "not native; AVX AVX2 F16C FMA"
+    (tmp_path / "CMakeCache.txt").write_text("GGML_NATIVE:BOOL=ON\n")
+    assert concurrency.llama_build(str(server)) == "native; -"
