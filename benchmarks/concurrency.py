@@ -5,8 +5,8 @@ without it, each take C clients sharing one fixed workload of R distinct `/v1/co
 requests (non-streaming; client i sends requests i, i+C, i+2C, ... one after another). Each
 figure is measured on a fresh server: the sum of `usage.completion_tokens` over the wall time
 from the first request sent to the last answer received, and the mean request latency. The table
-names each side's llama.cpp build (the CPU features of llama-cpp-python's, the CMake flags of
-llama-server's): compare servers of the same build, or say so.
+names each side's llama.cpp build (the features of specgen's, as `specgen doctor` lists them,
+the CMake flags of llama-server's): compare servers of the same build, or say so.
 
     python benchmarks/concurrency.py --target T.gguf --draft D.gguf --clients 1,2,4,8 -n 128
 """
@@ -127,17 +127,14 @@ def peer_server() -> str | None:
 
 
 def specgen_build() -> str:
-    """The CPU features llama-cpp-python's llama.cpp was built with (its system info)."""
-    script = "import llama_cpp; print(llama_cpp.llama_print_system_info().decode())"
+    """The features specgen's llama.cpp was built with, as ``specgen doctor`` lists them (in a
+    child of this interpreter, which runs the servers)."""
+    script = (
+        "from specgen import backend; from specgen.checks import cpu_features; "
+        "print(' '.join(cpu_features(backend.system_info())))"
+    )
     found = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
-    return cpu_features(found.stdout) or "unknown"
-
-
-def cpu_features(info: str) -> str:
-    """``AVX2 FMA ...`` from llama.cpp's ``CPU : SSE3 = 1 | AVX = 1 | ...`` (those set)."""
-    line = next((part for part in info.split("\n") if "CPU :" in part), "")
-    pairs = (item.split("=") for item in line.split("CPU :", 1)[-1].split("|") if "=" in item)
-    return " ".join(name.strip() for name, value in pairs if value.strip() == "1")
+    return found.stdout.strip() or "unknown"
 
 
 def llama_build(server: str) -> str | None:

@@ -62,6 +62,12 @@ class Facts(TypedDict):
     hub: dict[str, Any]
 
 
+def cpu_features(info: str) -> list[str]:
+    """The features llama.cpp's system info lists as set (``AVX2 = 1``), sorted: what a build
+    has, as doctor shows it."""
+    return sorted({m.group(1) for m in re.finditer(r"(\w+) = 1", info)})
+
+
 def facts(hub_timeout: float = 3.0, rpc: str | None = None) -> Facts:
     """Everything doctor knows about this machine, as plain data."""
     from specgen import backend
@@ -81,7 +87,7 @@ def facts(hub_timeout: float = 3.0, rpc: str | None = None) -> Facts:
     return {
         "llama_cpp_python": backend.library_version(),
         "system_info": info,
-        "cpu_features": sorted({m.group(1) for m in re.finditer(r"(\w+) = 1", info)}),
+        "cpu_features": cpu_features(info),
         "backends": _backends(info),
         "gpu_offload": backend.supports_gpu_offload(),
         "nvidia_gpu_present": Path("/proc/driver/nvidia/version").exists()
