@@ -30,7 +30,12 @@ from specgen.drafters.base import (
 from specgen.lookahead.acceptance import FIRST_PRIOR, TYPICAL_MEMORY, Acceptance
 from specgen.lookahead.batch import BatchLoad, Others
 from specgen.lookahead.costs import PairProfile
-from specgen.lookahead.explore import EXPLORE_LOOKAHEAD, TIMING_LOOKAHEAD, Exploration
+from specgen.lookahead.explore import (
+    BATCH_TIMING_LOOKAHEAD,
+    EXPLORE_LOOKAHEAD,
+    TIMING_LOOKAHEAD,
+    Exploration,
+)
 
 # The longest cycle ``auto`` plans: past this the verify pass's cost is extrapolated too far.
 AUTO_MAX_LOOKAHEAD = 32
@@ -124,8 +129,8 @@ class AdaptiveLookahead:
         # 3. A source not yet timed (a draft model) is timed once nothing timed pays, so it is
         #    not run while prompt lookup does well.
         untimed = [c for c in candidates if c not in timed]
-        if untimed and not best.lookahead:
-            return self._explore(untimed[0], budget, TIMING_LOOKAHEAD)
+        if untimed and not best.lookahead and self._may_time():
+            return self._time(untimed[0], budget)
         # 4. A candidate left alone for a while that would win if its guesses survived (the
         #    draft model while speculation is off) is explored instead.
         chosen = best.candidate.acceptance_key if best.candidate else None
@@ -137,8 +142,8 @@ class AdaptiveLookahead:
                 continue
             _, hope = self._best_lookahead(candidate, budget, optimistic=True)
             verdict = exploration.judge(candidate, hope, alone_rate, best_rate, speed, self.profile)
-            if verdict == "time":
-                return self._explore(candidate, budget, TIMING_LOOKAHEAD)
+            if verdict == "time" and self._may_time():
+                return self._time(candidate, budget)
             if verdict == "explore":
                 return self._explore(candidate, budget)
         exploration.settled(best.candidate)
@@ -150,6 +155,17 @@ class AdaptiveLookahead:
         if self.profile.guess_timed(source):
             return True
         return source == "model" and self.load is not None and self.load.draft_timed()
+
+    def _may_time(self) -> bool:
+        """Whether this sequence may time a source this cycle: in a batch, one sequence a
+        cycle does (``BatchLoad.claim_timing``)."""
+        return self.load is None or self.load.claim_timing(self.slot)
+
+    def _time(self, candidate: Candidate, budget: int) -> Plan:
+        """A cycle that times ``candidate``'s guesses: one step alone, two in a batch (whose
+        steps are timed by the batch, the first running cold)."""
+        lookahead = TIMING_LOOKAHEAD if self.load is None else BATCH_TIMING_LOOKAHEAD
+        return self._explore(candidate, budget, lookahead)
 
     def _read_waits(self, candidate: Candidate | None, budget: int) -> bool:
         """In a batch, whether ``candidate``'s read before its first guess (a pass every

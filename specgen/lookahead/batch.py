@@ -38,7 +38,10 @@ for ``RETRY_FOR`` cycles once the batch has run plainly long enough that the las
 loss (its seconds and the draft's reads it needed, less what plain cycles would have taken for
 its tokens) is ``RETRY_SHARE`` of the time: so a change (other texts, another load on the
 machine) is seen, and retrying costs a bounded share of the batch's time however dear a run of
-guesses is (a draft that must catch up on what it missed, a slow quantized draft). Cycles where
+guesses is (a draft that must catch up on what it missed, a slow quantized draft). A retry
+that loses again doubles the weight of its loss (up to ``RETRY_BACKOFF_MAX`` times), so a
+batch size where guessing keeps losing spends a share that halves with each retry (a tenth of a
+percent or so), not three per cent for good; one that wins starts the weight afresh. Cycles where
 a source that costs (a draft model, a head) drafted are measured the same way against the
 others (plain, or prompt lookup's free guesses alone): where they measured slower, only free
 guesses are made at that size (retried alike), and a draft's read must pay by that measure.
@@ -71,6 +74,7 @@ from specgen.lookahead.costs import (
     Fit,
     PairProfile,
     Timing,
+    Verdict,
     fit_passes,
     refit_due,
 )
@@ -82,6 +86,8 @@ FIRST_STEP_TOKENS = 2
 # measured slower is tried again for RETRY_FOR cycles once the plain cycles since its last run
 # took 1 / RETRY_SHARE times what that run lost.
 TRUST_AFTER, RETRY_FOR, RETRY_SHARE = 4, 4, 0.03
+# A retry that loses again doubles how much its loss weighs, up to this many times.
+RETRY_BACKOFF_MAX = 8.0
 RATE_MEMORY = 0.95  # each cycle's weight in a measured rate falls by this much a cycle
 # A batch size's host time a cycle (outside the target's pass and the draft's passes: the
 # loop's work, a server's hand-offs) is the median of its last this many plain cycles, so
@@ -122,6 +128,9 @@ class _Measured:
     run_seconds: float = 0.0
     waited: float = 0.0  # seconds of plain cycles since that run
     retry_left: int = 0
+    # How many times its loss the last run weighs: doubled by each retry that lost again.
+    weight: float = 1.0
+    retried: bool = False  # a retry ran since guessing was last judged
 
     def add(self, guessed: bool, tokens: float, seconds: float, read: float = 0.0) -> None:
         """A cycle with the kind of guess or without; ``read``: seconds of the draft's reads
@@ -140,29 +149,31 @@ class _Measured:
 
     def lost(self, plain: float) -> float:
         """Seconds the last run of cycles with guesses took past what plain cycles at
-        ``plain`` tokens per second would have taken for its tokens."""
-        return self.run_seconds - self.run_tokens / plain if plain > 0 else 0.0
+        ``plain`` tokens per second would have taken for its tokens, times its ``weight``."""
+        return self.weight * (self.run_seconds - self.run_tokens / plain) if plain > 0 else 0.0
 
     @property
     def trusted(self) -> bool:
         """Whether both kinds of cycle were measured often enough to trust."""
         return min(self.guessed.cycles, self.plain.cycles) >= TRUST_AFTER
 
-    def verdict(self) -> tuple[float, float, float] | None:
+    def verdict(self) -> Verdict | None:
         """What a later process starts from (``remembered``): tokens a second with the kind of
-        guess and without it, and the seconds its last run lost (None: not trusted yet)."""
+        guess and without it, the seconds its last run lost as weighed, and the weight (None:
+        not trusted yet)."""
         if not self.trusted:
             return None
         plain = self.plain.rate
-        return self.guessed.rate, plain, max(0.0, self.lost(plain))
+        return self.guessed.rate, plain, max(0.0, self.lost(plain)), self.weight
 
     @classmethod
-    def remembered(cls, verdict: tuple[float, float, float], size: int) -> _Measured:
+    def remembered(cls, verdict: Verdict, size: int) -> _Measured:
         """Rates an earlier process measured at a batch of ``size``, trusted at once but
         weighing one cycle each (of a token a sequence), so that this process's own soon
-        outweigh them; a retry of a kind that lost waits as one after that last run would."""
-        with_it, without, lost = verdict
-        measured = cls(run_seconds=lost)
+        outweigh them; a retry of a kind that lost waits as one after that last run would, and
+        one that loses again waits as long again as that process's next would have."""
+        with_it, without, lost, weight = verdict
+        measured = cls(run_seconds=lost / weight, weight=weight)
         for rate, into in ((with_it, measured.guessed), (without, measured.plain)):
             seconds = size / max(rate, 1e-9)
             into.tokens, into.seconds, into.cycles = rate * seconds, seconds, TRUST_AFTER
@@ -241,6 +252,8 @@ class BatchLoad:
     _pending_host: tuple[int, float] | None = field(default=None, init=False, repr=False)
     _cycle: _Cycle | None = field(default=None, init=False, repr=False)
     _leaving: set[int] = field(default_factory=set, init=False, repr=False)
+    # The sequence timing a source's guesses this cycle (``claim_timing``).
+    _timing: int | None = field(default=None, init=False, repr=False)
     # No generation will join this batch (a file's, ``generate_many``'s last prompt started):
     # then it ends with its last sequence, and a sequence ahead of that one gains nothing by
     # guessing (``on_critical_path``).
@@ -487,6 +500,7 @@ class BatchLoad:
             self._cycle = _Cycle(cycle, len(self.slots), self._mode(), read=self._reading)
         self._drafting = self._reading = 0.0
         self._last_end = ended
+        self._timing = None
 
     def _keep_host(self) -> None:
         pending, self._pending_host = self._pending_host, None
@@ -560,6 +574,16 @@ class BatchLoad:
             for profile in self._profiles():
                 profile.observe_step(source, seconds)
 
+    def claim_timing(self, slot: int) -> bool:
+        """Whether ``slot`` may time a source's guesses this cycle: one sequence a cycle does,
+        the first that asks. A guess's cost is the pair's, not a text's, so one sequence's
+        steps time it for all; every sequence of a fresh batch timing at once has the draft
+        read all their prompts (or catch up on all their texts) in one pass, on a CPU the cost
+        of several of the target's."""
+        if self._timing is None:
+            self._timing = slot
+        return self._timing == slot
+
     def draft_timed(self) -> bool:
         """Whether this batch timed the draft model's steps (twice: the first runs cold), so
         that its guesses are priced by the batched steps (``draft_seconds_by_k``) without a single
@@ -582,7 +606,7 @@ def _loses(measured: _Measured, before: Callable[[], float] | None) -> bool:
     """Whether the cycles ``measured`` with a kind of guess ran fewer tokens per second than
     the cycles without it (``before``: their rate until those are trusted; None: not known
     then), and no retry is due: a retry runs RETRY_FOR cycles once the cycles without it since
-    the last run took 1 / RETRY_SHARE times what that run lost."""
+    the last run took 1 / RETRY_SHARE times what that run lost (weighed: ``_Measured.weight``)."""
     if measured.retry_left:
         return False
     if measured.guessed.cycles < TRUST_AFTER:
@@ -594,8 +618,12 @@ def _loses(measured: _Measured, before: Callable[[], float] | None) -> bool:
     else:
         return False
     if measured.guessed.rate >= without:
+        measured.weight, measured.retried = 1.0, False
         return False
+    if measured.retried:  # the retry lost again: the next waits longer
+        measured.weight = min(2.0 * measured.weight, RETRY_BACKOFF_MAX)
+        measured.retried = False
     if measured.waited * RETRY_SHARE >= measured.lost(without):
-        measured.retry_left = RETRY_FOR
+        measured.retry_left, measured.retried = RETRY_FOR, True
         return False
     return True

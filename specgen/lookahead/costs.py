@@ -32,6 +32,8 @@ SAME_SPEED = 0.25
 REFIT_LENGTHS = 16
 
 SpeedCheck = Literal["yes", "no", "unknown"]
+# A batch size's verdict on a kind of guess (``PairProfile.batch_rates``).
+Verdict = tuple[float, float, float, float]
 # The costs file's format (``store.write_versioned`` of a ``CostBook.snapshot``): a change to
 # the keys ``snapshot`` writes, or to what they mean, takes the next number, and a file of
 # another number is set aside (its costs are measured afresh).
@@ -125,9 +127,10 @@ class PairProfile:
     host_share: Timing | None = None
     # What batches measured of guessing, by kind ("guessing": any guess; "drafting": a source
     # that costs) and batch size: (tokens a second with it, without it, seconds its last run
-    # lost), kept where both were trusted (``lookahead.batch``), so that a new process (a
-    # server restarted) starts from its verdict instead of paying to learn it again.
-    batch_rates: dict[str, dict[int, tuple[float, float, float]]] = field(default_factory=dict)
+    # lost, as weighed, and that weight), kept where both were trusted (``lookahead.batch``), so
+    # that a new process (a server restarted) starts from its verdict instead of paying to
+    # learn it again.
+    batch_rates: dict[str, dict[int, Verdict]] = field(default_factory=dict)
 
     # The verify costs fitted (seconds by each n seen, never falling as n grows; and the line
     # through them: intercept, slope), kept until the next observation: ``auto`` asks for them
@@ -173,10 +176,7 @@ class PairProfile:
         if "host_share" in snapshot:
             profile.host_share = Timing.remembered(COST_MEMORY, float(snapshot["host_share"]))
         for kind, sizes in snapshot.get("batch_rates", {}).items():
-            profile.batch_rates[kind] = {
-                int(size): (float(with_it), float(without), float(lost))
-                for size, (with_it, without, lost) in sizes.items()
-            }
+            profile.batch_rates[kind] = {int(n): _verdict(rates) for n, rates in sizes.items()}
         return profile
 
     def observe_host(self, host_seconds: float, cycle_seconds: float) -> None:
@@ -409,3 +409,9 @@ class CostBook:
     def copy(self) -> CostBook:
         """An independent book with the same figures (what a new process would restore)."""
         return CostBook.restore(self.snapshot())
+
+
+def _verdict(rates: list[float]) -> Verdict:
+    """A kept verdict; one written before its weight was kept has three figures: weighed once."""
+    with_it, without, lost, *weight = (float(x) for x in rates)
+    return with_it, without, lost, weight[0] if weight else 1.0

@@ -20,8 +20,10 @@ from specgen.drafters.base import Candidate
 from specgen.lookahead.costs import PairProfile, SpeedCheck
 
 # A source is first timed with one guess (a draft slower than the target costs little to find
-# out); exploring a source left alone takes a few.
-TIMING_LOOKAHEAD = 1
+# out); in a batch with two, so that one sequence's cycle times the draft's steps for all
+# (``BatchLoad.draft_timed``: two steps, the first runs cold). Exploring a source left alone
+# takes a few.
+TIMING_LOOKAHEAD, BATCH_TIMING_LOOKAHEAD = 1, 2
 EXPLORE_LOOKAHEAD = 3
 # Cycles to wait before a source left alone is explored again, doubling while it fails.
 EXPLORE_GAP_FIRST, EXPLORE_GAP_MAX = 8, 128

@@ -14,12 +14,14 @@ from specgen.drafters import Candidate, Plan
 from specgen.lookahead import AdaptiveLookahead, BatchLoad, CostBook
 from specgen.lookahead.batch import (
     FIRST_STEP_TOKENS,
+    RETRY_BACKOFF_MAX,
     RETRY_FOR,
     RETRY_SHARE,
     TRUST_AFTER,
     WAVE_SECONDS,
     _Measured,
 )
+from specgen.lookahead.explore import BATCH_TIMING_LOOKAHEAD
 
 MODEL = Candidate("model", "model", 10_000)
 Curve = Callable[[int], float]
@@ -267,6 +269,34 @@ def test_a_step_for_several_sequences_is_not_one_guess_s_cost() -> None:
     assert profile.guess("model") == pytest.approx(draft(1))
 
 
+def test_a_fresh_batch_times_an_untimed_draft_with_one_sequence() -> None:
+    """A guess's cost is the pair's: one sequence's two steps in one cycle time it for the
+    batch. Four timing at once would have the draft read four prompts in one pass before the
+    first guess, and another sequence timing the second step would have it read one more."""
+    load = BatchLoad(CostBook())
+    for slot in range(4):
+        load.join(slot, True)
+    for m in (4, 4, 8):
+        load.observe_target(0.03 + 0.002 * m, m, verifies=False)
+    profile = load.costs.of(True)
+    policies = [AdaptiveLookahead(profile, load=load, slot=slot) for slot in range(4)]
+    probe = Candidate("model", "model", 10_000, setup=11)
+
+    def cycle() -> list[Plan]:
+        plans = [policy.plan([probe], 100) for policy in policies]
+        load.observe_target(0.04, 4 + sum(plan.lookahead for plan in plans))
+        return plans
+
+    plans = cycle()
+    timing = [plan for plan in plans if plan.explore]
+    assert len(timing) == 1 and timing[0].lookahead == BATCH_TIMING_LOOKAHEAD
+    assert sum(plan.lookahead for plan in plans) == BATCH_TIMING_LOOKAHEAD
+    for _ in range(2):  # the two steps, timed by the batch
+        load.observe_draft(0.02, 2, True, "model", 1)
+    assert load.draft_timed()
+    assert not any(plan.explore for plan in cycle()), "timed: none times it again"
+
+
 def test_a_sequence_does_not_draft_only_because_the_others_do() -> None:
     """Three sequences drafting 8 each pay for the draft's steps; a fourth's 8 guesses then add
     only their tokens to each step, and raise the batch's rate over it drafting none. But the
@@ -343,6 +373,59 @@ def test_guessing_that_lost_is_retried_once_plain_cycles_took_many_times_its_los
     assert not load.guessing_loses(), "the retry runs its cycles"
     _cycles(load, 2, 1.0, guessed=True)
     assert load.guessing_loses(), "it lost again: the wait starts afresh"
+
+
+def _plain_until_retry(load: BatchLoad, most: int = 10_000) -> int:
+    """Plain cycles (0.2 s, as ``_guessing_lost``'s) until guessing is retried: how many."""
+    for waited in range(most):
+        if not load.guessing_loses():
+            return waited
+        _cycles(load, 1, 0.2, guessed=False)
+    raise AssertionError("no retry")
+
+
+def _retry(load: BatchLoad, seconds: float) -> None:
+    """A retry's RETRY_FOR cycles with guesses, each of ``seconds``, then a pass that ends the
+    last (its sequences report nothing)."""
+    _cycles(load, RETRY_FOR, seconds, guessed=True)
+    load.observe_target(0.2, 2)
+
+
+def test_a_retry_that_loses_again_waits_twice_as_long_for_the_next() -> None:
+    """Each retry that loses again doubles the weight of its loss, so the plain cycles before
+    the next retry double (up to RETRY_BACKOFF_MAX times the first wait); the weight outlives
+    the process, and a retry that wins starts it afresh."""
+    load = _guessing_lost()
+    waits = []
+    for _ in range(6):
+        waits.append(_plain_until_retry(load))
+        _retry(load, 1.0)  # it loses again
+    assert waits[1] == pytest.approx(2 * waits[0], rel=0.05)
+    assert waits[2] == pytest.approx(4 * waits[0], rel=0.05)
+    assert waits[5] == pytest.approx(RETRY_BACKOFF_MAX * waits[0], rel=0.05)
+    measured = load.measured[2, True]
+    assert measured.weight == RETRY_BACKOFF_MAX
+    restarted = _restarted(load)
+    assert restarted.measured.get((2, True)) is None
+    assert _plain_until_retry(restarted) == pytest.approx(waits[5], rel=0.05)
+    _retry(restarted, 1.0)
+    again = restarted.measured[2, True]
+    assert restarted.guessing_loses() and again.weight == RETRY_BACKOFF_MAX, "still the most"
+    load.measured[2, True].retry_left = RETRY_FOR
+    _cycles(load, 60, 0.05, guessed=True)  # now 40 tokens a second
+    assert not load.guessing_loses() and measured.weight == 1.0
+
+
+def test_a_verdict_kept_before_its_weight_was_is_weighed_once() -> None:
+    """A costs file written before the weight was kept holds three figures a verdict."""
+    load = _guessing_lost()
+    load.observe_target(0.2, 2)
+    snapshot = json.loads(json.dumps(load.costs.snapshot()))
+    rates = snapshot["greedy"]["batch_rates"]["guessing"]["2"]
+    assert len(rates) == 4 and rates[3] == 1.0
+    snapshot["greedy"]["batch_rates"]["guessing"]["2"] = rates[:3]
+    kept = CostBook.restore(snapshot)
+    assert kept.greedy.batch_rates["guessing"][2] == pytest.approx(rates)
 
 
 def test_the_retry_costs_a_bounded_share_however_dear_a_cycle_with_guesses_is() -> None:
@@ -440,7 +523,7 @@ def test_a_remembered_verdict_gives_way_to_what_this_process_measures() -> None:
     assert measured.guessed.rate > measured.plain.rate
     assert not restarted.guessing_loses()
     kept = CostBook.restore(json.loads(json.dumps(restarted.costs.snapshot())))
-    with_it, without, _ = kept.greedy.batch_rates["guessing"][2]
+    with_it, without, _, _ = kept.greedy.batch_rates["guessing"][2]
     assert with_it > without, "the new verdict is what the next process starts from"
 
 
