@@ -129,7 +129,8 @@ class PairProfile:
     # that costs) and batch size: (tokens a second with it, without it, seconds its last run
     # lost, as weighed, and that weight), kept where both were trusted (``lookahead.batch``), so
     # that a new process (a server restarted) starts from its verdict instead of paying to
-    # learn it again.
+    # learn it again. The file keeps the weights apart (``batch_weights``), so that an earlier
+    # specgen still reads the three figures it knows.
     batch_rates: dict[str, dict[int, Verdict]] = field(default_factory=dict)
 
     # The verify costs fitted (seconds by each n seen, never falling as n grows; and the line
@@ -150,8 +151,13 @@ class PairProfile:
             "typical": {key: [a.kept, a.reached] for key, a in self.typical.items()},
             "unchecked": dict(self.left_off_untimed),
             **({"host_share": self.host_share.mean} if self.host_share else {}),
+            # Three figures a verdict, and its weight apart: a file an earlier specgen reads.
             "batch_rates": {
-                kind: {str(size): list(rates) for size, rates in sizes.items()}
+                kind: {str(size): list(rates[:3]) for size, rates in sizes.items()}
+                for kind, sizes in self.batch_rates.items()
+            },
+            "batch_weights": {
+                kind: {str(size): rates[3] for size, rates in sizes.items()}
                 for kind, sizes in self.batch_rates.items()
             },
         }
@@ -175,8 +181,12 @@ class PairProfile:
         profile.left_off_untimed = {s: int(n) for s, n in snapshot.get("unchecked", {}).items()}
         if "host_share" in snapshot:
             profile.host_share = Timing.remembered(COST_MEMORY, float(snapshot["host_share"]))
+        weights = snapshot.get("batch_weights", {})
         for kind, sizes in snapshot.get("batch_rates", {}).items():
-            profile.batch_rates[kind] = {int(n): _verdict(rates) for n, rates in sizes.items()}
+            weight = weights.get(kind, {})
+            profile.batch_rates[kind] = {
+                int(n): _verdict(rates, weight.get(n, 1.0)) for n, rates in sizes.items()
+            }
         return profile
 
     def observe_host(self, host_seconds: float, cycle_seconds: float) -> None:
@@ -411,7 +421,7 @@ class CostBook:
         return CostBook.restore(self.snapshot())
 
 
-def _verdict(rates: list[float]) -> Verdict:
-    """A kept verdict; one written before its weight was kept has three figures: weighed once."""
-    with_it, without, lost, *weight = (float(x) for x in rates)
-    return with_it, without, lost, weight[0] if weight else 1.0
+def _verdict(rates: list[float], weight: float) -> Verdict:
+    """A kept verdict and its weight (a file written before weights were kept has none: 1)."""
+    with_it, without, lost = (float(x) for x in rates)
+    return with_it, without, lost, float(weight)

@@ -416,16 +416,22 @@ def test_a_retry_that_loses_again_waits_twice_as_long_for_the_next() -> None:
     assert not load.guessing_loses() and measured.weight == 1.0
 
 
-def test_a_verdict_kept_before_its_weight_was_is_weighed_once() -> None:
-    """A costs file written before the weight was kept holds three figures a verdict."""
+def test_a_verdict_s_weight_is_kept_apart_and_a_file_without_weights_reads_as_once() -> None:
+    """The costs file keeps each verdict's three figures where an earlier specgen reads them,
+    and the weights apart; a file written before weights were kept reads as weighed once."""
     load = _guessing_lost()
+    load.measured[2, True].weight = 4.0
     load.observe_target(0.2, 2)
     snapshot = json.loads(json.dumps(load.costs.snapshot()))
     rates = snapshot["greedy"]["batch_rates"]["guessing"]["2"]
-    assert len(rates) == 4 and rates[3] == 1.0
-    snapshot["greedy"]["batch_rates"]["guessing"]["2"] = rates[:3]
+    assert len(rates) == 3
+    assert snapshot["greedy"]["batch_weights"]["guessing"]["2"] == 4.0
+    assert CostBook.restore(snapshot).greedy.batch_rates["guessing"][2] == pytest.approx(
+        [*rates, 4.0]
+    )
+    del snapshot["greedy"]["batch_weights"]
     kept = CostBook.restore(snapshot)
-    assert kept.greedy.batch_rates["guessing"][2] == pytest.approx(rates)
+    assert kept.greedy.batch_rates["guessing"][2] == pytest.approx([*rates, 1.0])
 
 
 def test_the_retry_costs_a_bounded_share_however_dear_a_cycle_with_guesses_is() -> None:
