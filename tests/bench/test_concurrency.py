@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from types import ModuleType
 
@@ -10,17 +9,12 @@ import pytest
 
 from specgen.backend import system_info
 from specgen.checks import cpu_features
-
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+from tests.bench import benchmark
 
 
 @pytest.fixture(scope="module")
 def concurrency() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("concurrency", BENCHMARKS / "concurrency.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return benchmark("concurrency")
 
 
 def test_the_features_a_build_has_are_those_set_to_one() -> None:

@@ -2,29 +2,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+from tests.bench import benchmark
+
 Paired = Callable[[list[float], list[float]], tuple[float, float, float]]
 
 
 @pytest.fixture(scope="module")
 def paired_ratio() -> Paired:
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        spec = importlib.util.spec_from_file_location("server_duel", BENCHMARKS / "server_duel.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(BENCHMARKS))
-    found: Paired = module.paired_ratio
+    found: Paired = benchmark("server_duel").paired_ratio
     return found
 
 

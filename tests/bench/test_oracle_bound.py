@@ -1,0 +1,79 @@
+"""``benchmarks/oracle_bound.py``: the fewest cycles a text allows, and the bound's arithmetic,
+on texts small enough to count by hand."""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import numpy as np
+import pytest
+
+from tests.bench import benchmark
+
+
+@pytest.fixture(scope="module")
+def oracle() -> ModuleType:
+    return benchmark("oracle_bound")
+
+
+def test_prompt_lookup_reads_on_from_any_earlier_place_of_the_last_token(
+    oracle: ModuleType,
+) -> None:
+    # At x = 1 the text so far ends in 1, seen at the prompt's start: 2, 3, 1 follow there.
+    assert oracle.lookup_runs([1, 2, 3], [1, 2, 3, 1], [], 32) == [0, 3, 2, 1]
+    # Another request's text holds 3 then 1: the first position has a guess too.
+    assert oracle.lookup_runs([1, 2, 3], [1, 2, 3, 1], [[3, 1]], 32) == [1, 3, 2, 1]
+    assert oracle.lookup_runs([1, 2, 3], [1, 2, 3, 1], [], 2) == [0, 2, 2, 1]
+
+
+def test_a_cycle_keeps_its_right_guesses_and_the_target_s_token(oracle: ModuleType) -> None:
+    none = [0] * 6
+    assert oracle.cycles_by_draft(none, none, 32).tolist() == [6] * 7
+    # Three from the first position (two guesses and the target's), then one a cycle.
+    assert oracle.cycles_by_draft([2, 0, 0, 0, 0, 0], none, 32)[0] == 4
+    # The draft model's guesses are counted: every one saves a cycle, up to one cycle in all.
+    draft = [5, 4, 3, 2, 1, 0]
+    assert oracle.cycles_by_draft(none, draft, 32).tolist() == [6, 5, 4, 3, 2, 1, 1]
+    # At most ``cap`` guesses a cycle.
+    assert oracle.cycles_by_draft(none, draft, 2).tolist() == [6, 5, 4, 3, 2, 2, 2]
+
+
+def test_runs_of_both_sources_chain_within_a_cycle(oracle: ModuleType) -> None:
+    # Prompt lookup guesses position 0, the draft model 1 and 2 from there: one cycle for two
+    # of its guesses, two cycles for one, three for none.
+    assert oracle.cycles_by_draft([1, 0, 0, 0], [0, 2, 1, 0], 32).tolist() == [3, 2, 1, 1, 1]
+
+
+def test_a_client_s_texts_share_its_cycles_and_the_draft_s_guesses(oracle: ModuleType) -> None:
+    by_draft = np.array([2, 1, 1])  # two tokens: two cycles, one with a guess of the draft's
+    need = oracle.draft_for_cycles(by_draft, 4)
+    assert need.tolist()[1:] == [1, 0, 0, 0] and need[0] >= 10**9
+    both = oracle.min_plus(need, need)
+    assert both.tolist()[2:] == [2, 1, 0]
+
+
+def test_the_passes_hull_lies_under_every_timing(oracle: ModuleType) -> None:
+    hull = oracle.lower_hull({1: 10.0, 2: 30.0, 3: 20.0, 4: 40.0})
+    assert hull == [(1, 10.0), (3, 20.0), (4, 40.0)]
+    assert oracle.phi(hull, 2) == pytest.approx(15.0)
+    assert oracle.phi(hull, 5) == pytest.approx(60.0)  # the last segment's line past its end
+
+
+def test_more_clients_share_a_pass_s_fixed_cost(oracle: ModuleType) -> None:
+    plain = [np.array([2, 2, 2]), np.array([2, 2, 2])]  # two texts of two tokens, no guesses
+    hull = oracle.lower_hull({1: 2.0, 3: 4.0})  # a pass: 1 s, and 1 s a token
+    # One client: four passes of a token each; two: two passes of two.
+    assert oracle.bound(plain, 1, hull, 0.0, 0)[:2] == (pytest.approx(8.0), 4)
+    assert oracle.bound(plain, 2, hull, 0.0, 0)[:2] == (pytest.approx(6.0), 2)
+    # The prompts' tokens are read in the passes too.
+    assert oracle.bound(plain, 2, hull, 0.0, 4)[0] == pytest.approx(10.0)
+    # A guess of the draft model's costs its share of a step.
+    guessed = [np.array([2, 1, 1]), np.array([2, 1, 1])]
+    assert oracle.bound(guessed, 2, hull, 0.25, 0) == (pytest.approx(5.5), 1, 2)
+
+
+def test_a_text_that_repeats_is_read_on_past_its_end(oracle: ModuleType) -> None:
+    """Prompt lookup guesses a text that repeats every P tokens goes on doing so: the bound
+    reads on as far, or it would fall below what specgen's own lookup keeps."""
+    # After 1 2 1 2, the earlier 2 (two back) is followed by 1 2, and then 1 2 again.
+    assert oracle.lookup_runs([1, 2, 1, 2], [1, 2, 1, 2, 1], [], 32)[0] == 5
