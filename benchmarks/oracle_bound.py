@@ -50,6 +50,9 @@ from specgen.backend import LlamaModel, ModelOptions  # noqa: E402
 from specgen.drafters.ngram import NGRAM_SPAN  # noqa: E402
 from specgen.lookahead.adaptive import AUTO_MAX_LOOKAHEAD  # noqa: E402
 
+# Draft guesses no schedule needs: a cycle count that no number of guesses reaches.
+UNREACHABLE = 10**9
+
 
 def prompt_text(i: int) -> str:
     """Request ``i``'s prompt, as ``concurrency.body`` sends it."""
@@ -156,7 +159,7 @@ def cycles_by_draft(lookup: list[int], draft: list[int], cap: int) -> np.ndarray
 def draft_for_cycles(by_draft: np.ndarray, most: int) -> np.ndarray:
     """The fewest draft guesses that produce a text in at most P cycles, for P = 0..``most``
     (a large number where none can)."""
-    out = np.full(most + 1, 10**9, dtype=np.int64)
+    out = np.full(most + 1, UNREACHABLE, dtype=np.int64)
     for d in range(len(by_draft) - 1, -1, -1):  # the least d reaching each cycle count
         cycles = int(by_draft[d])
         if cycles <= most:
@@ -166,7 +169,7 @@ def draft_for_cycles(by_draft: np.ndarray, most: int) -> np.ndarray:
 
 def min_plus(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """c[P] = min over P1 + P2 = P of a[P1] + b[P2]: two texts one after another in P cycles."""
-    out = np.full(len(a), 10**9, dtype=np.int64)
+    out = np.full(len(a), UNREACHABLE, dtype=np.int64)
     for p1 in range(len(a)):
         out[p1:] = np.minimum(out[p1:], a[p1] + b[: len(a) - p1])
     return out
@@ -223,7 +226,7 @@ def bound(
         from_here[p] = min(from_here[p], from_here[p + 1])
     best = (float("inf"), 0, 0)
     for p in range(1, most + 1):
-        if need[p] >= 10**9:
+        if need[p] >= UNREACHABLE:
             continue
         seconds = from_here[p] + per_guess * int(need[p])
         if seconds < best[0]:
