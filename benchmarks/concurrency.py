@@ -4,9 +4,12 @@
 without it, each take C clients sharing one fixed workload of R distinct `/v1/completions`
 requests (non-streaming; client i sends requests i, i+C, i+2C, ... one after another). Each
 figure is measured on a fresh server: the sum of `usage.completion_tokens` over the wall time
-from the first request sent to the last answer received, and the mean request latency. The table
+from the first request sent to the last answer received (llama-server's less the end-of-generation
+token it counts and specgen does not), and the mean request latency. The table
 names each side's llama.cpp build (the features of specgen's, as `specgen doctor` lists them,
-the CMake flags of llama-server's): compare servers of the same build, or say so.
+the CMake flags of llama-server's): compare servers of the same build, or say so. Sampled
+(``--temperature``), each server draws its own texts from the request seeds, of other lengths:
+one figure a server compares one set of texts; ``server_duel.py --new-seeds`` compares many.
 
     python benchmarks/concurrency.py --target T.gguf --draft D.gguf --clients 1,2,4,8 -n 128
 """
@@ -97,7 +100,8 @@ def main() -> None:
             print(f"{name}, {c} clients: {shlex.join(flags)}", file=sys.stderr)
             row = dict(pair=label, server=name, flags=shlex.join(flags), clients=c, agg_tps=None)
             row["build"] = builds.get("specgen" if name.startswith("specgen") else "llama-server")
-            rows.append(row := {**row, "mean_latency_s": None, **measure(program, flags, c, args)})
+            measured = measure(program, flags, c, args, eog_counted=name in LLAMA)
+            rows.append(row := {**row, "mean_latency_s": None, **measured})
             print(
                 f"  {row.get('completion_tokens')} tokens, {fmt(row['agg_tps'])} tok/s",
                 file=sys.stderr,
@@ -181,7 +185,8 @@ def command(
     return program, flags
 
 
-def body(i: int, args: argparse.Namespace) -> dict[str, object]:
+def body(i: int, args: argparse.Namespace, seeds: int = 0) -> dict[str, object]:
+    """Request ``i`` of the workload; sampled, with the seed ``seeds + i``."""
     prompt = PROMPTS[i % len(PROMPTS)]
     if i >= len(PROMPTS):  # keep every request distinct past the list
         prompt += f" (Version {i // len(PROMPTS) + 1}.)"
@@ -190,12 +195,16 @@ def body(i: int, args: argparse.Namespace) -> dict[str, object]:
     request: dict[str, object] = dict(prompt=prompt + "\n", max_tokens=args.max_tokens)
     request["temperature"] = args.temperature
     if args.temperature > 0:
-        request.update(seed=i, top_k=40, top_p=0.95, min_p=0.05)
+        request.update(seed=seeds + i, top_k=40, top_p=0.95, min_p=0.05)
     return request
 
 
 def measure(
-    program: list[str], flags: list[str], clients: int, args: argparse.Namespace
+    program: list[str],
+    flags: list[str],
+    clients: int,
+    args: argparse.Namespace,
+    eog_counted: bool = False,
 ) -> dict[str, object]:
     """Start a fresh server, wait for /health to say 200, run the workload, stop the server."""
     port = free_port()
@@ -209,7 +218,7 @@ def measure(
             log.seek(0)
             tail = log.read().decode(errors="replace")[-2000:]
             return {"error": f"server exited with {server.returncode}: {tail}"}
-        return workload(url, clients, args)
+        return workload(url, clients, args, eog_counted=eog_counted)
     finally:
         stop(server)
         log.close()
@@ -244,8 +253,14 @@ def stop(server: subprocess.Popen[bytes]) -> None:
         server.wait()
 
 
-def workload(url: str, clients: int, args: argparse.Namespace) -> dict[str, object]:
-    bodies = [body(i, args) for i in range(args.requests)]
+def workload(
+    url: str, clients: int, args: argparse.Namespace, seeds: int = 0, eog_counted: bool = False
+) -> dict[str, object]:
+    """``args.requests`` requests sent by ``clients`` clients (sampled, with the seeds from
+    ``seeds`` on). ``eog_counted``: the server counts an answer's end-of-generation token in
+    ``completion_tokens`` (llama-server does, specgen does not): left out here, so that both
+    count the tokens of the text alike."""
+    bodies = [body(i, args, seeds) for i in range(args.requests)]
     tokens, latency = [0] * len(bodies), [0.0] * len(bodies)
     sent, answered, errors = [], [], []
     barrier = threading.Barrier(clients)
@@ -261,7 +276,11 @@ def workload(url: str, clients: int, args: argparse.Namespace) -> dict[str, obje
                     if reply.status_code != 200:
                         errors.append(f"request {j}: HTTP {reply.status_code} {reply.text[:200]}")
                     else:
-                        tokens[j] = reply.json()["usage"]["completion_tokens"]
+                        answer = reply.json()
+                        tokens[j] = answer["usage"]["completion_tokens"]
+                        # No stop strings are sent: "stop" is an end-of-generation token.
+                        ended = answer["choices"][0]["finish_reason"] == "stop"
+                        tokens[j] -= int(eog_counted and ended and tokens[j] > 0)
                 except (httpx.HTTPError, KeyError, ValueError) as err:
                     errors.append(f"request {j}: {err!r}")
                 answered.append(time.perf_counter())
@@ -307,7 +326,8 @@ def report(
     print(
         f"{args.requests} distinct /v1/completions requests per figure, max_tokens "
         f"{args.max_tokens}, {sampling}; non-streaming; a fresh server per figure; "
-        "flags: all but the model paths and --port"
+        "flags: all but the model paths and --port; tokens: the text's (llama-server's "
+        "count less the end-of-generation token it adds)"
     )
     for side, build in builds.items():
         print(f"- {side}'s llama.cpp build: {build or 'unknown'}")

@@ -21,6 +21,14 @@ across rounds (a warm server would otherwise guess its repeated answers whole).
 ``--fresh``: each workload runs on a server started for it and stopped after (as
 ``concurrency.py``'s figures do), each server keeping its own cache from one start to the next,
 as a user's restarted server does: what a process learns that the next one starts from.
+
+``NAME@llama-server=FLAGS``: llama.cpp's llama-server (``--llama-server``, or the one
+``llama-cpp-peer.sh`` built) as ``concurrency.py`` starts it (``-c 8192 -np`` the most clients
+``-t 2``, then FLAGS; ``--common`` is specgen's only), its tokens counted as specgen counts
+them. Sampled, each server samples with its own generator, so one set of seeds gives each server
+texts of its own, of other lengths (one such set gave llama-server 442 tokens of SmolLM2's 1024
+where specgen wrote 784) for every round: ``--new-seeds`` gives each round seeds of its own, the
+same for every server in the round, so the rounds compare the servers over many texts.
 """
 
 from __future__ import annotations
@@ -37,7 +45,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from concurrency import free_port, healthy, httpx, stop, workload  # noqa: E402
+from concurrency import free_port, healthy, httpx, peer_server, stop, workload  # noqa: E402
 from paired import paired_ratio  # noqa: E402
 
 HERE = Path(__file__).resolve().parents[1]
@@ -60,6 +68,10 @@ def main() -> None:
     parser.add_argument(
         "--fresh", action="store_true", help="a server started for each workload, its cache kept"
     )
+    parser.add_argument(
+        "--new-seeds", action="store_true", help="sampled: each round's requests, new seeds"
+    )
+    parser.add_argument("--llama-server", help="llama-server path (default: llama-cpp-peer.sh's)")
     args = parser.parse_args()
     counts = [int(c) for c in args.clients.split(",")]
     if len(args.server) < 2:
@@ -67,6 +79,10 @@ def main() -> None:
     scratch = Path(tempfile.mkdtemp(prefix="specgen-duel-"))
     servers: dict[str, tuple[subprocess.Popen[bytes], str]] = {}
     specs = {spec.partition("=")[0].partition("@")[0]: spec for spec in args.server}
+    if any("@llama-server=" in spec for spec in args.server):
+        args.llama_server = args.llama_server or peer_server()
+        if not args.llama_server:
+            parser.error("no llama-server: give --llama-server, or build llama-cpp-peer.sh's")
     try:
         if not args.fresh:
             for spec in args.server:
@@ -76,16 +92,18 @@ def main() -> None:
         rates: dict[tuple[str, int], list[float]] = {(s, c): [] for s in names for c in counts}
         for round_ in range(args.rounds + 1):
             order = names if round_ % 2 else names[::-1]
+            seeds = 1000 * round_ if args.new_seeds else 0
             for clients in counts:
                 for name in order:
+                    llama = "@llama-server=" in specs[name]
                     if args.fresh:
                         _, url, process = start(specs[name], max(counts), args, scratch)
                         try:
-                            row = workload(url, clients, args)
+                            row = workload(url, clients, args, seeds, eog_counted=llama)
                         finally:
                             stop(process)
                     else:
-                        row = workload(servers[name][1], clients, args)
+                        row = workload(servers[name][1], clients, args, seeds, eog_counted=llama)
                     if "error" in row:
                         sys.exit(f"{name} at {clients} clients: {row['error']}")
                     if round_:
@@ -111,7 +129,8 @@ def main() -> None:
             )
             print(f"{clients} clients, paired by round (/ {names[0]}, 95% interval): {paired}")
         for name in servers:
-            print(f"{name}: {batches(servers[name][1])}")
+            if "@llama-server=" not in specs[name]:
+                print(f"{name}: {batches(servers[name][1])}")
     finally:
         for process, _ in servers.values():
             stop(process)
@@ -124,16 +143,21 @@ def start(
     """Start one server of ``NAME[@TREE]=FLAGS`` and wait for /health: its name, URL, process."""
     head, _, flags = spec.partition("=")
     name, _, tree = head.partition("@")
-    root = Path(tree).resolve() if tree else HERE
-    cache = scratch / f"cache-{name}"  # kept from one start to the next (``--fresh``)
-    if not cache.exists() and args.cache is not None:
-        shutil.copytree(args.cache, cache)
-    cache.mkdir(exist_ok=True)
     port = free_port()
-    env = {**os.environ, "SPECGEN_CACHE": str(cache), "PYTHONPATH": str(root)}
-    program = [sys.executable, "-m", "specgen", "serve", "--target", args.target]
-    program += ["--draft", args.draft, "--threads", "2", "--parallel", str(parallel)]
-    program += [*shlex.split(args.common), *shlex.split(flags), "--port", str(port)]
+    if tree == "llama-server":
+        program = [args.llama_server, "-m", args.target, "-c", "8192", "-np", str(parallel)]
+        program += ["-t", "2", *shlex.split(flags), "--port", str(port)]
+        root, env = HERE, dict(os.environ)
+    else:
+        root = Path(tree).resolve() if tree else HERE
+        cache = scratch / f"cache-{name}"  # kept from one start to the next (``--fresh``)
+        if not cache.exists() and args.cache is not None:
+            shutil.copytree(args.cache, cache)
+        cache.mkdir(exist_ok=True)
+        env = {**os.environ, "SPECGEN_CACHE": str(cache), "PYTHONPATH": str(root)}
+        program = [sys.executable, "-m", "specgen", "serve", "--target", args.target]
+        program += ["--draft", args.draft, "--threads", "2", "--parallel", str(parallel)]
+        program += [*shlex.split(args.common), *shlex.split(flags), "--port", str(port)]
     log = open(scratch / f"{name}.log", "wb")  # noqa: SIM115 (the server's, till it stops)
     process = subprocess.Popen(program, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
