@@ -42,14 +42,18 @@ guesses is (a draft that must catch up on what it missed, a slow quantized draft
 that loses again doubles the weight of its loss (up to ``RETRY_BACKOFF_MAX`` times), so a
 batch size where guessing keeps losing spends a share that halves with each retry (a tenth of a
 percent or so), not three per cent for good; one that wins starts the weight afresh. Cycles where
-a source that costs (a draft model, a head) drafted are measured the same way against the
-others (plain, or prompt lookup's free guesses alone): where they measured slower, only free
-guesses are made at that size (retried alike), and a draft's read must pay by that measure.
+a source that costs (a draft model, a head) drafted are measured the same way against plain
+cycles (not against prompt lookup's free guesses alone, which come where the text repeats and
+would price the draft against runs it is not offered beside): where they measured slower, only
+free guesses are made at that size (retried alike), and a draft's read must pay by that measure.
 These rates are kept apart by mode (greedy guesses survive far more often than sampled ones)
 and outlive the process (``PairProfile.batch_rates``, in the costs file): a server started
-again begins each size and mode from the last verdict, weighed as one cycle, and retries it as
-the last process would have, instead of paying again to learn it (on a CPU a fresh server's
-first cycles of a draft model's guesses at each size cost several percent of a short run).
+again begins each size and mode from the last verdict instead of paying again to learn it (on
+a CPU a fresh server's first cycles of a draft model's guesses at each size cost several
+percent of a short run). Where guessing lost, the verdict weighs one cycle and is retried as
+the last process would have; where it won, it weighs the seconds of cycles behind it, as if
+that process went on, since a new process's first few cycles with guesses (a long guess that
+missed among them) would otherwise overturn it and leave the batch plain until a retry.
 
 A batch that nothing will join (``closed``: the last prompts of a file) takes as long as its
 longest sequence: there a sequence ahead of another plans no guesses while, going plainly, it
@@ -167,15 +171,23 @@ class _Measured:
         return self.guessed.rate, plain, max(0.0, self.lost(plain)), self.weight
 
     @classmethod
-    def remembered(cls, verdict: Verdict, size: int) -> _Measured:
+    def remembered(cls, verdict: Verdict, size: int, evidence: float = 0.0) -> _Measured:
         """Rates an earlier process measured at a batch of ``size``, trusted at once but
         weighing one cycle each (of a token a sequence), so that this process's own soon
         outweigh them; a retry of a kind that lost waits as one after that last run would, and
-        one that loses again waits as long again as that process's next would have."""
+        one that loses again waits as long again as that process's next would have. Where the
+        kind of guess won, its rate weighs the ``evidence`` behind it (the seconds of its
+        cycles, as forgotten), as if that process went on: a batch that guesses goes on
+        measuring its guesses, and its first few cycles, a long guess that missed among them,
+        would otherwise overturn what dozens measured and leave it plain until a retry (a
+        restarted server at two clients ran 0.8x of its guessing so). Where it lost, a retry
+        judges it again, as soon as the last process's would have."""
         with_it, without, lost, weight = verdict
         measured = cls(run_seconds=lost / weight, weight=weight)
         for rate, into in ((with_it, measured.guessed), (without, measured.plain)):
             seconds = size / max(rate, 1e-9)
+            if into is measured.guessed and with_it >= without:
+                seconds = max(seconds, evidence)
             into.tokens, into.seconds, into.cycles = rate * seconds, seconds, TRUST_AFTER
         return measured
 
@@ -465,9 +477,13 @@ class BatchLoad:
         table = self.measured if kind == "guessing" else self.drafting
         found = table.get((size, mode))
         if found is None:
-            kept = {} if mode is None else self.costs.of(mode).batch_rates.get(kind, {})
-            verdict = kept.get(size)
-            found = _Measured() if verdict is None else _Measured.remembered(verdict, size)
+            profile = None if mode is None else self.costs.of(mode)
+            verdict = None if profile is None else profile.batch_rates.get(kind, {}).get(size)
+            if profile is None or verdict is None:
+                found = _Measured()
+            else:
+                evidence = profile.batch_evidence.get(kind, {}).get(size, 0.0)
+                found = _Measured.remembered(verdict, size, evidence)
             table[size, mode] = found
         return found
 
@@ -516,10 +532,18 @@ class BatchLoad:
             return
         for kind, with_it in (("guessing", cycle.guessed), ("drafting", cycle.drafted)):
             measured = self._measured(kind, cycle.size, cycle.mode)
+            if kind == "drafting" and cycle.guessed and not with_it:
+                # Free guesses alone: what a draft model would have given is not what prompt
+                # lookup gave where the text repeats. Its time counts towards a retry.
+                measured.waited += cycle.seconds
+                continue
             measured.add(with_it, cycle.tokens, cycle.seconds, cycle.read)
             verdict = measured.verdict()
             if verdict is not None and cycle.mode is not None:  # for the next process
-                self.costs.of(cycle.mode).batch_rates.setdefault(kind, {})[cycle.size] = verdict
+                profile = self.costs.of(cycle.mode)
+                profile.batch_rates.setdefault(kind, {})[cycle.size] = verdict
+                evidence = profile.batch_evidence.setdefault(kind, {})
+                evidence[cycle.size] = measured.guessed.seconds
 
     def guessing_loses(self) -> bool:
         """Whether, at the batch's size now, cycles with guesses measured fewer tokens per
@@ -530,8 +554,8 @@ class BatchLoad:
 
     def drafting_loses(self) -> bool:
         """Whether, at the batch's size now, cycles where a source that costs (a draft model,
-        a head) drafted measured fewer tokens per second than cycles where none did (plain, or
-        free guesses alone): then none drafts with one, but for a retry now and then, as
+        a head) drafted measured fewer tokens per second than plain cycles (those with free
+        guesses alone are left out): then none drafts with one, but for a retry now and then, as
         ``guessing_loses``. On a CPU a draft model's batched step can cost as much as the
         target's pass, while prompt lookup's guesses cost nothing."""
         return _loses(self._measured("drafting", len(self.slots), self._mode()), None)

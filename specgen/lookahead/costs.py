@@ -132,6 +132,9 @@ class PairProfile:
     # learn it again. The file keeps the weights apart (``batch_weights``), so that an earlier
     # specgen still reads the three figures it knows.
     batch_rates: dict[str, dict[int, Verdict]] = field(default_factory=dict)
+    # Alike: the seconds of cycles with the kind of guess behind each verdict's first rate (a
+    # forgetting sum), what a new process weighs a verdict that guessing wins as.
+    batch_evidence: dict[str, dict[int, float]] = field(default_factory=dict)
 
     # The verify costs fitted (seconds by each n seen, never falling as n grows; and the line
     # through them: intercept, slope), kept until the next observation: ``auto`` asks for them
@@ -160,6 +163,10 @@ class PairProfile:
                 kind: {str(size): rates[3] for size, rates in sizes.items()}
                 for kind, sizes in self.batch_rates.items()
             },
+            "batch_evidence": {
+                kind: {str(size): round(seconds, 4) for size, seconds in sizes.items()}
+                for kind, sizes in self.batch_evidence.items()
+            },
         }
 
     @classmethod
@@ -187,6 +194,8 @@ class PairProfile:
             profile.batch_rates[kind] = {
                 int(n): _verdict(rates, weight.get(n, 1.0)) for n, rates in sizes.items()
             }
+        for kind, sizes in snapshot.get("batch_evidence", {}).items():
+            profile.batch_evidence[kind] = {int(n): float(s) for n, s in sizes.items()}
         return profile
 
     def observe_host(self, host_seconds: float, cycle_seconds: float) -> None:

@@ -533,6 +533,44 @@ def test_a_remembered_verdict_gives_way_to_what_this_process_measures() -> None:
     assert with_it > without, "the new verdict is what the next process starts from"
 
 
+def test_a_remembered_verdict_that_guessing_wins_weighs_the_cycles_behind_it() -> None:
+    """A batch that measured guessing faster over many cycles leaves the seconds behind that
+    rate in the costs file: a new process's first unlucky cycles with guesses (a long guess
+    that missed) do not overturn it, as they would a verdict weighed as one cycle (a file
+    written before the seconds were kept), and many such cycles still do, as they would have
+    had the earlier process gone on."""
+    load = BatchLoad(CostBook())
+    for slot in (0, 1):
+        load.join(slot, True)
+    _cycles(load, TRUST_AFTER, 0.2, guessed=False)  # 10 tokens a second
+    _cycles(load, 40, 0.1, guessed=True)  # 20 tokens a second
+    load.observe_target(0.2, 2)
+    assert not load.guessing_loses()
+    snapshot = json.loads(json.dumps(load.costs.snapshot()))
+    behind = snapshot["greedy"]["batch_evidence"]["guessing"]["2"]
+    assert behind == pytest.approx(load.measured[2, True].guessed.seconds, abs=1e-4)
+    assert behind > 1.0  # some 17 cycles of 0.1 s, as forgotten
+
+    def unlucky(restarted: BatchLoad, count: int) -> None:
+        _cycles(restarted, count, 0.5, guessed=True)  # 4 tokens a second
+        restarted.observe_target(0.2, 2)
+
+    restarted = _restarted(load)
+    assert not restarted.guessing_loses()
+    unlucky(restarted, 2)
+    assert not restarted.guessing_loses(), "two cycles do not overturn forty"
+    unlucky(restarted, 40)
+    assert restarted.guessing_loses(), "forty do"
+
+    del snapshot["greedy"]["batch_evidence"]
+    earlier = BatchLoad(CostBook.restore(snapshot))
+    for slot in (0, 1):
+        earlier.join(slot, True)
+    assert not earlier.guessing_loses()
+    unlucky(earlier, 2)
+    assert earlier.guessing_loses(), "a verdict weighed as one cycle gives way at once"
+
+
 def test_a_draft_s_read_pays_where_what_guessing_measured_saves_more_than_it() -> None:
     """Where this batch size measured guessing a little faster than plain, a read before the
     first guess pays for a long answer and not for a short one; before the rates are trusted,
@@ -606,16 +644,16 @@ def _kind_cycles(
 
 
 def test_a_batch_that_measures_a_draft_model_slower_than_going_without_drafts_no_more() -> None:
-    """Cycles where a draft model guessed measured slower than those where none did (prompt
-    lookup's free guesses, plain cycles): drafting loses while guessing does not, and the
-    policy then takes free guesses or none, never the draft model's, and does not explore it;
-    a retry comes as guessing's does."""
+    """Cycles where a draft model guessed measured slower than plain ones: drafting loses
+    while guessing does not (prompt lookup's free guesses are faster), and the policy then
+    takes free guesses or none, never the draft model's, and does not explore it; a retry
+    comes as guessing's does."""
     load, policy = _two_sequences_learned((1, 2, 3, 4, 8, 16, 64))
     ngram = Candidate("ngram", "ngram4", 4, (5, 6, 7, 8))
     assert policy.plan([MODEL, ngram], 10_000).candidate == MODEL  # the formula's choice
     _kind_cycles(load, TRUST_AFTER + 1, 0.15, kept=1, source=None)  # plain: 13 tokens a second
     _kind_cycles(load, TRUST_AFTER, 0.2, kept=2, source="ngram")  # prompt lookup's: 20 a second
-    _kind_cycles(load, TRUST_AFTER + 1, 0.4, kept=3, source="model")  # the model's: 15 a second
+    _kind_cycles(load, TRUST_AFTER + 1, 0.5, kept=3, source="model")  # the model's: 12 a second
     load.observe_target(0.15, 2)
     assert not load.guessing_loses() and load.drafting_loses()
     assert not load.read_pays(1, 10_000)
@@ -627,6 +665,29 @@ def test_a_batch_that_measures_a_draft_model_slower_than_going_without_drafts_no
     measured.waited = measured.lost(measured.plain.rate) / RETRY_SHARE  # the retry is due
     assert not load.drafting_loses()
     assert load.read_pays(1, 10_000), "a retry reads what it must, or it never drafts"
+
+
+def test_a_draft_model_is_measured_against_plain_cycles_not_prompt_lookups_runs() -> None:
+    """Prompt lookup guesses where the text repeats, and its cycles there run fast; a draft
+    model guesses where lookup has nothing. A draft model's cycles faster than plain ones but
+    slower than lookup's do not lose: measured against both, they would, and the batch would
+    go plain where lookup has no match. The lookup cycles' time counts towards a retry."""
+    load, policy = _two_sequences_learned((1, 2, 3, 4, 8, 16, 64))
+    _kind_cycles(load, TRUST_AFTER + 1, 0.15, kept=1, source=None)  # plain: 13 tokens a second
+    _kind_cycles(load, 3 * TRUST_AFTER, 0.1, kept=3, source="ngram")  # lookup's: 60 a second
+    _kind_cycles(load, TRUST_AFTER + 1, 0.4, kept=3, source="model")  # the model's: 15 a second
+    load.observe_target(0.15, 2)
+    assert not load.guessing_loses() and not load.drafting_loses()
+    measured = load.drafting[2, True]
+    assert measured.plain.rate == pytest.approx(2 / 0.15)  # lookup's cycles are not in it
+    assert measured.plain.cycles == TRUST_AFTER + 1
+    _kind_cycles(load, 2 * TRUST_AFTER, 1.0, kept=3, source="model")  # now 6 tokens a second
+    load.observe_target(0.15, 2)
+    assert load.drafting_loses()
+    before = measured.waited
+    _kind_cycles(load, 2, 0.1, kept=3, source="ngram")
+    load.observe_target(0.15, 2)
+    assert measured.waited == pytest.approx(before + 0.2)
 
 
 def test_a_retry_counts_the_draft_s_reads_in_what_it_lost() -> None:
