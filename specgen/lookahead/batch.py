@@ -179,9 +179,8 @@ class _Measured:
         kind of guess won, its rate weighs the ``evidence`` behind it (the seconds of its
         cycles, as forgotten), as if that process went on: a batch that guesses goes on
         measuring its guesses, and its first few cycles, a long guess that missed among them,
-        would otherwise overturn what dozens measured and leave it plain until a retry (a
-        restarted server at two clients ran 0.8x of its guessing so). Where it lost, a retry
-        judges it again, as soon as the last process's would have."""
+        would otherwise overturn what dozens measured and leave it plain until a retry.
+        Where it lost, a retry judges it again, as soon as the last process's would have."""
         with_it, without, lost, weight = verdict
         measured = cls(run_seconds=lost / weight, weight=weight)
         for rate, into in ((with_it, measured.guessed), (without, measured.plain)):
