@@ -45,7 +45,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from concurrency import free_port, healthy, httpx, peer_server, stop, workload  # noqa: E402
+from concurrency import (  # noqa: E402
+    command,
+    free_port,
+    healthy,
+    httpx,
+    peer_server,
+    stop,
+    workload,
+)
 from paired import paired_ratio  # noqa: E402
 
 HERE = Path(__file__).resolve().parents[1]
@@ -79,7 +87,7 @@ def main() -> None:
     scratch = Path(tempfile.mkdtemp(prefix="specgen-duel-"))
     servers: dict[str, tuple[subprocess.Popen[bytes], str]] = {}
     specs = {spec.partition("=")[0].partition("@")[0]: spec for spec in args.server}
-    if any("@llama-server=" in spec for spec in args.server):
+    if any(is_llama(spec) for spec in args.server):
         args.llama_server = args.llama_server or peer_server()
         if not args.llama_server:
             parser.error("no llama-server: give --llama-server, or build llama-cpp-peer.sh's")
@@ -95,7 +103,7 @@ def main() -> None:
             seeds = 1000 * round_ if args.new_seeds else 0
             for clients in counts:
                 for name in order:
-                    llama = "@llama-server=" in specs[name]
+                    llama = is_llama(specs[name])
                     if args.fresh:
                         _, url, process = start(specs[name], max(counts), args, scratch)
                         try:
@@ -129,7 +137,7 @@ def main() -> None:
             )
             print(f"{clients} clients, paired by round (/ {names[0]}, 95% interval): {paired}")
         for name in servers:
-            if "@llama-server=" not in specs[name]:
+            if not is_llama(specs[name]):
                 print(f"{name}: {batches(servers[name][1])}")
     finally:
         for process, _ in servers.values():
@@ -144,9 +152,9 @@ def start(
     head, _, flags = spec.partition("=")
     name, _, tree = head.partition("@")
     port = free_port()
-    if tree == "llama-server":
-        program = [args.llama_server, "-m", args.target, "-c", "8192", "-np", str(parallel)]
-        program += ["-t", "2", *shlex.split(flags), "--port", str(port)]
+    if is_llama(spec):  # as concurrency.py starts it
+        program, given = command("llama-server", parallel, args, True, args.llama_server)
+        program += [*given, *shlex.split(flags), "--port", str(port)]
         root, env = HERE, dict(os.environ)
     else:
         root = Path(tree).resolve() if tree else HERE
@@ -165,6 +173,11 @@ def start(
         tail = (scratch / f"{name}.log").read_text(errors="replace")[-2000:]
         sys.exit(f"{name} exited with {process.returncode}: {tail}")
     return name, url, process
+
+
+def is_llama(spec: str) -> bool:
+    """Whether ``NAME[@TREE]=FLAGS`` names llama-server (TREE ``llama-server``)."""
+    return spec.partition("=")[0].partition("@")[2] == "llama-server"
 
 
 def batches(url: str) -> str:

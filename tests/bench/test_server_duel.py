@@ -44,3 +44,14 @@ def test_one_round_has_no_interval(paired_ratio: Paired) -> None:
     ratio, low, high = paired_ratio([50.0], [55.0])
     assert ratio == pytest.approx(1.1)
     assert (low, high) == (0.0, math.inf)
+
+
+def test_a_server_is_llama_server_by_its_tree_alone() -> None:
+    """``NAME@llama-server=FLAGS`` is llama-server (its tokens counted less the end); a
+    specgen worktree, or flags that mention it, are not."""
+    is_llama = benchmark("server_duel").is_llama
+    assert is_llama("llama@llama-server=")
+    assert is_llama("spec@llama-server=-md d.gguf --spec-type draft-simple")
+    assert not is_llama("main=")
+    assert not is_llama("old@/tmp/worktree=-k 0")
+    assert not is_llama("odd=--alias x@llama-server=y")
