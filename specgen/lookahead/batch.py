@@ -476,13 +476,13 @@ class BatchLoad:
         table = self.measured if kind == "guessing" else self.drafting
         found = table.get((size, mode))
         if found is None:
-            profile = None if mode is None else self.costs.of(mode)
-            verdict = None if profile is None else profile.batch_rates.get(kind, {}).get(size)
-            if profile is None or verdict is None:
-                found = _Measured()
-            else:
-                evidence = profile.batch_evidence.get(kind, {}).get(size, 0.0)
-                found = _Measured.remembered(verdict, size, evidence)
+            found = _Measured()
+            if mode is not None:
+                profile = self.costs.of(mode)
+                verdict = profile.batch_rates.get(kind, {}).get(size)
+                if verdict is not None:
+                    evidence = profile.batch_evidence.get(kind, {}).get(size, 0.0)
+                    found = _Measured.remembered(verdict, size, evidence)
             table[size, mode] = found
         return found
 

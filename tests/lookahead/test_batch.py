@@ -672,7 +672,7 @@ def test_a_draft_model_is_measured_against_plain_cycles_not_prompt_lookups_runs(
     model guesses where lookup has nothing. A draft model's cycles faster than plain ones but
     slower than lookup's do not lose: measured against both, they would, and the batch would
     go plain where lookup has no match. The lookup cycles' time counts towards a retry."""
-    load, policy = _two_sequences_learned((1, 2, 3, 4, 8, 16, 64))
+    load, _ = _two_sequences_learned((1, 2, 3, 4, 8, 16, 64))
     _kind_cycles(load, TRUST_AFTER + 1, 0.15, kept=1, source=None)  # plain: 13 tokens a second
     _kind_cycles(load, 3 * TRUST_AFTER, 0.1, kept=3, source="ngram")  # lookup's: 60 a second
     _kind_cycles(load, TRUST_AFTER + 1, 0.4, kept=3, source="model")  # the model's: 15 a second
