@@ -1,20 +1,29 @@
-"""What any choice of guesses could reach on ``concurrency.py``'s greedy workload: a bound that
-knows every text in advance (issue 36).
+"""What any choice of guesses could reach on ``concurrency.py``'s workload: a bound that knows
+every text in advance (issue 36).
 
 ``batch_bound.py`` bounds a batch by an acceptance rate alpha; a workload whose texts repeat
 (prompt lookup's runs of 10-30 tokens on a base model's answers) is not one alpha, and a figure
 above an alpha's bound proves nothing. Greedy, the texts are fixed: the target's own output.
-So this works out, for every position x of every request's text, the longest run of its next
-tokens that a guess could have got right there:
+Sampled (``--temperature``), they are the target's Gumbel-max samples on each request's seed,
+which is what specgen serves a seeded request at any K (``core.coupling``); ``--sets`` works out
+that many sets of requests, set s with request i's seed 1000 s + i, as ``server_duel.py
+--new-seeds`` gives its round s. So this works out, for every position x of every request's
+text, the longest run of its next tokens that a guess could have got right there:
 
 - prompt lookup, at its most: any earlier place where the text's last token occurred, in the
   request's prompt and text so far and, but for the first wave of requests (0 .. C-1 at C
   clients, which start with the suffix cache empty), in the prompts and whole texts of every
   other request (what the suffix cache across requests could hold at most), read on as far
-  as it agrees with the text (at most ``NGRAM_SPAN`` tokens);
-- the draft model's own greedy guesses from there, as far as they agree;
+  as it agrees with the text (at most ``NGRAM_SPAN`` tokens); a guess of one token is kept iff
+  it is the text's, under either sampling rule;
+- the draft model's own guesses from there, as far as they are kept: greedy, its argmax;
+  sampled, its Gumbel-max pick under the text's noise (``either``) and, separately, a coin
+  with min(1, q/p) given the text's token (``either_coin``: the min(1, p/q) rule's, which keeps
+  at least as many as the Gumbel-max rule in expectation: ``draft_right``);
 - any chain of the two (one's run, then the other's from where it ends), at most
-  ``AUTO_MAX_LOOKAHEAD`` guesses a cycle.
+  ``AUTO_MAX_LOOKAHEAD`` guesses a cycle;
+- and beside hindsight's prompt lookup, specgen's own (``ngram``, ``ngram_either``): the run
+  its ``NgramDrafter`` keeps at each position, a function of the text so far.
 
 A cycle keeps at most such a run and the target's token after it, so a request needs at least
 the fewest cycles those runs allow with d of the draft's guesses (a shortest path over its
@@ -25,9 +34,11 @@ lower hull of the target's passes timed here (S sequences of L tokens, every row
 prompts cost at least P * phi(tokens / P) (phi convex and rising), the least over every P from
 the busiest client's cycles up; and a draft guess costs at least its share of the draft's
 cheapest step per sequence (steps over at most C sequences). No host, scheduling, network or
-draft catch-up time: a figure above this bound cannot be reached by any choice of K or source.
+draft catch-up time: a figure above this bound cannot be reached by any choice of K or source
+(sampled: on those texts, and under the coin's rule in expectation over its coins).
 
     python benchmarks/oracle_bound.py TARGET DRAFT --clients 1,2,4 [-n 128] [--json out.json]
+    python benchmarks/oracle_bound.py TARGET DRAFT --clients 4 --temperature 0.8 --sets 6
 """
 
 from __future__ import annotations
@@ -37,6 +48,7 @@ import json
 import statistics
 import sys
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -47,7 +59,9 @@ from batch_bound import timed_pass  # noqa: E402
 from concurrency import PROMPTS  # noqa: E402
 
 from specgen.backend import LlamaModel, ModelOptions  # noqa: E402
-from specgen.drafters.ngram import NGRAM_SPAN  # noqa: E402
+from specgen.core.coupling import gumbel_pick  # noqa: E402
+from specgen.core.sampling import Dist, SamplingParams, warp  # noqa: E402
+from specgen.drafters.ngram import NGRAM_SPAN, NgramDrafter  # noqa: E402
 from specgen.lookahead.adaptive import AUTO_MAX_LOOKAHEAD  # noqa: E402
 
 # Draft guesses no schedule needs: a cycle count that no number of guesses reaches.
@@ -77,19 +91,73 @@ def greedy_text(model: LlamaModel, prompt: list[int], max_tokens: int) -> list[i
     return text
 
 
-def draft_runs(model: LlamaModel, prompt: list[int], text: list[int], cap: int) -> list[int]:
-    """At every position x of ``text``, how many of the draft model's greedy guesses from there
-    agree with ``text[x:]`` (at most ``cap``). While they agree, the draft has read the text's
-    own tokens, so its guess of token y is its argmax after ``text[:y]``: one pass over the
-    whole text gives every position's."""
+class Sampled(NamedTuple):
+    """A sampled text's making: its seed, the warp, and the target's p at each of its tokens."""
+
+    seed: int
+    params: SamplingParams
+    p: list[Dist]
+
+
+def sampled_text(
+    model: LlamaModel, prompt: list[int], max_tokens: int, params: SamplingParams, seed: int
+) -> tuple[list[int], Sampled]:
+    """The target's sampled answer under the Gumbel-max rule with ``seed``: specgen's own text
+    for a request with that seed, at any K (up to a float at a near tie)."""
+    sequence = model.sequence(0)
+    sequence.reset()
+    row = sequence.decode(prompt, 1)[-1]
+    text: list[int] = []
+    made = Sampled(seed, params, [])
+    while len(text) < max_tokens:
+        p = warp(row, params)
+        token = gumbel_pick(p, seed, len(text))
+        if model.is_eog(token):
+            break
+        text.append(token)
+        made.p.append(p)
+        row = sequence.decode([token], 1)[-1]
+    return text, made
+
+
+def runs_of(right: list[bool], cap: int) -> list[int]:
+    """At every position, how many guesses from there in a row are right (at most ``cap``)."""
+    runs = [0] * (len(right) + 1)
+    for y in range(len(right) - 1, -1, -1):
+        runs[y] = runs[y + 1] + 1 if right[y] else 0
+    return [min(cap, r) for r in runs[: len(right)]]
+
+
+def draft_right(
+    model: LlamaModel,
+    prompt: list[int],
+    text: list[int],
+    sampled: Sampled | None = None,
+) -> dict[str, list[bool]]:
+    """At every position y of ``text``, whether the draft model's guess there is kept, by rule.
+    While its guesses are kept, the draft has read the text's own tokens, so its guess at y is
+    drawn from its row after ``text[:y]``: one pass over the whole text gives every position's.
+
+    Greedy: its argmax equals the text's token. Sampled (``sampled``, the target's p at every
+    position and the text's seed), with q its row warped as specgen warps a draft's:
+    ``gumbel``, its Gumbel-max pick under the text's own noise equals the token (the rule a
+    seeded request runs, ``core.coupling``); ``coin``, a coin kept with probability
+    min(1, q(t) / p(t)) given the token t, drawn from a generator on the seed: under the
+    min(1, p/q) rule a guess is kept and the token is t with probability min(p(t), q(t)),
+    and the Gumbel-max rule keeps no more, so ``coin`` bounds either rule in expectation."""
     sequence = model.sequence(0)
     sequence.reset()
     rows = sequence.decode(prompt + text, len(text) + 1)
-    right = [int(np.argmax(rows[y])) == token for y, token in enumerate(text)]
-    runs = [0] * (len(text) + 1)
-    for y in range(len(text) - 1, -1, -1):
-        runs[y] = runs[y + 1] + 1 if right[y] else 0
-    return [min(cap, r) for r in runs[: len(text)]]
+    if sampled is None:
+        return {"draft": [int(np.argmax(rows[y])) == t for y, t in enumerate(text)]}
+    coins = np.random.default_rng(sampled.seed)
+    gumbel, coin = [], []
+    for y, token in enumerate(text):
+        q = warp(rows[y], sampled.params)
+        gumbel.append(gumbel_pick(q, sampled.seed, y) == token)
+        p = sampled.p[y].prob(token)
+        coin.append(bool(coins.random() < min(1.0, q.prob(token) / p)))
+    return {"draft": gumbel, "coin": coin}
 
 
 def agree(source: list[int], start: int, text: list[int], x: int, cap: int) -> int:
@@ -124,6 +192,20 @@ def lookup_runs(prompt: list[int], text: list[int], others: list[list[int]], cap
                 if token == last:
                     best = max(best, agree(other, j + 1, text, x, cap))
         runs.append(best)
+    return runs
+
+
+def ngram_runs(prompt: list[int], text: list[int], cap: int) -> list[int]:
+    """At every position x of ``text``, how far specgen's own prompt lookup guesses right there
+    (``NgramDrafter``'s one candidate on the prompt and the text so far; no suffix cache): its
+    guess is a function of the text so far, so this is the run it keeps, where hindsight
+    (``lookup_runs``) may pick any earlier place."""
+    drafter = NgramDrafter()
+    drafter.begin(prompt)
+    runs = []
+    for x in range(len(text)):
+        found = drafter.candidates(prompt + text[:x])
+        runs.append(agree(list(found[0].preview), 0, text, x, cap) if found else 0)
     return runs
 
 
@@ -234,6 +316,66 @@ def bound(
     return best
 
 
+def workload_runs(
+    target: LlamaModel,
+    draft: LlamaModel,
+    prompts: list[list[int]],
+    max_tokens: int,
+    params: SamplingParams | None,
+    seeds: int,
+) -> tuple[list[list[int]], list[dict[str, np.ndarray]]]:
+    """The workload's texts (greedy, or sampled with request i's seed ``seeds + i``, as
+    ``concurrency.body`` sends it) and, by request, the fewest cycles for every count of the
+    draft's guesses: by source, and with every other text in the suffix cache or (``_first``)
+    with none (a request of the first wave, which starts with the cache empty: requests 0 ..
+    C-1 at C clients)."""
+    cap = AUTO_MAX_LOOKAHEAD
+    made: list[Sampled | None] = []
+    texts = []
+    for i, prompt in enumerate(prompts):
+        if params is None:
+            texts.append(greedy_text(target, prompt, max_tokens))
+            made.append(None)
+        else:
+            text, sampled = sampled_text(target, prompt, max_tokens, params, seeds + i)
+            texts.append(text)
+            made.append(sampled)
+    whole = [p + t for p, t in zip(prompts, texts, strict=True)]
+    runs: list[dict[str, np.ndarray]] = []
+    for i, (prompt, text) in enumerate(zip(prompts, texts, strict=True)):
+        others = [w for j, w in enumerate(whole) if j != i]
+        shared = lookup_runs(prompt, text, others, min(cap, NGRAM_SPAN))
+        own = lookup_runs(prompt, text, [], min(cap, NGRAM_SPAN))
+        right = {k: runs_of(v, cap) for k, v in draft_right(draft, prompt, text, made[i]).items()}
+        none = [0] * len(text)
+        found = {
+            "plain": cycles_by_draft(none, none, cap),
+            "lookup": cycles_by_draft(shared, none, cap),
+            "lookup_first": cycles_by_draft(own, none, cap),
+        }
+        ngram = ngram_runs(prompt, text, min(cap, NGRAM_SPAN))
+        found["ngram"] = cycles_by_draft(ngram, none, cap)
+        for rule, model in right.items():
+            name = "either" if rule == "draft" else f"either_{rule}"
+            found[name] = cycles_by_draft(shared, model, cap)
+            found[f"{name}_first"] = cycles_by_draft(own, model, cap)
+            found[f"ngram_{name}"] = cycles_by_draft(ngram, model, cap)
+        runs.append(found)
+        print(
+            f"request {i}: {len(text)} tokens; fewest cycles: prompt lookup {found['lookup'][0]}"
+            f" ({found['lookup_first'][0]} on its own text), with the draft's guesses free "
+            f"{found['either'][-1]}; right runs a position (mean): the draft model's "
+            + ", ".join(
+                f"{statistics.mean(v or [0]):.1f}" + ("" if k == "draft" else f" ({k})")
+                for k, v in right.items()
+            )
+            + f", lookup {statistics.mean(shared or [0]):.1f} ({statistics.mean(own or [0]):.1f}"
+            f", specgen's {statistics.mean(ngram or [0]):.1f})",
+            file=sys.stderr,
+        )
+    return texts, runs
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("target")
@@ -241,6 +383,10 @@ def main() -> None:
     parser.add_argument("--clients", default="1,2,4")
     parser.add_argument("--requests", type=int, default=8)
     parser.add_argument("-n", "--max-tokens", type=int, default=128)
+    parser.add_argument("--temperature", type=float, default=0.0, help="as concurrency.py's")
+    parser.add_argument(
+        "--sets", type=int, default=1, help="sampled: sets of requests, seeds 1000 s + i"
+    )
     parser.add_argument("--lengths", default="1,2,3,5,9,17,33", help="tokens a sequence, timed")
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--threads", type=int, default=2)
@@ -250,35 +396,9 @@ def main() -> None:
     streams = max(clients)
     options = ModelOptions(n_ctx=4096, n_threads=args.threads, n_seq=streams)
     target, draft = LlamaModel(args.target, options), LlamaModel(args.draft, options)
-    cap = AUTO_MAX_LOOKAHEAD
+    # concurrency.body's sampling: T with top-k 40, top-p 0.95, min-p 0.05.
+    params = None if args.temperature <= 0 else SamplingParams(args.temperature, 40, 0.95, 0.05)
     prompts = [target.tokenize(prompt_text(i)) for i in range(args.requests)]
-    texts = [greedy_text(target, p, args.max_tokens) for p in prompts]
-    whole = [p + t for p, t in zip(prompts, texts, strict=True)]
-    # By request: with every other text in the suffix cache, and with none (a request of the
-    # first wave, which starts with the cache empty: requests 0 .. C-1 at C clients).
-    runs: list[dict[str, np.ndarray]] = []
-    for i, (prompt, text) in enumerate(zip(prompts, texts, strict=True)):
-        others = [w for j, w in enumerate(whole) if j != i]
-        shared = lookup_runs(prompt, text, others, min(cap, NGRAM_SPAN))
-        own = lookup_runs(prompt, text, [], min(cap, NGRAM_SPAN))
-        model = draft_runs(draft, prompt, text, cap)
-        none = [0] * len(text)
-        found = {
-            "plain": cycles_by_draft(none, none, cap),
-            "lookup": cycles_by_draft(shared, none, cap),
-            "lookup_first": cycles_by_draft(own, none, cap),
-            "either": cycles_by_draft(shared, model, cap),
-            "either_first": cycles_by_draft(own, model, cap),
-        }
-        runs.append(found)
-        print(
-            f"request {i}: {len(text)} tokens; fewest cycles: prompt lookup {found['lookup'][0]}"
-            f" ({found['lookup_first'][0]} on its own text), with the draft's guesses free "
-            f"{found['either'][-1]}; right runs a position (mean): draft "
-            f"{statistics.mean(model):.1f}, lookup {statistics.mean(shared):.1f} "
-            f"({statistics.mean(own):.1f})",
-            file=sys.stderr,
-        )
     # The target's passes: S sequences of L tokens each, for every S up to the most clients;
     # the draft's step over S sequences of a token.
     prompt = target.tokenize(PROMPTS[0])
@@ -300,36 +420,56 @@ def main() -> None:
         + ", ".join(f"{s}: {1e3 * v:.1f}" for s, v in steps.items()),
         file=sys.stderr,
     )
-    tokens = sum(len(t) for t in texts)
     read = sum(len(p) - 1 for p in prompts)
-    rows = []
-    for c in clients:
-        row: dict[str, object] = {"clients": c, "tokens": tokens}
-        for kind in ("plain", "lookup", "either"):
-            by_draft = [
-                r[f"{kind}_first"] if i < c and f"{kind}_first" in r else r[kind]
-                for i, r in enumerate(runs)
-            ]
-            # A draft step over s sequences guesses for each: at best its share of the
-            # cheapest step per sequence with at most c sequences.
-            per_guess = min(v / s for s, v in steps.items() if s <= c)
-            seconds, passes, guesses = bound(by_draft, c, hull, per_guess, read)
-            row[kind] = {
-                "tok_s": round(tokens / seconds, 1),
-                "passes": passes,
-                "draft_guesses": guesses,
-            }
-        rows.append(row)
-        print(
-            f"{c} clients, {tokens} tokens, at most: "
-            + "; ".join(
-                f"{k} {v['tok_s']} tok/s ({v['passes']} passes, {v['draft_guesses']} draft guesses)"
-                for k, v in row.items()
-                if isinstance(v, dict)
+    kinds = ["plain", "lookup", "either"] + ([] if params is None else ["either_coin"])
+    kinds += ["ngram", "ngram_either"] + ([] if params is None else ["ngram_either_coin"])
+    rows: list[dict[str, Any]] = []
+    for number in range(1, (1 if params is None else args.sets) + 1):
+        seeds = 1000 * number  # as server_duel.py --new-seeds gives its round ``number``
+        texts, runs = workload_runs(target, draft, prompts, args.max_tokens, params, seeds)
+        tokens = sum(len(t) for t in texts)
+        for c in clients:
+            row: dict[str, Any] = {"clients": c, "tokens": tokens}
+            if params is not None:
+                row["seeds"] = seeds
+            for kind in kinds:
+                by_draft = [
+                    r[f"{kind}_first"] if i < c and f"{kind}_first" in r else r[kind]
+                    for i, r in enumerate(runs)
+                ]
+                # A draft step over s sequences guesses for each: at best its share of the
+                # cheapest step per sequence with at most c sequences.
+                per_guess = min(v / s for s, v in steps.items() if s <= c)
+                seconds, passes, guesses = bound(by_draft, c, hull, per_guess, read)
+                row[kind] = {
+                    "tok_s": round(tokens / seconds, 1) if tokens else 0.0,
+                    "passes": passes,
+                    "draft_guesses": guesses,
+                }
+            rows.append(row)
+            print(
+                ("" if params is None else f"seeds {seeds}: ")
+                + f"{c} clients, {tokens} tokens, at most: "
+                + "; ".join(
+                    f"{k} {v['tok_s']} tok/s ({v['passes']} passes, "
+                    f"{v['draft_guesses']} draft guesses)"
+                    for k, v in row.items()
+                    if isinstance(v, dict)
+                )
             )
-        )
+    if params is not None:
+        for c in clients:
+            rates = {k: [r[k]["tok_s"] for r in rows if r["clients"] == c] for k in kinds}
+            print(
+                f"{c} clients, mean of {args.sets} sets: "
+                + "; ".join(
+                    f"{k} {statistics.mean(v):.1f} tok/s ({min(v)}-{max(v)})"
+                    for k, v in rates.items()
+                )
+            )
     if args.json:
         out = {
+            "temperature": args.temperature,
             "passes_ms": {n: round(1e3 * v, 2) for n, v in sorted(timed.items())},
             "draft_steps_ms": {s: round(1e3 * v, 2) for s, v in steps.items()},
             "rows": rows,

@@ -77,3 +77,64 @@ def test_a_text_that_repeats_is_read_on_past_its_end(oracle: ModuleType) -> None
     reads on as far, or it would fall below what specgen's own lookup keeps."""
     # After 1 2 1 2, the earlier 2 (two back) is followed by 1 2, and then 1 2 again.
     assert oracle.lookup_runs([1, 2, 1, 2], [1, 2, 1, 2, 1], [], 32)[0] == 5
+
+
+def test_a_run_is_the_right_guesses_in_a_row_from_a_position(oracle: ModuleType) -> None:
+    assert oracle.runs_of([True, True, False, True], 32) == [2, 1, 0, 1]
+    assert oracle.runs_of([True, True, False, True], 1) == [1, 1, 0, 1]
+
+
+class _Rows:
+    """A model whose every row is the same logits (``draft_right`` and ``sampled_text``
+    read a sequence's rows and ask whether a token ends the text)."""
+
+    def __init__(self, logits: list[float]) -> None:
+        self.logits = np.array(logits, dtype=np.float32)
+
+    def sequence(self, i: int) -> _Rows:
+        return self
+
+    def reset(self) -> None:
+        pass
+
+    def decode(self, tokens: list[int], n_logits: int) -> np.ndarray:
+        return np.tile(self.logits, (n_logits, 1))
+
+    def is_eog(self, token: int) -> bool:
+        return False
+
+
+def _sampled(oracle: ModuleType, target: _Rows, draft: _Rows, n: int) -> dict[str, list[bool]]:
+    params = oracle.SamplingParams(1.0, 0, 1.0, 0.0)  # p and q are the rows' softmax
+    text, made = oracle.sampled_text(target, [0], n, params, seed=7)
+    assert len(text) == n and len(made.p) == n
+    return oracle.draft_right(draft, [0], text, made)
+
+
+def test_a_draft_whose_q_is_p_has_every_guess_kept_by_either_rule(oracle: ModuleType) -> None:
+    same = _Rows([0.0, 1.0, 2.0, 0.5])
+    right = _sampled(oracle, same, same, 200)
+    assert all(right["draft"]) and all(right["coin"])
+
+
+def test_sampled_guesses_are_kept_as_often_as_each_rule_keeps_them(oracle: ModuleType) -> None:
+    """The coin keeps a guess 1 - TV of the time (the min(1, p/q) rule's rate); the Gumbel-max
+    rule between (1 - TV) / (1 + TV) and 1 - TV (``core.coupling``). 4000 positions with a
+    fixed seed: the coin's binomial spread is 0.007, the bounds below 3.5 of it away."""
+    p_logits, q_logits = [0.0, 1.0, 2.0, 0.5], [2.0, 1.0, 0.0, 0.5]
+    p = np.exp(p_logits) / np.exp(p_logits).sum()
+    q = np.exp(q_logits) / np.exp(q_logits).sum()
+    kept = np.minimum(p, q).sum()  # 1 - TV, 0.54 here
+    right = _sampled(oracle, _Rows(p_logits), _Rows(q_logits), 4000)
+    assert np.mean(right["coin"]) == pytest.approx(kept, abs=0.025)
+    tv = 1 - kept
+    assert (1 - tv) / (1 + tv) - 0.025 < np.mean(right["draft"]) < kept + 0.025
+
+
+def test_specgen_s_lookup_reads_on_from_its_own_match_not_hindsight_s(oracle: ModuleType) -> None:
+    assert oracle.ngram_runs([1, 2, 3], [1, 2, 3, 1], 32) == [0, 3, 2, 1]
+    # The text so far ends in 9 1, which last occurred followed by 8: specgen's lookup guesses
+    # 8; hindsight finds the 1 that 7 followed.
+    prompt = [1, 7, 9, 1, 8, 9, 1]
+    assert oracle.ngram_runs(prompt, [7], 32) == [0]
+    assert oracle.lookup_runs(prompt, [7], [], 32) == [1]
