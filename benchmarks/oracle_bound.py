@@ -1,5 +1,5 @@
-"""What any choice of guesses could reach on ``concurrency.py``'s workload: a bound that knows
-every text in advance (issue 36).
+"""What any choice of guesses could reach on ``concurrency.py``'s workload (sampled: on the
+seeds ``server_duel.py --new-seeds`` sends): a bound that knows every text in advance (issue 36).
 
 ``batch_bound.py`` bounds a batch by an acceptance rate alpha; a workload whose texts repeat
 (prompt lookup's runs of 10-30 tokens on a base model's answers) is not one alpha, and a figure
@@ -18,12 +18,15 @@ text, the longest run of its next tokens that a guess could have got right there
   it is the text's, under either sampling rule;
 - the draft model's own guesses from there, as far as they are kept: greedy, its argmax;
   sampled, its Gumbel-max pick under the text's noise (``either``) and, separately, a coin
-  with min(1, q/p) given the text's token (``either_coin``: the min(1, p/q) rule's, which keeps
-  at least as many as the Gumbel-max rule in expectation: ``draft_right``);
+  with min(1, q/p) given the text's token (``either_coin``: the min(1, p/q) rule's, whose
+  coins keep at every position at least the Gumbel-max rule's chance: ``draft_right``);
 - any chain of the two (one's run, then the other's from where it ends), at most
   ``AUTO_MAX_LOOKAHEAD`` guesses a cycle;
 - and beside hindsight's prompt lookup, specgen's own (``ngram``, ``ngram_either``): the run
-  its ``NgramDrafter`` keeps at each position, a function of the text so far.
+  its ``NgramDrafter`` keeps at each position, a function of the text so far (in the middle
+  of a cycle specgen looks up the text so far and its guesses with the index of the text
+  alone, which can find another match: ``ngram_either`` reads every position as a cycle's
+  start, so it bounds specgen's chains only nearly).
 
 A cycle keeps at most such a run and the target's token after it, so a request needs at least
 the fewest cycles those runs allow with d of the draft's guesses (a shortest path over its
@@ -140,24 +143,30 @@ def draft_right(
 
     Greedy: its argmax equals the text's token. Sampled (``sampled``, the target's p at every
     position and the text's seed), with q its row warped as specgen warps a draft's:
-    ``gumbel``, its Gumbel-max pick under the text's own noise equals the token (the rule a
+    ``draft``, its Gumbel-max pick under the text's own noise equals the token (the rule a
     seeded request runs, ``core.coupling``); ``coin``, a coin kept with probability
-    min(1, q(t) / p(t)) given the token t, drawn from a generator on the seed: under the
-    min(1, p/q) rule a guess is kept and the token is t with probability min(p(t), q(t)),
-    and the Gumbel-max rule keeps no more, so ``coin`` bounds either rule in expectation."""
+    min(1, q(t) / p(t)) given the token t, one draw from a generator on the seed. Under the
+    min(1, p/q) rule a guess is kept and the token is t with probability min(p(t), q(t)), so
+    the coin's is its chance given t, and given the text each position's coin is its own.
+    Under the Gumbel-max rule both picks are t with probability
+    1 / sum_y max(p(y)/p(t), q(y)/q(t)) <= min(p(t), q(t)), each position's noise its own: given
+    the text, every position keeps with no more chance than the coin's, independently, so the
+    coins bound that rule's runs too, in expectation (one draw a set: the mean over sets
+    estimates it). A drafter that reads less of what it missed (``CATCH_UP_WINDOW``) has
+    another q; the row here has read the whole text."""
     sequence = model.sequence(0)
     sequence.reset()
     rows = sequence.decode(prompt + text, len(text) + 1)
     if sampled is None:
         return {"draft": [int(np.argmax(rows[y])) == t for y, t in enumerate(text)]}
     coins = np.random.default_rng(sampled.seed)
-    gumbel, coin = [], []
+    picked, coin = [], []
     for y, token in enumerate(text):
         q = warp(rows[y], sampled.params)
-        gumbel.append(gumbel_pick(q, sampled.seed, y) == token)
-        p = sampled.p[y].prob(token)
+        picked.append(gumbel_pick(q, sampled.seed, y) == token)
+        p = sampled.p[y].prob(token)  # > 0: the text's token was picked from p
         coin.append(bool(coins.random() < min(1.0, q.prob(token) / p)))
-    return {"draft": gumbel, "coin": coin}
+    return {"draft": picked, "coin": coin}
 
 
 def agree(source: list[int], start: int, text: list[int], x: int, cap: int) -> int:
