@@ -21,6 +21,9 @@ across rounds (a warm server would otherwise guess its repeated answers whole).
 ``--fresh``: each workload runs on a server started for it and stopped after (as
 ``concurrency.py``'s figures do), each server keeping its own cache from one start to the next,
 as a user's restarted server does: what a process learns that the next one starts from.
+``--cold`` (with ``--fresh`` and ``--cache``): each start begins from a new copy of ``--cache``
+instead, as a first server on a machine does (a cache that ran the pair alone, say, with no
+batch's verdicts in it), round after round.
 
 ``NAME@llama-server=FLAGS``: llama.cpp's llama-server (``--llama-server``, or the one
 ``llama-cpp-peer.sh`` built) as ``concurrency.py`` starts it (``-c 8192 -np`` the most clients
@@ -79,11 +82,16 @@ def main() -> None:
     parser.add_argument(
         "--new-seeds", action="store_true", help="sampled: each round's requests, new seeds"
     )
+    parser.add_argument(
+        "--cold", action="store_true", help="with --fresh: each start from a new copy of --cache"
+    )
     parser.add_argument("--llama-server", help="llama-server path (default: llama-cpp-peer.sh's)")
     args = parser.parse_args()
     counts = [int(c) for c in args.clients.split(",")]
     if len(args.server) < 2:
         parser.error("give --server twice or more")
+    if args.cold and not (args.fresh and args.cache):
+        parser.error("--cold starts each server afresh from --cache: give --fresh and --cache")
     scratch = Path(tempfile.mkdtemp(prefix="specgen-duel-"))
     servers: dict[str, tuple[subprocess.Popen[bytes], str]] = {}
     specs = {spec.partition("=")[0].partition("@")[0]: spec for spec in args.server}
@@ -158,10 +166,7 @@ def start(
         root, env = HERE, dict(os.environ)
     else:
         root = Path(tree).resolve() if tree else HERE
-        cache = scratch / f"cache-{name}"  # kept from one start to the next (``--fresh``)
-        if not cache.exists() and args.cache is not None:
-            shutil.copytree(args.cache, cache)
-        cache.mkdir(exist_ok=True)
+        cache = server_cache(name, args, scratch)
         env = {**os.environ, "SPECGEN_CACHE": str(cache), "PYTHONPATH": str(root)}
         program = [sys.executable, "-m", "specgen", "serve", "--target", args.target]
         program += ["--draft", args.draft, "--threads", "2", "--parallel", str(parallel)]
@@ -173,6 +178,18 @@ def start(
         tail = (scratch / f"{name}.log").read_text(errors="replace")[-2000:]
         sys.exit(f"{name} exited with {process.returncode}: {tail}")
     return name, url, process
+
+
+def server_cache(name: str, args: argparse.Namespace, scratch: Path) -> Path:
+    """The cache a specgen server ``name`` starts with: kept from one start to the next
+    (``--fresh``), a copy of ``--cache`` at its first start, or at every start (``--cold``)."""
+    cache = scratch / f"cache-{name}"
+    if args.cold:
+        shutil.rmtree(cache, ignore_errors=True)
+    if not cache.exists() and args.cache is not None:
+        shutil.copytree(args.cache, cache)
+    cache.mkdir(exist_ok=True)
+    return cache
 
 
 def is_llama(spec: str) -> bool:

@@ -1,9 +1,12 @@
-"""``benchmarks/server_duel.py``'s paired ratio: what an A/B of two servers' rounds can tell."""
+"""``benchmarks/server_duel.py``: what an A/B of two servers' rounds can tell, and how its
+servers start."""
 
 from __future__ import annotations
 
+import argparse
 import math
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -55,3 +58,22 @@ def test_a_server_is_llama_server_by_its_tree_alone() -> None:
     assert not is_llama("main=")
     assert not is_llama("old@/tmp/worktree=-k 0")
     assert not is_llama("odd=--alias x@llama-server=y")
+
+
+def test_a_cold_server_starts_from_the_given_cache_every_time(tmp_path: Path) -> None:
+    """A server's cache is kept from one start to the next, copied from ``--cache`` at the
+    first; ``--cold`` copies it again at every start, so what one start learned is gone."""
+    duel = benchmark("server_duel")
+    given = tmp_path / "given"
+    given.mkdir()
+    (given / "costs.json").write_text("{}")
+    for cold in (False, True):
+        scratch = tmp_path / f"scratch-{cold}"
+        scratch.mkdir()
+        args = argparse.Namespace(cache=given, cold=cold)
+        cache = duel.server_cache("main", args, scratch)
+        assert (cache / "costs.json").read_text() == "{}"
+        (cache / "costs.json").write_text('{"learned": 1}')
+        again = duel.server_cache("main", args, scratch)
+        assert again == cache
+        assert (again / "costs.json").read_text() == ("{}" if cold else '{"learned": 1}')
