@@ -185,17 +185,26 @@ def command(
     return program, flags
 
 
-def body(i: int, args: argparse.Namespace, seeds: int = 0) -> dict[str, object]:
-    """Request ``i`` of the workload; sampled, with the seed ``seeds + i``."""
+# What a sampled request sends beside its temperature (specgen's defaults, llama-server's too).
+SAMPLING = dict(top_k=40, top_p=0.95, min_p=0.05)
+
+
+def prompt_text(i: int) -> str:
+    """Request ``i``'s prompt."""
     prompt = PROMPTS[i % len(PROMPTS)]
     if i >= len(PROMPTS):  # keep every request distinct past the list
         prompt += f" (Version {i // len(PROMPTS) + 1}.)"
     # A raw prompt with no newline after it makes small instruct models stop at once (7 of these
     # 16 give 0 tokens on SmolLM2-135M); with one, nearly all write max_tokens.
-    request: dict[str, object] = dict(prompt=prompt + "\n", max_tokens=args.max_tokens)
+    return prompt + "\n"
+
+
+def body(i: int, args: argparse.Namespace, seeds: int = 0) -> dict[str, object]:
+    """Request ``i`` of the workload; sampled, with the seed ``seeds + i``."""
+    request: dict[str, object] = dict(prompt=prompt_text(i), max_tokens=args.max_tokens)
     request["temperature"] = args.temperature
     if args.temperature > 0:
-        request.update(seed=seeds + i, top_k=40, top_p=0.95, min_p=0.05)
+        request.update(seed=seeds + i, **SAMPLING)
     return request
 
 

@@ -59,7 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from batch_bound import timed_pass  # noqa: E402
-from concurrency import PROMPTS  # noqa: E402
+from concurrency import PROMPTS, SAMPLING, prompt_text  # noqa: E402
 
 from specgen.backend import LlamaModel, ModelOptions  # noqa: E402
 from specgen.core.coupling import gumbel_pick  # noqa: E402
@@ -69,14 +69,6 @@ from specgen.lookahead.adaptive import AUTO_MAX_LOOKAHEAD  # noqa: E402
 
 # Draft guesses no schedule needs: a cycle count that no number of guesses reaches.
 UNREACHABLE = 10**9
-
-
-def prompt_text(i: int) -> str:
-    """Request ``i``'s prompt, as ``concurrency.body`` sends it."""
-    prompt = PROMPTS[i % len(PROMPTS)]
-    if i >= len(PROMPTS):
-        prompt += f" (Version {i // len(PROMPTS) + 1}.)"
-    return prompt + "\n"
 
 
 def greedy_text(model: LlamaModel, prompt: list[int], max_tokens: int) -> list[int]:
@@ -405,8 +397,8 @@ def main() -> None:
     streams = max(clients)
     options = ModelOptions(n_ctx=4096, n_threads=args.threads, n_seq=streams)
     target, draft = LlamaModel(args.target, options), LlamaModel(args.draft, options)
-    # concurrency.body's sampling: T with top-k 40, top-p 0.95, min-p 0.05.
-    params = None if args.temperature <= 0 else SamplingParams(args.temperature, 40, 0.95, 0.05)
+    # concurrency.body's sampling.
+    params = None if args.temperature <= 0 else SamplingParams(args.temperature, **SAMPLING)
     prompts = [target.tokenize(prompt_text(i)) for i in range(args.requests)]
     # The target's passes: S sequences of L tokens each, for every S up to the most clients;
     # the draft's step over S sequences of a token.
@@ -441,14 +433,14 @@ def main() -> None:
             row: dict[str, Any] = {"clients": c, "tokens": tokens}
             if params is not None:
                 row["seeds"] = seeds
+            # A draft step over s sequences guesses for each: at best its share of the
+            # cheapest step per sequence with at most c sequences.
+            per_guess = min(v / s for s, v in steps.items() if s <= c)
             for kind in kinds:
                 by_draft = [
                     r[f"{kind}_first"] if i < c and f"{kind}_first" in r else r[kind]
                     for i, r in enumerate(runs)
                 ]
-                # A draft step over s sequences guesses for each: at best its share of the
-                # cheapest step per sequence with at most c sequences.
-                per_guess = min(v / s for s, v in steps.items() if s <= c)
                 seconds, passes, guesses = bound(by_draft, c, hull, per_guess, read)
                 row[kind] = {
                     "tok_s": round(tokens / seconds, 1) if tokens else 0.0,
